@@ -1,0 +1,116 @@
+# moetrain — build, test, run. `make help` lists the targets.
+#
+#   make            build/moetrain (CUDA backend included when nvcc is found; SM=90a default)
+#   make run        deps if missing, build, train L0_sanity with mpirun -np 2 (EP=2)
+#   make test       the CPU test suite (what CI runs); ends with "N passed, N failed"
+#   make test-gpu   the GPU tests (needs a GPU)
+#   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
+#   make fuzz       the fuzz targets, FUZZ_SECONDS each
+#   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/configs
+#   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib)
+
+PREFIX ?= /usr/local
+SM ?= 90a
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+CUDA ?= $(shell test -x $(NVCC) && echo 1 || echo 0)
+NP ?= 2
+FUZZ_SECONDS ?= 60
+VERSION := 0.1.0
+
+BUILD := build
+CC := mpicc
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc \
+          -DMOETRAIN_VERSION='"$(VERSION)"' -DMOETRAIN_PREFIX='"$(PREFIX)"'
+LIBYAML_A := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libyaml.a /usr/lib/aarch64-linux-gnu/libyaml.a /usr/lib/libyaml.a /usr/local/lib/libyaml.a))
+LDLIBS := -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lz -lm -fopenmp
+
+# sm_90a needs the -gencode form (see docs/gpu.md); other targets use plain arch/code pairs.
+GENCODE := -gencode=arch=compute_$(SM),code=sm_$(SM)
+NVFLAGS := -O3 -std=c++17 -Isrc -Icuda $(GENCODE) -Xcompiler -fPIC -lineinfo \
+           --expt-relaxed-constexpr -MMD -MP
+
+SRC := $(wildcard src/*.c src/cpu/*.c)
+CMD := $(wildcard cmd/*.c)
+CU := $(wildcard cuda/*.cu)
+OBJ := $(SRC:%.c=$(BUILD)/%.o)
+ifeq ($(CUDA),1)
+  OBJ += $(CU:%.cu=$(BUILD)/%.o)
+  CFLAGS += -DMOETRAIN_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib64/stubs -lcublasLt -lnccl -lcudart_static -ldl -lrt -lpthread -lstdc++
+else
+  OBJ += $(BUILD)/cuda/stub/nocuda.o
+endif
+LIB := $(BUILD)/libmoetrain.a
+
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+.PHONY: all run test test-gpu bench fuzz install deps clean help check-deps
+all: $(BUILD)/moetrain
+
+help:
+	@sed -n '3,12p' Makefile | sed 's/^# //'
+
+# ---- dependencies ----------------------------------------------------------------------------
+deps:
+	@scripts/deps.sh
+
+check-deps:
+	@scripts/deps.sh --check || scripts/deps.sh
+
+# ---- build -----------------------------------------------------------------------------------
+$(BUILD)/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu | check-deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/moetrain: $(CMD:%.c=$(BUILD)/%.o) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDLIBS)
+
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(SRC) | check-deps
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Isrc -o $@ $< \
+	  $(filter-out src/dist.c src/comm_mpi.c,$(SRC)) tests/fuzz/fuzz_stubs.c $(LIBYAML_A) -lz -lm
+
+# ---- run / test ------------------------------------------------------------------------------
+run: $(BUILD)/moetrain
+	scripts/mpirun.sh -np $(NP) $(BUILD)/moetrain --config L0_sanity $(ARGS)
+
+test: $(BUILD)/moetrain $(TESTS)
+	@scripts/run_tests.sh $(TESTS)
+
+test-gpu: $(BUILD)/moetrain $(GPU_TESTS)
+	@scripts/run_tests.sh $(GPU_TESTS)
+
+bench: $(BUILD)/moetrain
+	scripts/bench.sh
+
+fuzz: $(FUZZ)
+	@for f in $(FUZZ); do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus_$$n; \
+	  echo "== $$n ($(FUZZ_SECONDS) s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus_$$n tests/fuzz/seeds/$$n || exit 1; done
+
+install: $(BUILD)/moetrain
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/moetrain/configs $(DESTDIR)$(PREFIX)/share/moetrain/data
+	install -m 755 $(BUILD)/moetrain $(DESTDIR)$(PREFIX)/bin/moetrain
+	install -m 644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/moetrain/configs/
+	install -m 644 data/*.gz $(DESTDIR)$(PREFIX)/share/moetrain/data/
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

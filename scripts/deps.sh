@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a Debian/Ubuntu machine lacks to build and run moetrain:
+# Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, clang (fuzz targets).
+# `deps.sh --check` only reports (exit 1 when something is missing).
+set -u
+missing=()
+command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin)
+ls /usr/lib/*/libyaml.a /usr/lib/libyaml.a /usr/local/lib/libyaml.a >/dev/null 2>&1 || missing+=(libyaml-dev)
+[ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+if [ "${1:-}" = "--check" ]; then
+  [ ${#missing[@]} -eq 0 ] && exit 0
+  echo "deps: missing packages: ${missing[*]}" >&2
+  exit 1
+fi
+if [ "${1:-}" = "--fuzz" ]; then
+  command -v clang >/dev/null 2>&1 || missing+=(clang)
+  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+echo "deps: installing ${missing[*]}"
+$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+  || { echo "deps: apt-get install ${missing[*]} failed; install them by hand" >&2; exit 1; }

@@ -1,0 +1,172 @@
+// backend.h — the ops table the model graph runs on.
+//
+// The graph (model.c, moe.c) calls only these. `cpu` implements them as plain fp32 C loops (the
+// executable spec); `cuda` as kernels and cuBLASLt GEMMs. Conventions:
+//
+// * Matrices are row-major. A linear layer's weight is [out, in] (Hugging Face layout) and
+//   y = x · Wᵀ.
+// * "act" buffers (activations, activation gradients, compute copies of weights) have the
+//   backend's activation dtype `act_dtype` (fp32 on the CPU; bf16 or fp32 on CUDA) and are typed
+//   void*. Weight gradients, master weights, optimizer state, router logits/probabilities and
+//   losses are always fp32 (float*).
+// * Every pointer is backend memory (host for cpu, device for cuda) unless marked "host".
+// * No op allocates. Ops that accumulate say so ("+="); others overwrite their outputs.
+// * Ops run in order on the backend's stream; only the *_to_host / sync calls block.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+// One GEMM: C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C.
+// op(A) = A if !trans_a (A is [M,K]) else Aᵀ (A is [K,M]); likewise B ([K,N] or [N,K]).
+// A, B are act dtype; C is act dtype, or fp32 when c_f32 (weight gradients, router logits).
+// lda/ldb/ldc are row strides in elements (0 = packed).
+typedef struct GemmDesc {
+    int M, N, K;
+    int trans_a, trans_b;
+    int lda, ldb, ldc;
+    float alpha, beta;
+    int c_f32;
+} GemmDesc;
+
+// Grouped GEMM over contiguous row groups (the expert GEMMs): for g in [0, G):
+//   rows [off[g], off[g+1]) of A and C, with B_g = B + g·b_stride elements.
+// desc.M is ignored (taken from the offsets); desc.N/K/trans_b/ldb describe each B_g;
+// trans_a must be 0. Weight gradients use gemm_grouped_wgrad.
+typedef struct GroupDesc {
+    int groups;            // G
+    const int* host_off;   // host [G+1] row offsets, non-decreasing, off[0] = 0
+    size_t b_stride;       // elements between consecutive B_g
+} GroupDesc;
+
+typedef struct Backend Backend;
+struct Backend {
+    const char* name;   // "cpu" or "cuda"
+    DType act_dtype;    // dtype of act buffers
+    void* impl;         // backend private state (streams, cuBLASLt handle, caches)
+
+    // ---- memory ------------------------------------------------------------------------------
+    void* (*alloc)(Backend*, size_t bytes);  // zeroed; aborts on failure
+    void (*free)(Backend*, void* p);
+    void (*to_host)(Backend*, void* host_dst, const void* src, size_t bytes);   // blocks
+    void (*to_device)(Backend*, void* dst, const void* host_src, size_t bytes);
+    void (*copy)(Backend*, void* dst, const void* src, size_t bytes);
+    void (*zero)(Backend*, void* p, size_t bytes);
+    void (*sync)(Backend*);
+
+    // ---- casts and elementwise ---------------------------------------------------------------
+    void (*f32_to_act)(Backend*, void* dst, const float* src, size_t n);
+    void (*act_to_f32)(Backend*, float* dst, const void* src, size_t n);
+    void (*add_act)(Backend*, void* y, const void* x, size_t n);      // y += x   (act)
+    void (*scale_f32)(Backend*, float* x, float s, size_t n);          // x *= s
+    // out[0] += Σ x²  (fp32 out on the backend; read with to_host)
+    void (*sumsq_f32)(Backend*, float* out, const float* x, size_t n);
+    // out[0] = 1 if any of x is non-finite (else left as is)
+    void (*nonfinite_f32)(Backend*, float* out, const float* x, size_t n);
+
+    // ---- embedding ---------------------------------------------------------------------------
+    // out[N,H] = table[tok[n], :]
+    void (*embed_fwd)(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
+    // dtable[tok[n], :] += dout[n, :]   (dtable fp32 [V,H])
+    void (*embed_bwd)(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+
+    // ---- RMSNorm -----------------------------------------------------------------------------
+    // y = x / sqrt(mean(x²) + eps) · w ; rstd[N] saved (fp32)
+    void (*rmsnorm_fwd)(Backend*, void* y, float* rstd, const void* x, const void* w,
+                        int N, int H, float eps);
+    // dx = (+=, if accumulate) ∂L/∂x ; dw[H] += ∂L/∂w (fp32)
+    void (*rmsnorm_bwd)(Backend*, void* dx, float* dw, const void* dy, const void* x,
+                        const void* w, const float* rstd, int N, int H, int accumulate);
+
+    // ---- RoPE (HF rotate_half convention: pairs (i, i + D/2)) -------------------------------
+    // In place on x [B, T, nh, D] for positions t = 0..T-1; inverse = 1 rotates by −angle
+    // (the backward).
+    void (*rope)(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+
+    // ---- causal GQA attention ----------------------------------------------------------------
+    // q [B,T,Hq,D], k/v [B,T,Hkv,D], out [B,T,Hq,D], lse fp32 [B,Hq,T]. scale = 1/sqrt(D).
+    void (*attn_fwd)(Backend*, void* out, float* lse, const void* q, const void* k,
+                     const void* v, int B, int T, int Hq, int Hkv, int D);
+    // Overwrites dq, dk, dv.
+    void (*attn_bwd)(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out,
+                     const float* lse, const void* q, const void* k, const void* v, int B, int T,
+                     int Hq, int Hkv, int D);
+
+    // ---- GEMMs -------------------------------------------------------------------------------
+    void (*gemm)(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
+    // Forward/backward-data expert GEMM: C[rows of g] = A[rows of g] · op(B_g)  (+ beta·C).
+    void (*gemm_grouped)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
+                         const void* B, void* C);
+    // Weight gradient per group: dB_g[N,K] += dY[rows g]ᵀ[N, r] · X[rows g][r, K] (fp32 dB),
+    // dB_g = dB + g·b_stride. (N = dY width, K = X width.)
+    void (*gemm_grouped_wgrad)(Backend*, const GroupDesc*, int N, int K, const void* dY,
+                               const void* X, float* dB);
+
+    // ---- SwiGLU with routing scale -----------------------------------------------------------
+    // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
+    void (*swiglu_fwd)(Backend*, void* h, const void* gu, const float* scale, int n, int F);
+    // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
+    void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
+                       const float* scale, int n, int F);
+
+    // ---- router ------------------------------------------------------------------------------
+    // probs[N,E] = softmax(logits); topk_idx[N,k] descending by prob (ties → lower index);
+    // topk_w[N,k] = renormalised top-k probs. stats (fp32 [2E], +=): [0,E) count of tokens
+    // routed to e (any slot), [E,2E) Σ_n probs[n,e] — the load-balancing loss inputs.
+    // zsum (fp32 [1], +=): Σ_n logsumexp(logits[n])².
+    void (*router_fwd)(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats,
+                       float* zsum, const float* logits, int N, int E, int k);
+    // dlogits[N,E] (overwritten) from: dtopk_w[N,k] through the renormalised top-k; the aux
+    // loss as dL/dprobs[n,e] = aux_dprob[e] (same for every token); the z-loss as
+    // z_grad · 2·lse(n)·softmax(n). Any of dtopk_w / aux_dprob may be NULL.
+    void (*router_bwd)(Backend*, float* dlogits, const float* dtopk_w, const float* aux_dprob,
+                       float z_grad, const float* probs, const int32_t* topk_idx,
+                       const float* topk_w, const float* logits, int N, int E, int k);
+
+    // ---- permutation (token → expert-major rows) ---------------------------------------------
+    // From topk_idx[N*k] (flattened (n, slot)): counts[E] (int32, overwritten) and
+    // dest[N*k] = row of (n, slot) in expert-major order (experts ascending, then n, then slot).
+    void (*moe_index)(Backend*, int32_t* counts, int32_t* dest, const int32_t* topk_idx, int N,
+                      int k, int E);
+    // xp[dest[i], :] = x[i / k, :]   (i over N*k)
+    void (*permute_fwd)(Backend*, void* xp, const void* x, const int32_t* dest, int N, int k,
+                        int H);
+    // dx[n, :] = Σ_slot dxp[dest[n*k+slot], :]   (overwrites dx)
+    void (*permute_bwd)(Backend*, void* dx, const void* dxp, const int32_t* dest, int N, int k,
+                        int H);
+    // Gathers per-row fp32 values into expert-major order: outp[dest[i]] = in[i]
+    void (*gather_rows_f32)(Backend*, float* outp, const float* in, const int32_t* dest, int n);
+    // Inverse: out[i] = inp[dest[i]]
+    void (*scatter_rows_f32)(Backend*, float* out, const float* inp, const int32_t* dest, int n);
+    // Weighted rows are pre-scaled by swiglu: out[n,:] (+= if accumulate) Σ_slot yp[dest[n*k+s]]
+    void (*unpermute_fwd)(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k,
+                          int H, int accumulate);
+    // dyp[dest[n*k+s], :] = dout[n, :]
+    void (*unpermute_bwd)(Backend*, void* dyp, const void* dout, const int32_t* dest, int N,
+                          int k, int H);
+
+    // ---- loss --------------------------------------------------------------------------------
+    // Cross-entropy over rows of logits [n, V] (act) with targets[n] (< 0 = ignored).
+    // loss (fp32 [1], +=) Σ_n −log softmax(logits[n])[target]. If grad_scale != 0, logits is
+    // overwritten by dL/dlogits · grad_scale (softmax − onehot; ignored rows → 0).
+    void (*cross_entropy)(Backend*, void* logits, float* loss, const int32_t* targets, int n,
+                          int V, float grad_scale);
+
+    // ---- optimizer ---------------------------------------------------------------------------
+    // AdamW on n elements: master/m/v/grad fp32, param (act copy, may alias master when act is
+    // fp32 and param == master). lr already includes the schedule; wd = 0 for exempt tensors.
+    // step is 1-based (bias correction). grad_scale multiplies grad first (clipping).
+    void (*adamw)(Backend*, float* master, void* param, float* m, float* v, const float* grad,
+                  size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                  float grad_scale, int step);
+
+    void (*destroy)(Backend*);
+};
+
+// Constructors. cuda_backend_create returns NULL (with a message) when built without CUDA or
+// when no GPU is visible.
+Backend* cpu_backend_create(void);
+Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
+
+static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }

@@ -1,0 +1,55 @@
+// comm.h — collectives over named groups (world, ep, edp).
+//
+// Layout: world = ep × edp. Rank r has ep_rank = r % ep and edp_rank = r / ep, so the EP group
+// is consecutive ranks (one node's GPUs when ep ≤ 8) and holds experts
+// [ep_rank·E/ep, (ep_rank+1)·E/ep). Ranks with the same ep_rank form the edp group.
+//
+// Two implementations: MPI on host memory (CPU backend) and NCCL on device memory (CUDA
+// backend; MPI launches and bootstraps it). Buffers are in the memory of the backend the Comm
+// was made for. All calls are collective over the group and blocking for the host in MPI;
+// in NCCL they are enqueued on the backend stream.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { GROUP_WORLD = 0, GROUP_EP = 1, GROUP_EDP = 2, GROUP_COUNT = 3 } GroupId;
+
+typedef struct Comm Comm;
+struct Comm {
+    int rank[GROUP_COUNT];  // this rank's index in each group
+    int size[GROUP_COUNT];
+    void* impl;
+
+    // In place: buf[n] = Σ over group (fp32).
+    void (*all_reduce_sum)(Comm*, GroupId, float* buf, size_t n);
+    // in[n·size] → out[n] = Σ over group of chunk rank of in (fp32). n per rank.
+    void (*reduce_scatter_sum)(Comm*, GroupId, float* out, const float* in, size_t n);
+    // in[n] from every rank → out[n·size], rank-major. Raw bytes (n in bytes).
+    void (*all_gather)(Comm*, GroupId, void* out, const void* in, size_t nbytes);
+    // Variable all-to-all of bytes: send_counts/displs, recv_counts/displs are host arrays
+    // [size] in bytes.
+    void (*all_to_all_v)(Comm*, GroupId, const void* send, const size_t* send_counts,
+                         const size_t* send_displs, void* recv, const size_t* recv_counts,
+                         const size_t* recv_displs);
+    // Host-memory helpers for small control data (always over MPI, even for NCCL comms):
+    void (*host_all_to_all_i32)(Comm*, GroupId, const int32_t* send, int32_t* recv, int n_each);
+    void (*host_all_reduce_f64)(Comm*, GroupId, double* buf, size_t n);  // sum
+    void (*host_all_reduce_max_i32)(Comm*, GroupId, int32_t* buf, size_t n);
+    void (*host_broadcast)(Comm*, GroupId, void* buf, size_t nbytes, int root);
+    void (*barrier)(Comm*, GroupId);
+    void (*destroy)(Comm*);
+};
+
+// MPI: call after MPI_Init (dist_init). ep must divide the world size.
+Comm* comm_mpi_create(int ep);
+// NCCL over the same layout; built only with CUDA (returns NULL otherwise). `stream` is the
+// CUDA backend's stream (cudaStream_t passed as void*).
+Comm* comm_nccl_create(int ep, void* stream);
+
+// Process-wide MPI start/stop. dist_init installs an abort hook so that FATAL on any rank
+// ends every rank (MPI_Abort). Returns the world rank; *world receives the size.
+int dist_init(int* argc, char*** argv, int* world);
+void dist_finalize(void);
+// Called when a recoverable error (bad config) happened on some ranks: every rank calls it with
+// its own status; returns the max over ranks (so all ranks exit together, nothing hangs).
+int dist_agree_status(int status);

@@ -1,0 +1,123 @@
+// config.h — the resolved run configuration: YAML file(s) + command-line overrides.
+//
+// Every key is `section.key`; the table of keys (name, type, default, range, doc) lives in
+// config.c and is the single source for parsing, validation, printing and README.md.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "util.h"
+
+#define CFG_STR 512
+
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
+typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
+typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
+typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
+
+typedef struct ModelConfig {
+    int vocab_size;      // 256 for byte-level sequence data
+    int hidden;          // model width H
+    int ffn;             // expert FFN width F
+    int layers;          // decoder layers L
+    int heads;           // query heads
+    int kv_heads;        // key/value heads (GQA)
+    int experts;         // experts per MoE layer E
+    int top_k;           // experts per token
+    int max_seq;         // max_position_embeddings (config.json); >= train.seq_len
+    float rope_theta;
+    float rms_eps;
+    float init_std;      // initializer_range
+    float aux_coef;      // router_aux_loss_coef (load balancing, HF form)
+    float z_coef;        // router z-loss coefficient (0 = off)
+    int tie_embeddings;  // must be 0: Mixtral's lm_head is untied
+} ModelConfig;
+
+typedef struct ParallelConfig {
+    int ep;     // expert-parallel group size; world % ep == 0, experts % ep == 0
+    int zero1;  // shard optimizer state (ZeRO-1)
+} ParallelConfig;
+
+typedef struct PrecisionConfig {
+    DType dtype;  // compute/storage dtype of weights and activations (fp32 masters always)
+} PrecisionConfig;
+
+typedef struct TrainConfig {
+    int steps;         // optimizer steps
+    int micro_batch;   // sequences per rank per forward/backward
+    int global_batch;  // sequences per optimizer step over all ranks
+    int seq_len;       // tokens per sequence
+    uint64_t seed;
+    DeviceKind device;
+    int max_bad_steps;  // consecutive non-finite steps before the run stops
+    int eval_every;     // validation every N steps (0 = only at the end)
+    int eval_batches;   // micro-batches per validation
+} TrainConfig;
+
+typedef struct OptimConfig {
+    float lr, min_lr_ratio;
+    int warmup;
+    Schedule schedule;
+    float decay_frac;  // WSD: fraction of steps in the final decay
+    float beta1, beta2, eps, weight_decay;
+    int decay_norms;   // apply weight decay to norm weights too
+    float clip;        // global grad-norm clip (0 = off)
+} OptimConfig;
+
+typedef struct DataConfig {
+    char path[CFG_STR];  // file, or "" for the shipped default
+    DataFormat format;
+    float val_frac;      // fraction of records (or windows, for .bin) held out
+    int sep_token;       // token between records (byte-level)
+    int shuffle;
+} DataConfig;
+
+typedef struct CheckpointConfig {
+    char dir[CFG_STR];        // "" = no checkpoints
+    int every;                // steps between saves (0 = only at the end)
+    int keep;                 // complete checkpoints kept (0 = all)
+    char resume[CFG_STR];     // "none", "auto", or a path
+    char init_from[CFG_STR];  // Hugging Face directory to start from ("" = random init)
+} CheckpointConfig;
+
+typedef struct LogConfig {
+    char dir[CFG_STR];  // metrics.jsonl and config.yaml go here ("" = none)
+    int every;          // log a line every N steps
+} LogConfig;
+
+typedef struct Config {
+    ModelConfig model;
+    ParallelConfig parallel;
+    PrecisionConfig precision;
+    TrainConfig train;
+    OptimConfig optim;
+    DataConfig data;
+    CheckpointConfig checkpoint;
+    LogConfig log;
+    char source[CFG_STR];  // the config file that was loaded (resolved path)
+} Config;
+
+// Fills every key with its default.
+void config_defaults(Config* c);
+
+// Finds NAME as a path, or as configs/NAME.yaml next to the binary / under the install prefix /
+// under the current directory. Writes the resolved path. Returns 0 or -1 with a message.
+int config_find(const char* name, char* out, size_t out_size, Err* e);
+
+// Loads a YAML file (following `defaults:` chains) on top of the current values of c.
+int config_load_file(Config* c, const char* path, Err* e);
+
+// Applies one `section.key=value` override.
+int config_override(Config* c, const char* kv, Err* e);
+
+// Checks ranges and cross-key constraints (the layout needs the world size).
+int config_validate(const Config* c, int world, Err* e);
+
+// Prints the resolved config as YAML (loadable again by config_load_file).
+void config_print(const Config* c, FILE* f);
+
+// Prints the table of keys as Markdown (for README.md and `--help`).
+void config_print_keys(FILE* f);
+
+// Enum names, for logs.
+const char* dtype_name(DType d);

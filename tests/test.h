@@ -1,0 +1,50 @@
+// test.h — the tiny test harness. Each test binary ends with `N passed, N failed` and exits
+// non-zero when anything failed. EXPECT records a failure and continues; tests are functions
+// registered in main with RUN(fn).
+#pragma once
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_passed = 0, t_failed = 0, t_cur_failed = 0;
+static const char* t_cur = "";
+
+#define EXPECT(cond, ...)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "  FAIL %s (%s:%d): ", t_cur, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+            t_cur_failed++;                                                     \
+        }                                                                       \
+    } while (0)
+
+// Relative L2 error ‖a − b‖ / ‖b‖ (NaN in either never passes: returns +inf).
+static inline double rel_l2(const float* a, const float* b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    if (den == 0) return num == 0 ? 0 : INFINITY;
+    return sqrt(num / den);
+}
+
+#define RUN(fn)                                                         \
+    do {                                                                \
+        t_cur = #fn;                                                    \
+        t_cur_failed = 0;                                               \
+        fn();                                                           \
+        if (t_cur_failed) { t_failed++; printf("FAIL %s\n", #fn); }     \
+        else { t_passed++; printf("ok   %s\n", #fn); }                  \
+        fflush(stdout);                                                 \
+    } while (0)
+
+#define TEST_END()                                              \
+    do {                                                        \
+        printf("%d passed, %d failed\n", t_passed, t_failed);   \
+        return t_failed ? 1 : 0;                                \
+    } while (0)
