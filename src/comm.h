@@ -35,6 +35,7 @@ struct Comm {
     void (*host_all_to_all_i32)(Comm*, GroupId, const int32_t* send, int32_t* recv, int n_each);
     void (*host_all_reduce_f64)(Comm*, GroupId, double* buf, size_t n);  // sum
     void (*host_all_reduce_max_i32)(Comm*, GroupId, int32_t* buf, size_t n);
+    void (*host_all_gather)(Comm*, GroupId, void* out, const void* in, size_t nbytes);
     void (*host_broadcast)(Comm*, GroupId, void* buf, size_t nbytes, int root);
     void (*barrier)(Comm*, GroupId);
     void (*destroy)(Comm*);
