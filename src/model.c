@@ -1,0 +1,300 @@
+// model.c — the Mixtral graph: memory plan, init, forward and backward of one micro-batch.
+// The MoE block (router, dispatch, experts) is in moe.c.
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe.h"
+#include "util.h"
+
+// Pointer to element `off` of an act buffer.
+static inline void* act_at(const Model* m, const void* base, size_t off) {
+    return (char*)base + off * dtype_size(m->be->act_dtype);
+}
+static inline void* W(const Model* m, int arena, size_t off) { return act_at(m, m->w[arena], off); }
+static inline float* G(const Model* m, int arena, size_t off) { return m->grad[arena] + off; }
+
+static void* act_alloc(Model* m, size_t n) { return m->be->alloc(m->be, n * dtype_size(m->be->act_dtype)); }
+static float* f32_alloc(Model* m, size_t n) { return m->be->alloc(m->be, n * sizeof(float)); }
+
+// C = A · Bᵀ (linear layer: A [M,K] act, W [N,K] act), C act (beta 0 or 1).
+static void linear(Model* m, void* C, const void* A, const void* Wt, int M, int N, int K, float beta) {
+    GemmDesc d = {.M = M, .N = N, .K = K, .trans_b = 1, .alpha = 1, .beta = beta};
+    m->be->gemm(m->be, &d, A, Wt, C);
+}
+// dX (+)= dY · W  (dY [M,N], W [N,K]) → [M,K]
+static void linear_dx(Model* m, void* dX, const void* dY, const void* Wt, int M, int N, int K, float beta) {
+    GemmDesc d = {.M = M, .N = K, .K = N, .alpha = 1, .beta = beta};
+    m->be->gemm(m->be, &d, dY, Wt, dX);
+}
+// dW[N,K] += dYᵀ · X  (dY [M,N], X [M,K]), fp32
+static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M, int N, int K) {
+    GemmDesc d = {.M = N, .N = K, .K = M, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1};
+    m->be->gemm(m->be, &d, dY, X, dW);
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm) {
+    memset(m, 0, sizeof *m);
+    m->c = *c;
+    m->be = be;
+    m->comm = comm;
+    m->world = comm->size[GROUP_WORLD];
+    m->rank = comm->rank[GROUP_WORLD];
+    m->ep = comm->size[GROUP_EP];
+    m->ep_rank = comm->rank[GROUP_EP];
+    m->edp = comm->size[GROUP_EDP];
+    m->edp_rank = comm->rank[GROUP_EDP];
+    m->e_local = c->experts / m->ep;
+    m->B = B;
+    m->T = T;
+    m->N = B * T;
+    params_build(&m->pl, c, m->ep, m->ep_rank);
+
+    m->numel[ARENA_DENSE] = m->pl.numel[ARENA_DENSE];
+    m->numel[ARENA_EXPERT] = m->pl.numel[ARENA_EXPERT];
+    m->padded[ARENA_DENSE] = round_up(m->numel[ARENA_DENSE], 8 * (size_t)m->world);
+    m->padded[ARENA_EXPERT] = round_up(m->numel[ARENA_EXPERT], 8 * (size_t)m->edp);
+    for (int a = 0; a < 2; a++) {
+        m->w[a] = act_alloc(m, m->padded[a]);
+        m->grad[a] = f32_alloc(m, m->padded[a]);
+    }
+
+    const int N = m->N, H = c->hidden, E = c->experts, K = c->top_k, V = c->vocab_size;
+    const int D = m->pl.head_dim, QD = c->heads * D, KD = c->kv_heads * D;
+    m->ls = xcalloc((size_t)c->layers, sizeof(LayerSaved));
+    for (int l = 0; l < c->layers; l++) {
+        LayerSaved* s = &m->ls[l];
+        s->x_in = act_alloc(m, (size_t)N * H);
+        s->ln1 = act_alloc(m, (size_t)N * H);
+        s->rstd1 = f32_alloc(m, N);
+        s->q = act_alloc(m, (size_t)N * QD);
+        s->k = act_alloc(m, (size_t)N * KD);
+        s->v = act_alloc(m, (size_t)N * KD);
+        s->att = act_alloc(m, (size_t)N * QD);
+        s->lse = f32_alloc(m, (size_t)B * c->heads * T);
+        s->x_mid = act_alloc(m, (size_t)N * H);
+        s->ln2 = act_alloc(m, (size_t)N * H);
+        s->rstd2 = f32_alloc(m, N);
+        moe_saved_alloc(m, &s->moe);
+    }
+    m->x_final = act_alloc(m, (size_t)N * H);
+    m->lnf = act_alloc(m, (size_t)N * H);
+    m->rstdf = f32_alloc(m, N);
+    m->tok = be->alloc(be, sizeof(int32_t) * (size_t)N);
+    m->tgt = be->alloc(be, sizeof(int32_t) * (size_t)N);
+    m->stats = f32_alloc(m, 2 * (size_t)E);
+    m->zsum = f32_alloc(m, 1);
+    m->aux_dprob = f32_alloc(m, E);
+    m->loss_acc = f32_alloc(m, 1);
+    m->h_stats = xcalloc(2 * (size_t)E, sizeof(float));
+    size_t wide = (size_t)(H > QD ? H : QD);
+    m->s_a = act_alloc(m, (size_t)N * wide);
+    m->s_b = act_alloc(m, (size_t)N * wide);
+    m->s_dx = act_alloc(m, (size_t)N * H);
+    m->s_q = act_alloc(m, (size_t)N * QD);
+    m->s_k = act_alloc(m, (size_t)N * KD);
+    m->s_v = act_alloc(m, (size_t)N * KD);
+    m->s_dlog = f32_alloc(m, (size_t)N * E);
+    m->s_dlog_act = act_alloc(m, (size_t)N * E);
+    m->s_dw = f32_alloc(m, (size_t)N * K);
+    m->s_xp = act_alloc(m, (size_t)N * K * H);
+    m->s_wp = f32_alloc(m, (size_t)N * K);
+    // lm_head logits in chunks of tokens: at most ~256 MB of logits at a time.
+    size_t per_tok = (size_t)V * dtype_size(be->act_dtype);
+    size_t chunk = ((size_t)256 << 20) / per_tok;
+    if (chunk < 1) chunk = 1;
+    if (chunk > (size_t)N) chunk = (size_t)N;
+    m->head_chunk = (int)chunk;
+    m->s_logits = act_alloc(m, chunk * (size_t)V);
+    m->counts = be->alloc(be, sizeof(int32_t) * (size_t)E);
+    m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
+    moe_plan_bumps(m);
+}
+
+void model_free(Model* m) {
+    Backend* be = m->be;
+    for (int a = 0; a < 2; a++) {
+        be->free(be, m->w[a]);
+        be->free(be, m->grad[a]);
+    }
+    for (int l = 0; l < m->c.layers; l++) {
+        LayerSaved* s = &m->ls[l];
+        void* bufs[] = {s->x_in, s->ln1, s->rstd1, s->q, s->k, s->v, s->att, s->lse, s->x_mid, s->ln2, s->rstd2};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+        moe_saved_free(m, &s->moe);
+    }
+    free(m->ls);
+    void* bufs[] = {m->x_final, m->lnf, m->rstdf, m->tok, m->tgt, m->stats, m->zsum, m->aux_dprob,
+                    m->loss_acc, m->s_a, m->s_b, m->s_dx, m->s_q, m->s_k, m->s_v, m->s_dlog,
+                    m->s_dlog_act, m->s_dw, m->s_xp, m->s_wp, m->s_logits, m->counts};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    free(m->h_stats);
+    free(m->h_counts);
+    bump_free(&m->bump);
+    bump_free(&m->tmp);
+    params_free(&m->pl);
+}
+
+// ---- init ------------------------------------------------------------------------------------
+
+static uint64_t fnv1a(const char* s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+void model_init_tensor(const ModelConfig* c, const ParamInfo* p, uint64_t seed, float* dst) {
+    if (p->no_decay) {  // norm weights
+        for (size_t i = 0; i < p->numel; i++) dst[i] = 1.0f;
+        return;
+    }
+    // Blocks of 64K elements with their own stream: deterministic, and parallel.
+    const size_t blk = 65536;
+    const size_t nblk = (p->numel + blk - 1) / blk;
+    const uint64_t base = fnv1a(p->name) ^ (seed * 0x9E3779B97F4A7C15ull);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblk; b++) {
+        Rng r;
+        rng_seed(&r, base + b);
+        size_t hi = (b + 1) * blk < p->numel ? (b + 1) * blk : p->numel;
+        for (size_t i = b * blk; i < hi; i++) dst[i] = c->init_std * rng_normal(&r);
+    }
+}
+
+// ---- forward / backward ----------------------------------------------------------------------
+
+static void layer_forward(Model* m, int l, void* x_out) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    LayerSaved* s = &m->ls[l];
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int N = m->N, H = c->hidden, D = m->pl.head_dim;
+    const int QD = c->heads * D, KD = c->kv_heads * D;
+    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
+
+    be->rmsnorm_fwd(be, s->ln1, s->rstd1, s->x_in, W(m, 0, o->ln1), N, H, c->rms_eps);
+    linear(m, s->q, s->ln1, W(m, 0, o->qkv), N, QD, H, 0);
+    linear(m, s->k, s->ln1, W(m, 0, o->qkv + qn), N, KD, H, 0);
+    linear(m, s->v, s->ln1, W(m, 0, o->qkv + qn + kn), N, KD, H, 0);
+    be->rope(be, s->q, m->B, m->T, c->heads, D, c->rope_theta, 0);
+    be->rope(be, s->k, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
+    be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
+    // x_mid = x_in + att · Woᵀ
+    be->copy(be, s->x_mid, s->x_in, (size_t)N * H * dtype_size(be->act_dtype));
+    linear(m, s->x_mid, s->att, W(m, 0, o->o), N, H, QD, 1);
+    be->rmsnorm_fwd(be, s->ln2, s->rstd2, s->x_mid, W(m, 0, o->ln2), N, H, c->rms_eps);
+    // x_out = x_mid + moe(ln2)
+    be->copy(be, x_out, s->x_mid, (size_t)N * H * dtype_size(be->act_dtype));
+    moe_forward(m, l, s->ln2, x_out);
+}
+
+// m->s_dx holds dL/dx_out on entry and dL/dx_in on return.
+static void layer_backward(Model* m, int l) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    LayerSaved* s = &m->ls[l];
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int N = m->N, H = c->hidden, D = m->pl.head_dim;
+    const int QD = c->heads * D, KD = c->kv_heads * D;
+    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
+
+    // MoE: dln2 into s_a, then through RMSNorm 2 into the residual gradient.
+    moe_backward(m, l, m->s_dx, m->s_a);
+    be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln2), m->s_a, s->x_mid, W(m, 0, o->ln2), s->rstd2, N, H, 1);
+
+    // attention output projection
+    void* datt = m->s_a;  // [N, QD]
+    linear_dx(m, datt, m->s_dx, W(m, 0, o->o), N, H, QD, 0);
+    linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD);
+    be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
+                 c->heads, c->kv_heads, D);
+    be->rope(be, m->s_q, m->B, m->T, c->heads, D, c->rope_theta, 1);
+    be->rope(be, m->s_k, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
+    linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H);
+    linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H);
+    linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H);
+    void* dln1 = m->s_b;  // [N, H]
+    linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
+    linear_dx(m, dln1, m->s_k, W(m, 0, o->qkv + qn), N, KD, H, 1);
+    linear_dx(m, dln1, m->s_v, W(m, 0, o->qkv + qn + kn), N, KD, H, 1);
+    be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln1), dln1, s->x_in, W(m, 0, o->ln1), s->rstd1, N, H, 1);
+}
+
+// After the forward: global router statistics → aux / z losses and their gradient.
+static void router_losses(Model* m, const MicroArgs* a, StepLoss* out) {
+    Backend* be = m->be;
+    const int E = m->c.experts;
+    float zs = 0;
+    be->to_host(be, m->h_stats, m->stats, sizeof(float) * 2 * (size_t)E);
+    be->to_host(be, &zs, m->zsum, sizeof(float));
+    double buf[2 * 64 + 1];
+    CHECK(E <= 64, "at most 64 experts are supported (got %d)", E);
+    for (int i = 0; i < 2 * E; i++) buf[i] = m->h_stats[i];
+    buf[2 * E] = zs;
+    m->comm->host_all_reduce_f64(m->comm, GROUP_WORLD, buf, 2 * (size_t)E + 1);
+    for (int i = 0; i < 2 * E; i++) m->h_stats[i] = (float)buf[i];
+    const double rows = (double)m->c.layers * m->N * m->world;  // L × global tokens
+    double aux = 0;
+    float dprob[64];
+    for (int e = 0; e < E; e++) {
+        double f = buf[e] / rows, P = buf[E + e] / rows;
+        aux += f * P;
+        dprob[e] = (float)(a->aux_scale * E * f / rows);
+    }
+    out->aux = E * aux;
+    out->z = buf[2 * E] / rows;
+    m->z_grad = (float)(a->z_scale / rows);
+    if (a->backward) be->to_device(be, m->aux_dprob, dprob, sizeof(float) * (size_t)E);
+}
+
+StepLoss model_step(Model* m, const MicroArgs* a) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    const int N = m->N, H = c->hidden, V = c->vocab_size, L = c->layers;
+    StepLoss out = {0};
+
+    be->to_device(be, m->tok, a->tokens, sizeof(int32_t) * (size_t)N);
+    be->to_device(be, m->tgt, a->targets, sizeof(int32_t) * (size_t)N);
+    for (int i = 0; i < N; i++) out.ntok += a->targets[i] >= 0;
+    be->zero(be, m->stats, sizeof(float) * 2 * (size_t)c->experts);
+    be->zero(be, m->zsum, sizeof(float));
+    be->zero(be, m->loss_acc, sizeof(float));
+    bump_reset(&m->bump);
+
+    be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
+    for (int l = 0; l < L; l++) layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
+    router_losses(m, a, &out);
+
+    // Final norm and lm_head + cross-entropy in token chunks; the backward of each chunk runs
+    // right away, so the logits never exist for all tokens at once.
+    be->rmsnorm_fwd(be, m->lnf, m->rstdf, m->x_final, W(m, 0, m->pl.final_norm), N, H, c->rms_eps);
+    void* dlnf = m->s_a;  // [N, H]
+    for (int t0 = 0; t0 < N; t0 += m->head_chunk) {
+        int n = N - t0 < m->head_chunk ? N - t0 : m->head_chunk;
+        const void* xc = act_at(m, m->lnf, (size_t)t0 * H);
+        linear(m, m->s_logits, xc, W(m, 0, m->pl.lm_head), n, V, H, 0);
+        be->cross_entropy(be, m->s_logits, m->loss_acc, m->tgt + t0, n, V, a->backward ? a->ce_scale : 0.0f);
+        if (a->backward) {
+            linear_dx(m, act_at(m, dlnf, (size_t)t0 * H), m->s_logits, W(m, 0, m->pl.lm_head), n, V, H, 0);
+            linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H);
+        }
+    }
+    float ce = 0;
+    be->to_host(be, &ce, m->loss_acc, sizeof(float));
+    out.ce_sum = ce;
+    if (!a->backward) return out;
+
+    be->rmsnorm_bwd(be, m->s_dx, G(m, 0, m->pl.final_norm), dlnf, m->x_final, W(m, 0, m->pl.final_norm),
+                    m->rstdf, N, H, 0);
+    for (int l = L - 1; l >= 0; l--) layer_backward(m, l);
+    be->embed_bwd(be, G(m, 0, m->pl.embed), m->s_dx, m->tok, N, H);
+    return out;
+}
+
+void model_expert_load(const Model* m, double* load) {
+    for (int e = 0; e < m->c.experts; e++) load[e] = m->h_stats[e];
+}

@@ -1,0 +1,132 @@
+// model.h — the Mixtral graph (MixtralForCausalLM math) on a Backend, with its memory.
+//
+//   embed → L × [RMSNorm → GQA attention (RoPE, causal) → +residual → RMSNorm → sparse MoE
+//   → +residual] → RMSNorm → lm_head → cross-entropy (+ aux_coef · load-balancing loss,
+//   + z_coef · router z-loss)
+//
+// Parameters live in two flat arenas (params.h). Activations saved for the backward pass are
+// planned once for micro_batch × seq_len; the MoE rows a rank receives vary with routing and go
+// to a chained bump arena that grows only when the load exceeds every earlier step's.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "bump.h"
+#include "comm.h"
+#include "config.h"
+#include "params.h"
+
+// Per-layer saved state of the MoE block (shapes for N tokens on this rank, R received rows).
+typedef struct MoeSaved {
+    float* logits;     // [N, E] fp32 router logits
+    float* probs;      // [N, E] fp32 softmax
+    int32_t* topk;     // [N, k] expert ids
+    float* topk_w;     // [N, k] renormalised weights
+    int32_t* dest;     // [N·k] row of (n, slot) in the expert-major send buffer
+    void* xe;          // [R, H] act: received rows, expert-major (bump)
+    float* scale_e;    // [R] routing weight of each received row (bump)
+    void* gu;          // [R, 2F] act: gate|up (bump)
+    int R;             // rows received
+    int* send_rows;    // host [ep] rows sent to each EP rank
+    int* recv_rows;    // host [ep] rows received from each EP rank
+    int* recv_blk;     // host [ep × E_local] rows received from rank s for local expert e
+    int* load;         // host [E] tokens routed to each expert (global over the micro-batch)
+} MoeSaved;
+
+typedef struct LayerSaved {
+    void* x_in;     // [N, H] layer input (residual stream)
+    void* ln1;      // [N, H]
+    float* rstd1;   // [N]
+    void* q;        // [N, Hq·D] after RoPE
+    void* k;        // [N, Hkv·D] after RoPE
+    void* v;        // [N, Hkv·D]
+    void* att;      // [N, Hq·D] attention output (before o_proj)
+    float* lse;     // [B, Hq, T]
+    void* x_mid;    // [N, H] after the attention residual
+    void* ln2;      // [N, H]
+    float* rstd2;   // [N]
+    MoeSaved moe;
+} LayerSaved;
+
+// Loss components of one micro-batch (host, sums over this rank unless noted).
+typedef struct StepLoss {
+    double ce_sum;      // Σ CE over this rank's counted targets
+    double aux;         // load-balancing loss (global micro-batch, unscaled)
+    double z;           // router z-loss (global micro-batch, unscaled)
+    int64_t ntok;       // counted targets on this rank
+} StepLoss;
+
+typedef struct Model {
+    ModelConfig c;
+    Backend* be;
+    Comm* comm;
+    ParamLayout pl;
+    int ep, ep_rank, edp, edp_rank, world, rank;
+    int e_local;        // experts on this rank
+    int B, T, N;        // micro-batch, sequence length, N = B·T tokens
+
+    // parameters and gradients per arena (ARENA_DENSE, ARENA_EXPERT)
+    size_t numel[2];    // real elements
+    size_t padded[2];   // padded to a multiple of the ZeRO group size × 8
+    void* w[2];         // [padded] act: compute weights (full copy on every rank)
+    float* grad[2];     // [padded] fp32 gradients
+
+    // activations
+    LayerSaved* ls;     // [L]
+    void* x_final;      // [N, H] last layer output
+    void* lnf;          // [N, H]
+    float* rstdf;       // [N]
+    int32_t* tok;       // [N] input tokens
+    int32_t* tgt;       // [N] targets (< 0 ignored)
+    float* stats;       // [2E] router stats, summed over layers (fp32)
+    float* zsum;        // [1]
+    float* aux_dprob;   // [E] d(total loss)/d probs, same for every token and layer
+    float* loss_acc;    // [1] CE sum of this micro-batch
+    float z_grad;       // z-loss gradient scale per router row (router_bwd)
+    float* h_stats;     // host [2E] router stats of the last forward, summed over the world
+    // scratch (reused by every layer)
+    void* s_a;          // [N, max(H, Hq·D)] act
+    void* s_b;          // [N, max(H, Hq·D)] act
+    void* s_dx;         // [N, H] act: gradient of the residual stream
+    void* s_q;          // [N, Hq·D] act
+    void* s_k;          // [N, Hkv·D] act
+    void* s_v;          // [N, Hkv·D] act
+    float* s_dlog;      // [N, E] fp32 router logit gradient
+    void* s_dlog_act;   // [N, E] act
+    float* s_dw;        // [N·k] fp32 routing-weight gradient
+    void* s_xp;         // [N·k, H] act: send buffer (permuted rows)
+    float* s_wp;        // [N·k] fp32: routing weights, permuted
+    void* s_logits;     // [chunk, V] act: lm_head logits chunk
+    int head_chunk;     // tokens per lm_head chunk
+    int32_t* counts;    // [E] int32 backend: rows per expert (moe_index)
+    int32_t* h_counts;  // host [E]
+    Bump bump;          // MoE rows received (xe, scale_e, gu), reset per micro-batch
+    Bump tmp;           // MoE per-layer scratch, reset per layer
+} Model;
+
+// Builds the model for this rank: layout, memory (parameters, gradients, activations).
+// Arenas are padded to a multiple of 8 × the ZeRO group size (world for dense, edp for experts).
+void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm);
+void model_free(Model* m);
+
+// Deterministic init by tensor name and seed (independent of the layout): HF's normal(0,
+// init_std) for linear and embedding weights, 1 for norm weights. Writes fp32 values through
+// dst [p->numel] (the optimizer keeps the masters).
+void model_init_tensor(const ModelConfig* c, const ParamInfo* p, uint64_t seed, float* dst);
+
+// One micro-batch. tokens/targets: host [N]. Backward accumulates into m->grad when
+// grad_scale_ce != 0 (the scale turns the CE sum into the global mean; aux/z gradient scales
+// are given separately). n_micro is the accumulation count (for the aux/z gradient scale).
+typedef struct MicroArgs {
+    const int32_t* tokens;  // host [N]
+    const int32_t* targets; // host [N], < 0 = ignored
+    int backward;           // 0 = forward only (eval)
+    float ce_scale;         // gradient scale of the CE sum (1 / global counted targets)
+    float aux_scale;        // gradient scale of aux (aux_coef / n_micro)
+    float z_scale;          // gradient scale of z (z_coef / n_micro)
+} MicroArgs;
+StepLoss model_step(Model* m, const MicroArgs* a);
+
+// Expert load of the last forward, summed over layers and the world (host [E]).
+void model_expert_load(const Model* m, double* load);

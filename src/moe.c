@@ -1,0 +1,249 @@
+// moe.c — sparse MoE block with dropless token dispatch over the EP group.
+//
+// Forward, for N tokens on this rank (k slots each):
+//   logits = x · gateᵀ (fp32) → softmax, top-k, renormalise             router_fwd
+//   rows (n, slot) sorted expert-major → send buffer xp [N·k, H]        moe_index, permute_fwd
+//   counts → host (the one sync of the layer) → exchange counts (ep)
+//   all_to_all_v rows and routing weights → received blocks (src s, local expert e)
+//   reorder blocks to expert-major (e, s) → xe [R, H]
+//   gu = xe · w13ᵀ; h = silu(gate)·up·w; y = h · w2ᵀ                     grouped GEMMs, swiglu
+//   reorder back, reverse all_to_all_v, out[n] += Σ_slot y[(n, slot)]   unpermute_fwd
+// With ep = 1 the exchange and the reorders vanish: xe is the permuted buffer itself.
+#include "moe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static inline size_t esz(const Model* m) { return dtype_size(m->be->act_dtype); }
+static inline void* at(const Model* m, const void* p, size_t off) { return (char*)p + off * esz(m); }
+
+void moe_saved_alloc(Model* m, MoeSaved* s) {
+    Backend* be = m->be;
+    const int N = m->N, E = m->c.experts, K = m->c.top_k;
+    s->logits = be->alloc(be, sizeof(float) * (size_t)N * E);
+    s->probs = be->alloc(be, sizeof(float) * (size_t)N * E);
+    s->topk = be->alloc(be, sizeof(int32_t) * (size_t)N * K);
+    s->topk_w = be->alloc(be, sizeof(float) * (size_t)N * K);
+    s->dest = be->alloc(be, sizeof(int32_t) * (size_t)N * K);
+    s->send_rows = xcalloc((size_t)m->ep, sizeof(int));
+    s->recv_rows = xcalloc((size_t)m->ep, sizeof(int));
+    s->recv_blk = xcalloc((size_t)m->ep * m->e_local, sizeof(int));
+    s->load = xcalloc((size_t)E, sizeof(int));
+}
+
+void moe_saved_free(Model* m, MoeSaved* s) {
+    Backend* be = m->be;
+    be->free(be, s->logits);
+    be->free(be, s->probs);
+    be->free(be, s->topk);
+    be->free(be, s->topk_w);
+    be->free(be, s->dest);
+    free(s->send_rows);
+    free(s->recv_rows);
+    free(s->recv_blk);
+    free(s->load);
+}
+
+void moe_plan_bumps(Model* m) {
+    const size_t R = (size_t)m->N * m->c.top_k;  // rows received with perfect balance
+    const size_t H = m->c.hidden, F = m->c.ffn;
+    const size_t saved = R * ((H + 2 * F) * esz(m) + sizeof(float)) + 3 * 256;
+    const size_t scratch = R * ((H + 3 * F + H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
+    // 25% slack for routing imbalance before the arenas grow.
+    bump_init(&m->bump, m->be, (size_t)(1.25 * (double)saved * m->c.layers));
+    bump_init(&m->tmp, m->be, (size_t)(1.25 * (double)scratch));
+}
+
+// Row offsets of the local experts in an expert-major buffer: off[e] = Σ_{e' < e} Σ_s blk[s][e'].
+static void expert_offsets(const Model* m, const MoeSaved* s, int* off) {
+    off[0] = 0;
+    for (int e = 0; e < m->e_local; e++) {
+        int n = 0;
+        for (int r = 0; r < m->ep; r++) n += s->recv_blk[r * m->e_local + e];
+        off[e + 1] = off[e] + n;
+    }
+}
+
+// Moves row blocks between source-major (s, e) and expert-major (e, s) order.
+// to_expert = 1: src is (s, e) ordered, dst (e, s). Rows are `w` bytes wide.
+static void reorder_blocks(const Model* m, const MoeSaved* s, void* dst, const void* src, size_t w,
+                           int to_expert) {
+    const int P = m->ep, El = m->e_local;
+    int soff = 0;  // running offset in (s, e) order
+    int eoff[65];
+    expert_offsets(m, s, eoff);
+    int within[64] = {0};  // rows already placed for expert e (expert-major side)
+    for (int r = 0; r < P; r++) {
+        for (int e = 0; e < El; e++) {
+            int n = s->recv_blk[r * El + e];
+            if (n) {
+                size_t a = (size_t)soff * w, b = (size_t)(eoff[e] + within[e]) * w;
+                if (to_expert)
+                    m->be->copy(m->be, (char*)dst + b, (const char*)src + a, (size_t)n * w);
+                else
+                    m->be->copy(m->be, (char*)dst + a, (const char*)src + b, (size_t)n * w);
+            }
+            within[e] += n;
+            soff += n;
+        }
+    }
+}
+
+// all_to_all_v of rows `w` bytes wide; forward = 1 sends send_rows and receives recv_rows.
+static void exchange(Model* m, const MoeSaved* s, const void* send, void* recv, size_t w, int forward) {
+    size_t sc[64], sd[64], rc[64], rd[64];
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < m->ep; r++) {
+        size_t a = (size_t)(forward ? s->send_rows[r] : s->recv_rows[r]) * w;
+        size_t b = (size_t)(forward ? s->recv_rows[r] : s->send_rows[r]) * w;
+        sc[r] = a, sd[r] = so, so += a;
+        rc[r] = b, rd[r] = ro, ro += b;
+    }
+    m->comm->all_to_all_v(m->comm, GROUP_EP, send, sc, sd, recv, rc, rd);
+}
+
+static void grouped(Model* m, const MoeSaved* s, const int* off, void* C, const void* A, const void* B,
+                    int N, int K, int trans_b, size_t b_stride) {
+    GemmDesc d = {.N = N, .K = K, .trans_b = trans_b, .alpha = 1, .beta = 0};
+    GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = b_stride};
+    m->be->gemm_grouped(m->be, &d, &g, A, B, C);
+    (void)s;
+}
+
+void moe_forward(Model* m, int l, const void* x, void* out) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    MoeSaved* s = &m->ls[l].moe;
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
+    const int El = m->e_local, P = m->ep;
+    CHECK(P <= 64 && El <= 64, "at most 64 EP ranks and 64 local experts are supported");
+    bump_reset(&m->tmp);
+
+    // router
+    GemmDesc gd = {.M = N, .N = E, .K = H, .trans_b = 1, .alpha = 1, .c_f32 = 1};
+    be->gemm(be, &gd, x, at(m, m->w[0], o->gate), s->logits);
+    be->router_fwd(be, s->probs, s->topk, s->topk_w, m->stats, m->zsum, s->logits, N, E, K);
+    be->moe_index(be, m->counts, s->dest, s->topk, N, K, E);
+    be->to_host(be, m->h_counts, m->counts, sizeof(int32_t) * (size_t)E);  // the sync
+    for (int e = 0; e < E; e++) s->load[e] = m->h_counts[e];
+
+    // exchange counts: rank r sends to rank j the counts of j's experts
+    if (P > 1) {
+        m->comm->host_all_to_all_i32(m->comm, GROUP_EP, m->h_counts, s->recv_blk, El);
+    } else {
+        memcpy(s->recv_blk, m->h_counts, sizeof(int) * (size_t)E);
+    }
+    s->R = 0;
+    for (int r = 0; r < P; r++) {
+        int a = 0, b = 0;
+        for (int e = 0; e < El; e++) a += m->h_counts[r * El + e], b += s->recv_blk[r * El + e];
+        s->send_rows[r] = a;
+        s->recv_rows[r] = b;
+        s->R += b;
+    }
+    const int R = s->R;
+    s->xe = bump_alloc(&m->bump, (size_t)R * H * esz(m));
+    s->scale_e = bump_alloc(&m->bump, (size_t)R * sizeof(float));
+    s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
+
+    if (P == 1) {
+        be->permute_fwd(be, s->xe, x, s->dest, N, K, H);
+        be->gather_rows_f32(be, s->scale_e, s->topk_w, s->dest, N * K);
+    } else {
+        be->permute_fwd(be, m->s_xp, x, s->dest, N, K, H);
+        be->gather_rows_f32(be, m->s_wp, s->topk_w, s->dest, N * K);
+        void* xr = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+        float* wr = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
+        exchange(m, s, m->s_xp, xr, (size_t)H * esz(m), 1);
+        exchange(m, s, m->s_wp, wr, sizeof(float), 1);
+        reorder_blocks(m, s, s->xe, xr, (size_t)H * esz(m), 1);
+        reorder_blocks(m, s, s->scale_e, wr, sizeof(float), 1);
+    }
+
+    // experts
+    int off[65];
+    expert_offsets(m, s, off);
+    void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
+    void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+    grouped(m, s, off, s->gu, s->xe, at(m, m->w[1], o->w13), 2 * F, H, 1, (size_t)2 * F * H);
+    be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
+    grouped(m, s, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F);
+
+    // combine
+    if (P == 1) {
+        be->unpermute_fwd(be, out, y, s->dest, N, K, H, 1);
+    } else {
+        void* ys = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+        reorder_blocks(m, s, ys, y, (size_t)H * esz(m), 0);
+        exchange(m, s, ys, m->s_xp, (size_t)H * esz(m), 0);
+        be->unpermute_fwd(be, out, m->s_xp, s->dest, N, K, H, 1);
+    }
+}
+
+void moe_backward(Model* m, int l, const void* dout, void* dx) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    MoeSaved* s = &m->ls[l].moe;
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
+    const int P = m->ep, R = s->R;
+    bump_reset(&m->tmp);
+    int off[65];
+    expert_offsets(m, s, off);
+
+    // dL/dy for the received rows, expert-major
+    void* dye;
+    be->unpermute_bwd(be, m->s_xp, dout, s->dest, N, K, H);
+    if (P == 1) {
+        dye = m->s_xp;
+    } else {
+        void* dyr = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+        dye = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+        exchange(m, s, m->s_xp, dyr, (size_t)H * esz(m), 1);
+        reorder_blocks(m, s, dye, dyr, (size_t)H * esz(m), 1);
+    }
+
+    // experts: recompute h, then w2, swiglu, w13 backward
+    void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
+    void* dh = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
+    void* dgu = bump_alloc(&m->tmp, (size_t)R * 2 * F * esz(m));
+    float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
+    void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+    GroupDesc g = {.groups = m->e_local, .host_off = off};
+    be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
+    g.b_stride = (size_t)H * F;
+    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2);
+    grouped(m, s, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F);
+    be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
+    g.b_stride = (size_t)2 * F * H;
+    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, m->grad[1] + o->w13);
+    grouped(m, s, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H);
+
+    // back to this rank's (n, slot) rows
+    const void* dxp = dxe;
+    const float* dwp = dsc;
+    if (P > 1) {
+        void* bx = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+        float* bw = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
+        reorder_blocks(m, s, bx, dxe, (size_t)H * esz(m), 0);
+        reorder_blocks(m, s, bw, dsc, sizeof(float), 0);
+        exchange(m, s, bx, m->s_xp, (size_t)H * esz(m), 0);
+        exchange(m, s, bw, m->s_wp, sizeof(float), 0);
+        dxp = m->s_xp;
+        dwp = m->s_wp;
+    }
+    be->permute_bwd(be, dx, dxp, s->dest, N, K, H);
+    be->scatter_rows_f32(be, m->s_dw, dwp, s->dest, N * K);
+
+    // router
+    be->router_bwd(be, m->s_dlog, m->s_dw, m->aux_dprob, m->z_grad, s->probs, s->topk, s->topk_w,
+                   s->logits, N, E, K);
+    be->f32_to_act(be, m->s_dlog_act, m->s_dlog, (size_t)N * E);
+    GemmDesc dw = {.M = E, .N = H, .K = N, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1};
+    be->gemm(be, &dw, m->s_dlog_act, m->ls[l].ln2, m->grad[0] + o->gate);
+    GemmDesc dxd = {.M = N, .N = H, .K = E, .alpha = 1, .beta = 1};
+    be->gemm(be, &dxd, m->s_dlog_act, at(m, m->w[0], o->gate), dx);
+}
