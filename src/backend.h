@@ -161,6 +161,9 @@ struct Backend {
                   size_t n, float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int step);
 
+    // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
+    size_t (*peak_bytes)(Backend*);
+
     void (*destroy)(Backend*);
 };
 

@@ -1,0 +1,265 @@
+// train.c — see train.h.
+#define _POSIX_C_SOURCE 200809L
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util.h"
+
+void* cuda_backend_stream(Backend* be);  // cuda/cuda_backend.cu (NULL-safe stub without CUDA)
+
+static volatile sig_atomic_t g_stop_signal = 0;
+static void on_signal(int sig) { g_stop_signal = sig; }
+
+static int mkdir_p(const char* path) {
+    char buf[CFG_STR];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char* p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+    return 0;
+}
+
+static Backend* make_backend(const Config* cfg, Err* e) {
+    DeviceKind dev = cfg->train.device;
+    if (dev == DEVICE_CUDA || dev == DEVICE_AUTO) {
+        Err ce = {{0}};
+        Backend* be = cuda_backend_create(cfg->precision.dtype, dist_local_rank(), &ce);
+        if (be) return be;
+        if (dev == DEVICE_CUDA) {
+            err_set(e, "train.device=cuda, but no CUDA backend: %s", ce.msg);
+            return NULL;
+        }
+        log_info("device: no GPU (%s); using the CPU backend\n", ce.msg);
+    }
+    if (cfg->precision.dtype != DTYPE_F32)
+        log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
+                 dtype_name(cfg->precision.dtype));
+    return cpu_backend_create();
+}
+
+int trainer_init(Trainer* t, const Config* cfg, Err* e) {
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    t->t_start = now_sec();
+    const TrainConfig* tc = &cfg->train;
+    t->be = make_backend(cfg, e);
+    if (!t->be) return -1;
+    t->comm = strcmp(t->be->name, "cuda") == 0 ? comm_nccl_create(cfg->parallel.ep, cuda_backend_stream(t->be))
+                                               : comm_mpi_create(cfg->parallel.ep);
+    CHECK(t->comm, "could not create the communicator");
+    t->world = t->comm->size[GROUP_WORLD];
+    t->rank = t->comm->rank[GROUP_WORLD];
+    t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
+
+    if (data_open(&t->data, &cfg->data, cfg->model.vocab_size, tc->seq_len, tc->seed, e)) return -1;
+    char desc[512];
+    data_describe(t->data, desc, sizeof desc);
+    log_info("data: %s\n", desc);
+
+    model_create(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, t->be, t->comm);
+    optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, tc->steps, &t->model);
+    const int N = t->model.N;
+    t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
+
+    if (trainer_restore(t, e)) return -1;
+
+    if (t->rank == 0 && cfg->log.dir[0]) {
+        if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
+        char p[CFG_STR + 32];
+        snprintf(p, sizeof p, "%s/config.yaml", cfg->log.dir);
+        FILE* f = fopen(p, "w");
+        if (f) {
+            config_print(cfg, f);
+            fclose(f);
+        }
+        snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
+        t->metrics = fopen(p, t->step > 0 ? "a" : "w");
+        if (!t->metrics) return err_set(e, "log.dir: cannot write %s (%s)", p, strerror(errno));
+    }
+    signal(SIGTERM, on_signal);
+    signal(SIGUSR1, on_signal);
+    return 0;
+}
+
+void trainer_free(Trainer* t) {
+    if (t->metrics) fclose(t->metrics);
+    optim_free(&t->opt, &t->model);
+    model_free(&t->model);
+    if (t->data) data_close(t->data);
+    free(t->h_tok);
+    free(t->h_tgt);
+    free(t->h_win);
+    if (t->comm) t->comm->destroy(t->comm);
+    if (t->be) t->be->destroy(t->be);
+}
+
+void trainer_fill_batch(Trainer* t, int split, uint64_t first) {
+    const int T = t->cfg.train.seq_len;
+    for (int b = 0; b < t->model.B; b++) {
+        data_get(t->data, split, first + (uint64_t)b, t->h_win);
+        memcpy(t->h_tok + (size_t)b * T, t->h_win, sizeof(int32_t) * (size_t)T);
+        memcpy(t->h_tgt + (size_t)b * T, t->h_win + 1, sizeof(int32_t) * (size_t)T);
+    }
+}
+
+EvalResult trainer_eval(Trainer* t, int batches) {
+    EvalResult r = {0};
+    const int B = t->model.B;
+    uint64_t nwin = data_num_windows(t->data, 1);
+    uint64_t per_round = (uint64_t)B * (uint64_t)t->world;
+    int n = batches > 0 ? batches : (int)((nwin + per_round - 1) / per_round);
+    if ((uint64_t)n * per_round > nwin && nwin >= per_round) n = (int)(nwin / per_round);
+    if (n < 1) n = 1;
+    double sums[2] = {0, 0};  // CE sum, tokens
+    MicroArgs a = {.tokens = t->h_tok, .targets = t->h_tgt, .backward = 0};
+    for (int j = 0; j < n; j++) {
+        trainer_fill_batch(t, 1, (uint64_t)j * per_round + (uint64_t)t->rank * B);
+        StepLoss l = model_step(&t->model, &a);
+        sums[0] += l.ce_sum;
+        sums[1] += (double)l.ntok;
+    }
+    t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, sums, 2);
+    r.tokens = (int64_t)sums[1];
+    r.loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+    r.bits_per_token = r.loss / log(2.0);
+    return r;
+}
+
+static void log_step(Trainer* t, int step, double loss, double ce, double aux, const StepStats* st,
+                     double tok_s, double step_ms, const EvalResult* ev) {
+    if (t->rank != 0) return;
+    const int E = t->cfg.model.experts;
+    double load[64], mx = 0, mean = 0;
+    model_expert_load(&t->model, load);
+    for (int i = 0; i < E; i++) {
+        mean += load[i] / E;
+        if (load[i] > mx) mx = load[i];
+    }
+    double bal = mean > 0 ? mx / mean : 0;
+    double eta = (t->cfg.train.steps - step - 1) * step_ms / 1e3;
+    printf("step %5d/%d | loss %.4f | ce %.4f | aux %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.0f ms | load max/mean %.2f | eta %.0fs%s",
+           step + 1, t->cfg.train.steps, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, bal, eta,
+           st->skipped ? " | SKIPPED (non-finite)" : "");
+    if (ev) printf(" | val %.4f (%.3f bits)", ev->loss, ev->bits_per_token);
+    printf("\n");
+    fflush(stdout);
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tokens\": %lld, \"expert_load_max_over_mean\": %.4f, \"skipped\": %d",
+                step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
+        if (ev) fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_bits_per_token\": %.6f", ev->loss, ev->bits_per_token);
+        fprintf(t->metrics, "}\n");
+        fflush(t->metrics);
+    }
+}
+
+int trainer_run(Trainer* t) {
+    const TrainConfig* tc = &t->cfg.train;
+    const ModelConfig* mc = &t->cfg.model;
+    const int B = t->model.B, T = tc->seq_len;
+    const double gtok = (double)tc->global_batch * T;
+    MicroArgs a = {.tokens = t->h_tok, .targets = t->h_tgt, .backward = 1};
+    a.ce_scale = (float)(1.0 / gtok);
+    a.aux_scale = mc->aux_coef / (float)t->n_micro;
+    a.z_scale = mc->z_coef / (float)t->n_micro;
+    const double flops_tok = params_train_flops_per_token(mc, T);
+    double t_sum = 0;
+    int t_n = 0;
+    int rc = EXIT_OK;
+    Err e = {{0}};
+
+    log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s\n",
+             tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
+             t->be->name, dtype_name(t->be->act_dtype));
+    for (; t->step < tc->steps; t->step++) {
+        const int s = t->step;
+        double t0 = now_sec();
+        double ce = 0, aux = 0, z = 0;
+        for (int j = 0; j < t->n_micro; j++) {
+            uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
+            trainer_fill_batch(t, 0, first);
+            StepLoss l = model_step(&t->model, &a);
+            ce += l.ce_sum;
+            aux += l.aux / t->n_micro;
+            z += l.z / t->n_micro;
+        }
+        t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &ce, 1);
+        ce /= gtok;
+        const double loss = ce + mc->aux_coef * aux + mc->z_coef * z;
+        StepStats st;
+        if (!isfinite(loss)) {  // skip the update; the gradients are discarded
+            for (int ar = 0; ar < 2; ar++) t->be->zero(t->be, t->model.grad[ar], sizeof(float) * t->model.padded[ar]);
+            st = (StepStats){.grad_norm = NAN, .lr = optim_lr(&t->cfg.optim, tc->steps, s), .skipped = 1};
+        } else {
+            st = optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
+        }
+        t->be->sync(t->be);
+        double dt = now_sec() - t0;
+        t->tokens += (int64_t)gtok;
+        if (st.skipped) {
+            t->skipped++;
+            t->bad_in_row++;
+        } else {
+            t->updates++;
+            t->bad_in_row = 0;
+        }
+        if (s >= 2) t_sum += dt, t_n++;  // steady state: skip the first steps (warm-up)
+        EvalResult ev, *evp = NULL;
+        if ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps) {
+            ev = trainer_eval(t, tc->eval_batches);
+            evp = &ev;
+        }
+        if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
+            log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);
+        if (t->bad_in_row >= tc->max_bad_steps) {
+            if (t->rank == 0)
+                fprintf(stderr, "moetrain: error: %d non-finite steps in a row (last at step %d); stopping. "
+                                "The last checkpoint is intact; lower optim.lr or raise optim.warmup, then resume.\n",
+                        t->bad_in_row, s + 1);
+            t->step++;
+            return EXIT_DIVERGED;
+        }
+        // preemption: every rank agrees on the signal, saves, and stops
+        int32_t sig = g_stop_signal;
+        t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &sig, 1);
+        const int last = s + 1 == tc->steps;
+        const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
+        if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {
+            t->step++;
+            int r = trainer_save(t, &e);
+            t->step--;
+            if (r) {
+                if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
+                return EXIT_USAGE;
+            }
+        }
+        if (sig && !last) {
+            log_info("train: signal %d: checkpoint written at step %d; exiting with code %d (resume with checkpoint.resume=auto)\n",
+                     sig, s + 1, EXIT_PREEMPTED);
+            t->step++;
+            return EXIT_PREEMPTED;
+        }
+    }
+    if (t_n > 0 && t->rank == 0) {
+        double step_s = t_sum / t_n;
+        double tok_s = gtok / step_s;
+        double peak = t->be->peak_bytes ? (double)t->be->peak_bytes(t->be) / (1 << 30) : 0;  // GiB
+        printf("{\"bench\": \"%s\", \"step_ms\": %.1f, \"tokens_per_s\": %.0f, \"model_tflops\": %.1f, \"peak_gib\": %.1f, \"world\": %d, \"backend\": \"%s\"}\n",
+               t->cfg.source, step_s * 1e3, tok_s, tok_s * flops_tok / 1e12 / t->world, peak, t->world, t->be->name);
+    }
+    return rc;
+}

@@ -1,0 +1,65 @@
+// train.h — the training loop and everything around it: runtime setup (backend, comm),
+// data, model, optimizer, validation, logging, checkpoints, signals.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "config.h"
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+
+// Exit codes (documented in README.md).
+enum {
+    EXIT_OK = 0,
+    EXIT_FATAL = 1,      // internal error (a bug or a CUDA/MPI failure): message on stderr
+    EXIT_USAGE = 2,      // bad config, bad data, bad checkpoint: message says what to fix
+    EXIT_PREEMPTED = 3,  // SIGTERM/SIGUSR1: saved a checkpoint and stopped; resume with resume=auto
+    EXIT_DIVERGED = 4,   // too many non-finite steps in a row: stopped, last checkpoint kept
+};
+
+typedef struct Trainer {
+    Config cfg;
+    Backend* be;
+    Comm* comm;
+    DataSet* data;
+    Model model;
+    Optim opt;
+    int world, rank;
+    int n_micro;          // micro-batches per step per rank (gradient accumulation)
+    int step;             // next 0-based step to run
+    int64_t updates;      // optimizer updates applied (Adam step count)
+    int64_t skipped;      // non-finite steps skipped in total
+    int bad_in_row;
+    int64_t tokens;       // tokens trained on (global)
+    int32_t* h_tok;       // host [N] micro-batch inputs
+    int32_t* h_tgt;       // host [N] targets
+    int32_t* h_win;       // host [seq_len + 1] one window
+    FILE* metrics;        // <log.dir>/metrics.jsonl (rank 0)
+    double t_start;
+} Trainer;
+
+// Sets up everything for `cfg` (already validated for this world size). Recoverable errors
+// (data, checkpoint) return -1 with a message.
+int trainer_init(Trainer* t, const Config* cfg, Err* e);
+// Runs to train.steps; returns an exit code.
+int trainer_run(Trainer* t);
+void trainer_free(Trainer* t);
+
+typedef struct EvalResult {
+    double loss;          // mean CE per token (nats)
+    double bits_per_token;
+    int64_t tokens;
+} EvalResult;
+// Validation loss over `batches` micro-batches per rank of the validation split (0 = all).
+EvalResult trainer_eval(Trainer* t, int batches);
+
+// Fills the micro-batch host buffers from split/sequence indices: sequence `first + b` for b in
+// [0, B) → inputs t->h_tok, targets t->h_tgt.
+void trainer_fill_batch(Trainer* t, int split, uint64_t first);
+
+// Checkpoint glue (train_ckpt.c): full save of the current state; resume or init_from.
+int trainer_save(Trainer* t, Err* e);
+int trainer_restore(Trainer* t, Err* e);  // per checkpoint.resume / init_from, else random init
