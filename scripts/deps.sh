@@ -5,7 +5,7 @@
 set -u
 missing=()
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin)
-ls /usr/lib/*/libyaml.a /usr/lib/libyaml.a /usr/local/lib/libyaml.a >/dev/null 2>&1 || missing+=(libyaml-dev)
+compgen -G "/usr/lib/*/libyaml.a" >/dev/null || [ -f /usr/lib/libyaml.a ] || [ -f /usr/local/lib/libyaml.a ] || missing+=(libyaml-dev)
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 if [ "${1:-}" = "--check" ]; then
   [ ${#missing[@]} -eq 0 ] && exit 0
@@ -14,7 +14,7 @@ if [ "${1:-}" = "--check" ]; then
 fi
 if [ "${1:-}" = "--fuzz" ]; then
   command -v clang >/dev/null 2>&1 || missing+=(clang)
-  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
+  compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer*.a" >/dev/null || missing+=(libclang-rt-14-dev)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util.h"
+
 typedef enum { GROUP_WORLD = 0, GROUP_EP = 1, GROUP_EDP = 2, GROUP_COUNT = 3 } GroupId;
 
 typedef struct Comm Comm;
@@ -54,3 +56,8 @@ void dist_finalize(void);
 // Called when a recoverable error (bad config) happened on some ranks: every rank calls it with
 // its own status; returns the max over ranks (so all ranks exit together, nothing hangs).
 int dist_agree_status(int status);
+// Like dist_agree_status, and the lowest failing rank's message is copied into e on every
+// rank (so rank 0 can print it). Returns 0 when no rank failed.
+int dist_agree_error(int status, Err* e);
+// Rank among the processes of this node (the GPU to use).
+int dist_local_rank(void);

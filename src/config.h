@@ -78,6 +78,7 @@ typedef struct CheckpointConfig {
     int keep;                 // complete checkpoints kept (0 = all)
     char resume[CFG_STR];     // "none", "auto", or a path
     char init_from[CFG_STR];  // Hugging Face directory to start from ("" = random init)
+    int required;             // refuse to start without dir
 } CheckpointConfig;
 
 typedef struct LogConfig {
@@ -104,6 +105,10 @@ void config_defaults(Config* c);
 // under the current directory. Writes the resolved path. Returns 0 or -1 with a message.
 int config_find(const char* name, char* out, size_t out_size, Err* e);
 
+// Finds a shipped file in directory `kind` ("configs" → configs/NAME.yaml, "data") like
+// config_find does.
+int config_find_file(const char* kind, const char* name, const char* ext, char* out, size_t n, Err* e);
+
 // Loads a YAML file (following `defaults:` chains) on top of the current values of c.
 int config_load_file(Config* c, const char* path, Err* e);
 
@@ -112,6 +117,9 @@ int config_override(Config* c, const char* kv, Err* e);
 
 // Checks ranges and cross-key constraints (the layout needs the world size).
 int config_validate(const Config* c, int world, Err* e);
+
+// Checks what only a training run needs (checkpoint.required → checkpoint.dir given).
+int config_validate_run(const Config* c, Err* e);
 
 // Prints the resolved config as YAML (loadable again by config_load_file).
 void config_print(const Config* c, FILE* f);

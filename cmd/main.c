@@ -1,0 +1,45 @@
+// main.c — moetrain's entry point: subcommand dispatch.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE* f) {
+    fprintf(f,
+            "moetrain %s — a trainer for Mixtral-style mixture-of-experts models\n\n"
+            "usage:\n"
+            "  moetrain [train] --config NAME|PATH [section.key=value ...]   train (default)\n"
+            "  moetrain plan --config NAME|PATH [overrides] [--world N] [--gpu-mem GiB]\n"
+            "  moetrain --help | --version\n\n"
+            "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
+            "the install prefix. Every key is in README.md; e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
+            "Launch several ranks with mpirun: mpirun -np 8 moetrain --config L1_8x7B_ep checkpoint.dir=/ckpt\n",
+            MOETRAIN_VERSION);
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moetrain %s\n", MOETRAIN_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--keys")) {  // the config key table (Markdown), for README.md
+        config_print_keys(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "plan")) {
+        if (argc > 2 && !strcmp(argv[2], "--help")) {
+            printf("moetrain plan --config NAME|PATH [section.key=value ...] [--world N] [--gpu-mem GiB]\n"
+                   "  parameters, active parameters, training FLOPs per token and memory per rank\n");
+            return 0;
+        }
+        return cmd_plan(argc - 1, argv + 1);
+    }
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+    if (argv[1][0] == '-' || strchr(argv[1], '=')) return cmd_train(argc, argv);
+    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan; see --help)\n", argv[1]);
+    return 2;
+}
