@@ -81,10 +81,13 @@ $(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDLIBS)
 
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(SRC) | check-deps
+# Each fuzz target links only the sources it exercises.
+FUZZ_SRC_fuzz_config := src/config.c src/util.c
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(SRC)
+	@scripts/deps.sh --fuzz
 	@mkdir -p $(dir $@)
-	clang -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Isrc -o $@ $< \
-	  $(filter-out src/dist.c src/comm_mpi.c,$(SRC)) tests/fuzz/fuzz_stubs.c $(LIBYAML_A) -lz -lm
+	clang -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -Isrc -DMOETRAIN_PREFIX='"$(PREFIX)"' -o $@ $< \
+	  $(FUZZ_SRC_$*) $(LIBYAML_A) -lz -lm
 
 # ---- run / test ------------------------------------------------------------------------------
 run: $(BUILD)/moetrain
