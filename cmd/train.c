@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "comm.h"
+#include "train.h"
 
 int cmd_train(int argc, char** argv) {
     int world = 1;
@@ -28,9 +29,15 @@ int cmd_train(int argc, char** argv) {
         config_print(&c, stdout);
         fflush(stdout);
     }
-    // The training loop (src/train.c) is wired in once the CPU backend, the data loader and the
-    // MPI communicator land (issues 3 and 4); until then `train` validates the config and stops.
-    if (rank == 0) printf("moetrain: config valid; training is not built into this version yet\n");
+    Trainer t;
+    st = trainer_init(&t, &c, &e) ? 2 : 0;
+    if (dist_agree_error(st, &e)) {
+        if (rank == 0) cli_error(&e);
+        dist_finalize();
+        return 2;
+    }
+    int rc = trainer_run(&t);
+    trainer_free(&t);
     dist_finalize();
-    return 0;
+    return rc;
 }

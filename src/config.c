@@ -418,6 +418,9 @@ int config_validate_run(const Config* c, Err* e) {
                        c->source[0] ? c->source : "config");
     if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir", c->source[0] ? c->source : "config");
+    if (c->checkpoint.dir[0])
+        return err_set(e, "checkpoint.dir=%s: this version cannot write checkpoints yet (they arrive next); "
+                          "leave checkpoint.dir empty", c->checkpoint.dir);
     return 0;
 }
 
