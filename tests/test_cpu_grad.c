@@ -1,0 +1,339 @@
+// test_cpu_grad.c — finite-difference gradient checks of the CPU backend's ops and of the whole
+// model (the executable spec), plus forward checks against direct formulas.
+//
+// Method: for an op y = f(x) and a random cotangent r, L(x) = Σ r·f(x) (accumulated in double).
+// The analytic directional derivative ⟨∇L, u⟩ (from the op's backward with dy = r) is compared
+// with the central difference (L(x + εu) − L(x − εu)) / 2ε for a random direction u.
+//
+// Tolerances (relative error of the directional derivative), and why:
+//   TOL_OP    2e-3  fp32 forward, ε = 1e-2 on O(1) inputs: rounding ~1e-7/ε plus O(ε²) curvature
+//   TOL_MODEL 2e-2  the whole model: many fp32 ops; ε kept small (1e-3) so no top-k choice flips
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "model.h"
+#include "optim.h"
+#include "test.h"
+
+#define TOL_OP 2e-3
+#define TOL_MODEL 2e-2
+
+static Backend* be;
+static Rng rng;
+
+static float* randv(size_t n, float s) {
+    float* p = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) p[i] = s * rng_normal(&rng);
+    return p;
+}
+static double dotd(const float* a, const float* b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+static double relerr(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-6); }
+
+// ---- ops --------------------------------------------------------------------------------------
+
+static void test_rmsnorm_grad(void) {
+    enum { N = 5, H = 12 };
+    float *x = randv(N * H, 1), *w = randv(H, 1), *r = randv(N * H, 1), *u = randv(N * H, 1), *uw = randv(H, 1);
+    float y[N * H], rstd[N], dx[N * H], dw[H] = {0};
+    be->rmsnorm_fwd(be, y, rstd, x, w, N, H, 1e-5f);
+    be->rmsnorm_bwd(be, dx, dw, r, x, w, rstd, N, H, 0);
+    const double an = dotd(dx, u, N * H) + dotd(dw, uw, H);
+    const float eps = 1e-2f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float xp[N * H], wp[H];
+        for (int i = 0; i < N * H; i++) xp[i] = x[i] + (s ? -eps : eps) * u[i];
+        for (int i = 0; i < H; i++) wp[i] = w[i] + (s ? -eps : eps) * uw[i];
+        be->rmsnorm_fwd(be, y, rstd, xp, wp, N, H, 1e-5f);
+        L[s] = dotd(y, r, N * H);
+    }
+    EXPECT(relerr(an, (L[0] - L[1]) / (2 * eps)) < TOL_OP, "rmsnorm: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(x), free(w), free(r), free(u), free(uw);
+}
+
+static void test_rope_inverse(void) {
+    const int B = 2, T = 7, nh = 3, D = 8;
+    const size_t n = (size_t)B * T * nh * D;
+    float* x = randv(n, 1);
+    float* y = xmalloc(sizeof(float) * n);
+    memcpy(y, x, sizeof(float) * n);
+    be->rope(be, y, B, T, nh, D, 10000.0f, 0);
+    double diff = 0;
+    for (size_t i = 0; i < n; i++) diff += fabs(y[i] - x[i]);
+    EXPECT(diff > 1e-3, "rope changes the input");
+    // position 0 is not rotated
+    EXPECT(fabsf(y[0] - x[0]) < 1e-7f, "rope at t=0 is the identity");
+    be->rope(be, y, B, T, nh, D, 10000.0f, 1);
+    EXPECT(rel_l2(y, x, n) < 1e-6, "rope inverse: %g", rel_l2(y, x, n));
+    free(x), free(y);
+}
+
+static void test_attention_grad(void) {
+    enum { B = 2, T = 7, Hq = 4, Hkv = 2, D = 8 };
+    const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D;
+    float *q = randv(nq, 1), *k = randv(nk, 1), *v = randv(nk, 1), *r = randv(nq, 1);
+    float *uq = randv(nq, 1), *uk = randv(nk, 1), *uv = randv(nk, 1);
+    float* o = xmalloc(sizeof(float) * nq);
+    float *dq = xmalloc(sizeof(float) * nq), *dk = xmalloc(sizeof(float) * nk), *dv = xmalloc(sizeof(float) * nk);
+    float lse[B * Hq * T];
+    be->attn_fwd(be, o, lse, q, k, v, B, T, Hq, Hkv, D);
+    // causality: output at t = 0 is v at t = 0 (its kv head)
+    EXPECT(fabsf(o[0] - v[0]) < 1e-6f, "attention at t=0 copies v");
+    be->attn_bwd(be, dq, dk, dv, r, o, lse, q, k, v, B, T, Hq, Hkv, D);
+    const double an = dotd(dq, uq, nq) + dotd(dk, uk, nk) + dotd(dv, uv, nk);
+    const float eps = 1e-2f;
+    double L[2];
+    float *qp = xmalloc(sizeof(float) * nq), *kp = xmalloc(sizeof(float) * nk), *vp = xmalloc(sizeof(float) * nk);
+    for (int s = 0; s < 2; s++) {
+        float e = s ? -eps : eps;
+        for (size_t i = 0; i < nq; i++) qp[i] = q[i] + e * uq[i];
+        for (size_t i = 0; i < nk; i++) kp[i] = k[i] + e * uk[i], vp[i] = v[i] + e * uv[i];
+        be->attn_fwd(be, o, lse, qp, kp, vp, B, T, Hq, Hkv, D);
+        L[s] = dotd(o, r, nq);
+    }
+    EXPECT(relerr(an, (L[0] - L[1]) / (2 * eps)) < TOL_OP, "attention: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(q), free(k), free(v), free(r), free(uq), free(uk), free(uv), free(o), free(dq), free(dk), free(dv);
+    free(qp), free(kp), free(vp);
+}
+
+static void test_gemm(void) {
+    // every trans combination against a direct triple loop, with beta accumulation
+    const int M = 5, N = 7, K = 6;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *A = randv(M * K, 1), *B = randv(K * N, 1), *C = randv(M * N, 1), *R = xmalloc(sizeof(float) * M * N);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int kk = 0; kk < K; kk++)
+                        s += (double)(ta ? A[kk * M + i] : A[i * K + kk]) * (tb ? B[j * K + kk] : B[kk * N + j]);
+                    R[i * N + j] = (float)(0.5 * s + 2.0 * C[i * N + j]);
+                }
+            GemmDesc d = {.M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .alpha = 0.5f, .beta = 2.0f};
+            be->gemm(be, &d, A, B, C);
+            EXPECT(rel_l2(C, R, M * N) < 1e-6, "gemm ta=%d tb=%d: %g", ta, tb, rel_l2(C, R, M * N));
+            free(A), free(B), free(C), free(R);
+        }
+}
+
+static void test_swiglu_grad(void) {
+    enum { n = 6, F = 5 };
+    float *gu = randv(n * 2 * F, 1), *sc = randv(n, 1), *r = randv(n * F, 1), *u = randv(n * 2 * F, 1), *us = randv(n, 1);
+    float h[n * F], dgu[n * 2 * F], dsc[n];
+    be->swiglu_bwd(be, dgu, dsc, r, gu, sc, n, F);
+    const double an = dotd(dgu, u, n * 2 * F) + dotd(dsc, us, n);
+    const float eps = 1e-2f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float gp[n * 2 * F], sp[n], e = s ? -eps : eps;
+        for (int i = 0; i < n * 2 * F; i++) gp[i] = gu[i] + e * u[i];
+        for (int i = 0; i < n; i++) sp[i] = sc[i] + e * us[i];
+        be->swiglu_fwd(be, h, gp, sp, n, F);
+        L[s] = dotd(h, r, n * F);
+    }
+    EXPECT(relerr(an, (L[0] - L[1]) / (2 * eps)) < TOL_OP, "swiglu: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(gu), free(sc), free(r), free(u), free(us);
+}
+
+static void test_router_grad(void) {
+    enum { N = 6, E = 5, k = 2 };
+    float *lg = randv(N * E, 1.5f), *rw = randv(N * k, 1), *aux = randv(E, 0.3f), *u = randv(N * E, 1);
+    float probs[N * E], tw[N * k], st[2 * E] = {0}, z = 0, dl[N * E];
+    int32_t idx[N * k];
+    const float zg = 0.05f;
+    be->router_fwd(be, probs, idx, tw, st, &z, lg, N, E, k);
+    double ps = 0;
+    for (int e = 0; e < E; e++) ps += probs[e];
+    EXPECT(fabs(ps - 1) < 1e-6, "softmax sums to 1");
+    EXPECT(probs[idx[0]] >= probs[idx[1]], "top-k is descending");
+    EXPECT(fabsf(tw[0] + tw[1] - 1) < 1e-6f, "top-k weights renormalised");
+    double cnt = 0;
+    for (int e = 0; e < E; e++) cnt += st[e];
+    EXPECT(cnt == N * k, "stats count N*k routed rows");
+    be->router_bwd(be, dl, rw, aux, zg, probs, idx, tw, lg, N, E, k);
+    const double an = dotd(dl, u, N * E);
+    // L = Σ rw·topk_w + Σ_n Σ_e aux_e p_ne + zg Σ lse²  (top-k set held fixed: small ε)
+    const float eps = 1e-3f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float lp[N * E], p2[N * E], tw2[N * k], st2[2 * E] = {0}, z2 = 0, e = s ? -eps : eps;
+        int32_t idx2[N * k];
+        for (int i = 0; i < N * E; i++) lp[i] = lg[i] + e * u[i];
+        be->router_fwd(be, p2, idx2, tw2, st2, &z2, lp, N, E, k);
+        EXPECT(memcmp(idx, idx2, sizeof idx) == 0, "top-k set unchanged under ε");
+        double l = dotd(tw2, rw, N * k) + zg * (double)z2;
+        for (int n = 0; n < N; n++) l += dotd(p2 + n * E, aux, E);
+        L[s] = l;
+    }
+    EXPECT(relerr(an, (L[0] - L[1]) / (2 * eps)) < 1e-2, "router: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(lg), free(rw), free(aux), free(u);
+}
+
+static void test_permute_adjoint(void) {
+    enum { N = 7, k = 2, E = 3, H = 4 };
+    int32_t topk[N * k], dest[N * k], counts[E];
+    for (int n = 0; n < N; n++) {
+        topk[n * k] = n % E;
+        topk[n * k + 1] = (n + 1 + n / 3) % E == n % E ? (n + 2) % E : (n + 1 + n / 3) % E;
+    }
+    be->moe_index(be, counts, dest, topk, N, k, E);
+    int seen[N * k];
+    memset(seen, 0, sizeof seen);
+    int total = 0;
+    for (int e = 0; e < E; e++) total += counts[e];
+    EXPECT(total == N * k, "counts sum to N*k");
+    for (int i = 0; i < N * k; i++) seen[dest[i]]++;
+    int perm = 1;
+    for (int i = 0; i < N * k; i++) perm &= seen[i] == 1;
+    EXPECT(perm, "dest is a permutation");
+    for (int i = 1; i < N * k; i++)
+        for (int j = 0; j < i; j++)
+            if (topk[j] == topk[i]) EXPECT(dest[j] < dest[i], "stable within an expert");
+    float *x = randv(N * H, 1), *y = randv(N * k * H, 1), xp[N * k * H], pty[N * H];
+    be->permute_fwd(be, xp, x, dest, N, k, H);
+    be->permute_bwd(be, pty, y, dest, N, k, H);
+    EXPECT(relerr(dotd(xp, y, N * k * H), dotd(x, pty, N * H)) < 1e-5, "<Px, y> = <x, Pᵀy>");
+    float up[N * H], upt[N * k * H];
+    be->unpermute_fwd(be, up, y, dest, N, k, H, 0);
+    be->unpermute_bwd(be, upt, x, dest, N, k, H);
+    EXPECT(relerr(dotd(up, x, N * H), dotd(y, upt, N * k * H)) < 1e-5, "unpermute adjoint");
+    free(x), free(y);
+}
+
+static void test_cross_entropy_grad(void) {
+    enum { n = 4, V = 9 };
+    float *lg = randv(n * V, 2), *u = randv(n * V, 1);
+    int32_t tgt[n] = {3, -1, 0, 8};
+    float g[n * V], loss = 0;
+    memcpy(g, lg, sizeof g);
+    be->cross_entropy(be, g, &loss, tgt, n, V, 1.0f);
+    for (int j = 0; j < V; j++) EXPECT(g[V + j] == 0, "ignored row has zero gradient");
+    const double an = dotd(g, u, n * V);
+    const float eps = 1e-2f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float lp[n * V], l = 0;
+        for (int i = 0; i < n * V; i++) lp[i] = lg[i] + (s ? -eps : eps) * u[i];
+        be->cross_entropy(be, lp, &l, tgt, n, V, 0.0f);
+        L[s] = l;
+    }
+    EXPECT(relerr(an, (L[0] - L[1]) / (2 * eps)) < TOL_OP, "cross-entropy: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(lg), free(u);
+}
+
+static void test_adamw_step(void) {
+    float master[3] = {1.0f, -2.0f, 0.5f}, m[3] = {0}, v[3] = {0}, g[3] = {0.1f, -0.3f, 2.0f}, p[3];
+    be->adamw(be, master, p, m, v, g, 3, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1);
+    for (int i = 0; i < 3; i++) {
+        double gi = 0.5 * (i == 0 ? 0.1 : i == 1 ? -0.3 : 2.0), x0 = i == 0 ? 1.0 : i == 1 ? -2.0 : 0.5;
+        double mh = (0.1 * gi) / 0.1, vh = (0.05 * gi * gi) / 0.05;
+        double ref = x0 * (1 - 0.01 * 0.1) - 0.01 * mh / (sqrt(vh) + 1e-8);
+        EXPECT(fabs(master[i] - ref) < 1e-6 && p[i] == master[i], "adamw[%d]: %g vs %g", i, master[i], ref);
+    }
+}
+
+// ---- the whole model ---------------------------------------------------------------------------
+
+static Comm* g_comm;
+
+static void test_model_grad(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.02f, .z_coef = 0.01f};
+    enum { B = 2, T = 8, N = B * T };
+    Model m;
+    model_create(&m, &c, B, T, be, g_comm);
+    // random weights (norm weights too), kept in a host copy
+    const size_t n0 = m.padded[0], n1 = m.padded[1];
+    float* w0 = m.w[0];
+    float* w1 = m.w[1];
+    for (size_t i = 0; i < m.numel[0]; i++) w0[i] = 0.3f * rng_normal(&rng);
+    for (size_t i = 0; i < m.numel[1]; i++) w1[i] = 0.3f * rng_normal(&rng);
+    for (int i = 0; i < m.pl.n; i++)
+        if (m.pl.p[i].no_decay)
+            for (size_t j = 0; j < m.pl.p[i].numel; j++) w0[m.pl.p[i].offset + j] = 1.0f + 0.2f * rng_normal(&rng);
+    int32_t tok[N], tgt[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = i % T == T - 1 ? -1 : (int32_t)(rng_u64(&rng) % 32);
+    const float ce_scale = 1.0f / (float)(N - B);
+    MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = ce_scale, .aux_scale = c.aux_coef, .z_scale = c.z_coef};
+    StepLoss l0 = model_step(&m, &a);
+    EXPECT(isfinite(l0.ce_sum) && l0.ntok == N - B, "forward ok");
+    float *u0 = randv(n0, 1), *u1 = randv(n1, 1);
+    const double an = dotd(m.grad[0], u0, m.numel[0]) + dotd(m.grad[1], u1, m.numel[1]);
+    float* b0 = xmalloc(sizeof(float) * n0);
+    float* b1 = xmalloc(sizeof(float) * n1);
+    memcpy(b0, w0, sizeof(float) * n0);
+    memcpy(b1, w1, sizeof(float) * n1);
+    const float eps = 1e-3f;
+    double L[2];
+    a.backward = 0;
+    for (int s = 0; s < 2; s++) {
+        for (size_t i = 0; i < m.numel[0]; i++) w0[i] = b0[i] + (s ? -eps : eps) * u0[i];
+        for (size_t i = 0; i < m.numel[1]; i++) w1[i] = b1[i] + (s ? -eps : eps) * u1[i];
+        StepLoss l = model_step(&m, &a);
+        L[s] = l.ce_sum * ce_scale + c.aux_coef * l.aux + c.z_coef * l.z;
+    }
+    const double fd = (L[0] - L[1]) / (2 * eps);
+    EXPECT(relerr(an, fd) < TOL_MODEL, "whole model: analytic %g vs finite difference %g", an, fd);
+    free(u0), free(u1), free(b0), free(b1);
+    model_free(&m);
+}
+
+static void test_grad_accumulation(void) {
+    // one micro-batch of 4 sequences == two of 2 (same global batch): same gradient
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 1, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.0f, .z_coef = 0.0f};
+    enum { T = 8 };
+    int32_t tok[4 * T], tgt[4 * T];
+    for (int i = 0; i < 4 * T; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
+    float* g[2];
+    for (int v = 0; v < 2; v++) {
+        const int B = v == 0 ? 4 : 2;
+        Model m;
+        model_create(&m, &c, B, T, be, g_comm);
+        for (int i = 0; i < m.pl.n; i++) {
+            const ParamInfo* p = &m.pl.p[i];
+            model_init_tensor(&c, p, 7, (float*)m.w[p->arena] + p->offset);
+        }
+        for (int j = 0; j < 4 / B; j++) {
+            MicroArgs a = {.tokens = tok + j * B * T, .targets = tgt + j * B * T, .backward = 1, .ce_scale = 1.0f / (4 * T)};
+            model_step(&m, &a);
+        }
+        g[v] = xmalloc(sizeof(float) * m.numel[0]);
+        memcpy(g[v], m.grad[0], sizeof(float) * m.numel[0]);
+        if (v == 1) EXPECT(rel_l2(g[1], g[0], m.numel[0]) < 1e-5, "accumulated gradient: %g", rel_l2(g[1], g[0], m.numel[0]));
+        model_free(&m);
+    }
+    free(g[0]), free(g[1]);
+}
+
+int main(int argc, char** argv) {
+    int world;
+    dist_init(&argc, &argv, &world);
+    be = cpu_backend_create();
+    g_comm = comm_mpi_create(1);
+    rng_seed(&rng, 42);
+    RUN(test_rmsnorm_grad);
+    RUN(test_rope_inverse);
+    RUN(test_attention_grad);
+    RUN(test_gemm);
+    RUN(test_swiglu_grad);
+    RUN(test_router_grad);
+    RUN(test_permute_adjoint);
+    RUN(test_cross_entropy_grad);
+    RUN(test_adamw_step);
+    RUN(test_model_grad);
+    RUN(test_grad_accumulation);
+    g_comm->destroy(g_comm);
+    be->destroy(be);
+    dist_finalize();
+    TEST_END();
+}
