@@ -110,12 +110,18 @@ int config_find(const char* name, char* out, size_t out_size, Err* e);
 int config_find_file(const char* kind, const char* name, const char* ext, char* out, size_t n, Err* e);
 
 // Loads a YAML file (following `defaults:` chains) on top of the current values of c.
+// On error c is unchanged and e names file:line:col, the key and what would be valid.
 int config_load_file(Config* c, const char* path, Err* e);
+
+// Same, from text in memory (len bytes; NUL not needed). `name` is used in messages; a
+// `defaults:` name is resolved relative to the current directory, then like --config.
+int config_load_string(Config* c, const char* text, size_t len, const char* name, Err* e);
 
 // Applies one `section.key=value` override.
 int config_override(Config* c, const char* kv, Err* e);
 
-// Checks ranges and cross-key constraints (the layout needs the world size).
+// Checks ranges and cross-key constraints (the layout needs the world size; world <= 0 checks
+// the smallest layout, world = parallel.ep).
 int config_validate(const Config* c, int world, Err* e);
 
 // Checks what only a training run needs (checkpoint.required → checkpoint.dir given).
@@ -127,5 +133,12 @@ void config_print(const Config* c, FILE* f);
 // Prints the table of keys as Markdown (for README.md and `--help`).
 void config_print_keys(FILE* f);
 
+// 1 when every key has the same value in a and b (source is not compared); otherwise 0, and
+// *first_diff (if not NULL) names the first key that differs.
+int config_equal(const Config* a, const Config* b, const char** first_diff);
+
 // Enum names, for logs.
 const char* dtype_name(DType d);
+const char* device_name(DeviceKind d);
+const char* schedule_name(Schedule s);
+const char* data_format_name(DataFormat f);
