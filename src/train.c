@@ -248,8 +248,12 @@ int trainer_run(Trainer* t) {
             }
         }
         if (sig && !last) {
-            log_info("train: signal %d: checkpoint written at step %d; exiting with code %d (resume with checkpoint.resume=auto)\n",
-                     sig, s + 1, EXIT_PREEMPTED);
+            if (t->cfg.checkpoint.dir[0])
+                log_info("train: signal %d: checkpoint written at step %d; exiting with code %d (resume with checkpoint.resume=auto)\n",
+                         sig, s + 1, EXIT_PREEMPTED);
+            else
+                log_info("train: signal %d at step %d: no checkpoint.dir, nothing saved; exiting with code %d\n", sig, s + 1,
+                         EXIT_PREEMPTED);
             t->step++;
             return EXIT_PREEMPTED;
         }
