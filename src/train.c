@@ -185,8 +185,12 @@ int trainer_run(Trainer* t) {
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype));
+    // Fault injection for the tests: MOETRAIN_FAIL_RANK=r makes rank r fail at its second step.
+    const char* fail_env = getenv("MOETRAIN_FAIL_RANK");
+    const int fail_rank = fail_env ? atoi(fail_env) : -1;
     for (; t->step < tc->steps; t->step++) {
         const int s = t->step;
+        if (s == 1 && t->rank == fail_rank) FATAL("injected failure (MOETRAIN_FAIL_RANK=%d)", fail_rank);
         double t0 = now_sec();
         double ce = 0, aux = 0, z = 0;
         for (int j = 0; j < t->n_micro; j++) {
