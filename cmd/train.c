@@ -9,6 +9,13 @@
 #include "train.h"
 
 int cmd_train(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("moetrain [train] --config NAME|PATH [section.key=value ...]\n"
+                   "  trains; launch several ranks with mpirun (world = parallel.ep x edp).\n"
+                   "  Every key and its default: README.md, or moetrain --keys.\n");
+            return 0;
+        }
     int world = 1;
     int rank = dist_init(&argc, &argv, &world);
     Config c;

@@ -239,6 +239,22 @@ static void test_adamw_step(void) {
     }
 }
 
+static void test_schedule(void) {
+    OptimConfig c = {.lr = 1.0f, .min_lr_ratio = 0.1f, .warmup = 10, .decay_frac = 0.2f};
+    const int total = 110;
+    c.schedule = SCHED_COSINE;
+    EXPECT(fabsf(optim_lr(&c, total, 0) - 0.1f) < 1e-6f && fabsf(optim_lr(&c, total, 9) - 1.0f) < 1e-6f, "linear warmup");
+    EXPECT(fabsf(optim_lr(&c, total, 10) - 1.0f) < 1e-6f && fabsf(optim_lr(&c, total, 109) - 0.1f) < 1e-6f, "cosine ends at min");
+    EXPECT(fabsf(optim_lr(&c, total, 59) - 0.55f) < 0.01f, "cosine midpoint %g", optim_lr(&c, total, 59));
+    c.schedule = SCHED_LINEAR;
+    EXPECT(fabsf(optim_lr(&c, total, 59) - 0.55f) < 0.01f && fabsf(optim_lr(&c, total, 109) - 0.1f) < 1e-6f, "linear");
+    c.schedule = SCHED_CONSTANT;
+    EXPECT(optim_lr(&c, total, 100) == 1.0f, "constant");
+    c.schedule = SCHED_WSD;
+    EXPECT(optim_lr(&c, total, 80) == 1.0f && fabsf(optim_lr(&c, total, 109) - 0.1f) < 1e-6f && optim_lr(&c, total, 100) < 1.0f,
+           "wsd: stable, then decay in the last 20%%");
+}
+
 // ---- the whole model ---------------------------------------------------------------------------
 
 static Comm* g_comm;
@@ -330,6 +346,7 @@ int main(int argc, char** argv) {
     RUN(test_permute_adjoint);
     RUN(test_cross_entropy_grad);
     RUN(test_adamw_step);
+    RUN(test_schedule);
     RUN(test_model_grad);
     RUN(test_grad_accumulation);
     g_comm->destroy(g_comm);
