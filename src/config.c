@@ -206,7 +206,7 @@ static void exe_root(char* out, size_t n) {
 }
 
 int config_find_file(const char* kind, const char* name, const char* ext, char* out, size_t n, Err* e) {
-    char cand[6][4700];
+    char cand[7][4700];
     int nc = 0;
     char root[4096];
     exe_root(root, sizeof root);
@@ -215,6 +215,7 @@ int config_find_file(const char* kind, const char* name, const char* ext, char* 
     if (!strchr(name, '/')) {
         snprintf(cand[nc++], sizeof cand[0], "%s/%s%s", kind, name, ext);
         if (root[0]) snprintf(cand[nc++], sizeof cand[0], "%.4000s/%s/%s%s", root, kind, name, ext);
+        if (root[0]) snprintf(cand[nc++], sizeof cand[0], "%.4000s/share/moetrain/%s/%s%s", root, kind, name, ext);
         snprintf(cand[nc++], sizeof cand[0], "%s/share/moetrain/%s/%s%s", MOETRAIN_PREFIX, kind, name, ext);
     }
     for (int i = 0; i < nc; i++)
