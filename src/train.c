@@ -232,7 +232,7 @@ int trainer_run(Trainer* t) {
         if (t->bad_in_row >= tc->max_bad_steps) {
             if (t->rank == 0)
                 fprintf(stderr, "moetrain: error: %d non-finite steps in a row (last at step %d); stopping. "
-                                "The last checkpoint is intact; lower optim.lr or raise optim.warmup, then resume.\n",
+                                "The last checkpoint, if any, is intact; lower optim.lr or raise optim.warmup, then resume.\n",
                         t->bad_in_row, s + 1);
             t->step++;
             return EXIT_DIVERGED;
