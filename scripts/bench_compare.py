@@ -1,0 +1,77 @@
+"""Prints the benchmark table from scripts/bench.sh's results.jsonl: every run, and per size
+moetrain against the best Hugging Face variant (highest tokens/s). Standard library only.
+Usage: python3 scripts/bench_compare.py results.jsonl [more.jsonl ...]
+A line is one JSON object with "impl" ("moetrain" or the HF variant), "mbs", "seq", and either
+"tokens_per_s", "model_tflops", "peak_gib", "step_ms" or "error"."""
+import json
+import sys
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError as e:
+                    print(f"{p}:{n}: not JSON ({e}); skipped", file=sys.stderr)
+                    continue
+                if "impl" not in r:
+                    continue
+                r["mbs"], r["seq"] = int(r.get("mbs", 0)), int(r.get("seq", 0))
+                rows.append(r)
+    return rows
+
+
+def fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def table(rows):
+    out = []
+    sizes = sorted({(r["mbs"], r["seq"]) for r in rows})
+    out.append("| micro-batch | seq | implementation | step ms | tokens/s | model TFLOP/s | peak GiB | tokens/s vs best HF |")
+    out.append("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    verdicts = []
+    for mbs, seq in sizes:
+        here = [r for r in rows if (r["mbs"], r["seq"]) == (mbs, seq)]
+        hf = [r for r in here if r["impl"] != "moetrain" and "error" not in r and r.get("tokens_per_s")]
+        best = max(hf, key=lambda r: r["tokens_per_s"]) if hf else None
+        ours = [r for r in here if r["impl"] == "moetrain"]
+        for r in sorted(here, key=lambda r: (r["impl"] != "moetrain", r["impl"])):
+            name = ("**moetrain**" if r["impl"] == "moetrain" else "HF " + r["impl"]) + (" (best HF)" if r is best else "")
+            if "error" in r:
+                out.append(f"| {mbs} | {seq} | {name} | failed: {str(r['error'])[:80]} | | | | |")
+                continue
+            ratio = f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}×" if best else "—"
+            out.append(f"| {mbs} | {seq} | {name} | {fmt(r.get('step_ms'), '.1f')} | {fmt(r.get('tokens_per_s'), ',.0f')} | "
+                       f"{fmt(r.get('model_tflops'), '.1f')} | {fmt(r.get('peak_gib'), '.1f')} | {ratio} |")
+        for o in ours:
+            if "error" in o:
+                verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain failed ({o['error']})")
+            elif best:
+                verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain {o['tokens_per_s']:,.0f} tokens/s "
+                                f"= {o['tokens_per_s'] / best['tokens_per_s']:.2f}× the best HF variant "
+                                f"({best['impl']}, {best['tokens_per_s']:,.0f} tokens/s); peak "
+                                f"{fmt(o.get('peak_gib'), '.1f')} vs {fmt(best.get('peak_gib'), '.1f')} GiB")
+            else:
+                verdicts.append(f"micro-batch {mbs}, seq {seq}: no successful HF run to compare with")
+    out.append("")
+    out += verdicts
+    out.append("")
+    out.append("Model TFLOP/s on both sides: 6 × active matmul parameters + 6·L·H·seq per token (the baseline's "
+               "formula). Peak: moetrain's backend high-water mark; HF: torch.cuda.max_memory_allocated.")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    rows = load(sys.argv[1:])
+    if not rows:
+        sys.exit("bench_compare: no results in " + " ".join(sys.argv[1:]))
+    print(table(rows))
