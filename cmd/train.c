@@ -20,14 +20,15 @@ int cmd_train(int argc, char** argv) {
     int rank = dist_init(&argc, &argv, &world);
     Config c;
     Err e = {{0}};
-    int rest[64], nrest = 0;
-    int st = cli_load_config(&c, argc, argv, 1, rest, &nrest, &e) ? 2 : 0;
-    if (!st && nrest) st = 2, err_set(&e, "unknown option %s (see moetrain --help)", argv[rest[0]]);
+    int argi = 1;
+    static const char* const known[] = {NULL};
+    int st = cli_load_config(&c, argc, argv, &argi, &e) ? 2 : 0;
+    if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
     if (!st && config_validate(&c, world, &e)) st = 2;
     if (!st && config_validate_run(&c, &e)) st = 2;
-    if (!st && cli_resolve_data(&c, &e)) st = 2;
+    if (!st && cli_resolve_data_path(&c, &e)) st = 2;
     if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_error(&e);
+        if (rank == 0) cli_exit_error(NULL, &e);
         dist_finalize();
         return 2;
     }
@@ -39,7 +40,7 @@ int cmd_train(int argc, char** argv) {
     Trainer t;
     st = trainer_init(&t, &c, &e) ? 2 : 0;
     if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_error(&e);
+        if (rank == 0) cli_exit_error(NULL, &e);
         dist_finalize();
         return 2;
     }

@@ -1,152 +1,276 @@
-// config.c — YAML configs (libyaml) with `defaults:` chains and `section.key=value` overrides.
-// One table of keys drives defaults, parsing, validation, printing and the README key table.
+// config.c — the table of keys and everything driven from it: defaults, value parsing,
+// overrides, validation, printing and the Markdown key table. YAML files: config_load.c.
 #define _DEFAULT_SOURCE
-#include "config.h"
-
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <yaml.h>
 
-#ifndef MOETRAIN_PREFIX
-#define MOETRAIN_PREFIX "/usr/local"
+#include "config_keys.h"
+
+#define KEY(sec, k, type, def, lo, hi, enums, doc) \
+    {#sec "." #k, type, offsetof(Config, sec.k), sizeof(((Config*)0)->sec.k), def, lo, hi, enums, doc}
+#define BOOL(sec, k, def, doc) KEY(sec, k, K_BOOL, def, 0, 1, NULL, doc)
+#define STR(sec, k, def, doc) KEY(sec, k, K_STR, def, 0, 0, NULL, doc)
+#define ENUM(sec, k, def, enums, doc) KEY(sec, k, K_ENUM, def, 0, 0, enums, doc)
+#define IMAX 2147483647.0
+#ifndef MOETRAIN_VERSION
+#define MOETRAIN_VERSION "dev"
 #endif
 
-typedef enum { K_INT, K_U64, K_FLOAT, K_BOOL, K_STR, K_ENUM } KeyType;
-
-typedef struct Key {
-    const char* name;   // "section.key"
-    KeyType type;
-    size_t off;         // offset into Config
-    const char* def;    // default, as text
-    double lo, hi;      // range for numbers
-    const char* enums;  // "a|b|c" for K_ENUM (value = index)
-    const char* doc;
-} Key;
-
-#define O(f) offsetof(Config, f)
-static const Key KEYS[] = {
-    {"model.vocab_size", K_INT, O(model.vocab_size), "256", 2, 1 << 24, 0, "vocabulary size (256 = byte-level sequences)"},
-    {"model.hidden", K_INT, O(model.hidden), "64", 8, 65536, 0, "model width (hidden_size)"},
-    {"model.ffn", K_INT, O(model.ffn), "128", 8, 1 << 20, 0, "expert FFN width (intermediate_size)"},
-    {"model.layers", K_INT, O(model.layers), "2", 1, 1024, 0, "decoder layers"},
-    {"model.heads", K_INT, O(model.heads), "4", 1, 1024, 0, "attention (query) heads"},
-    {"model.kv_heads", K_INT, O(model.kv_heads), "2", 1, 1024, 0, "key/value heads (GQA)"},
-    {"model.experts", K_INT, O(model.experts), "4", 1, 64, 0, "experts per MoE layer"},
-    {"model.top_k", K_INT, O(model.top_k), "2", 1, 64, 0, "experts per token"},
-    {"model.max_seq", K_INT, O(model.max_seq), "4096", 1, 1 << 24, 0, "max_position_embeddings written to config.json"},
-    {"model.rope_theta", K_FLOAT, O(model.rope_theta), "1000000", 1, 1e12, 0, "RoPE base"},
-    {"model.rms_eps", K_FLOAT, O(model.rms_eps), "1e-5", 1e-12, 1, 0, "RMSNorm epsilon"},
-    {"model.init_std", K_FLOAT, O(model.init_std), "0.02", 0, 10, 0, "std of the normal init (initializer_range)"},
-    {"model.aux_coef", K_FLOAT, O(model.aux_coef), "0.02", 0, 100, 0, "load-balancing loss coefficient (router_aux_loss_coef)"},
-    {"model.z_coef", K_FLOAT, O(model.z_coef), "0", 0, 100, 0, "router z-loss coefficient (0 = off)"},
-    {"model.tie_embeddings", K_BOOL, O(model.tie_embeddings), "false", 0, 1, 0, "must be false: Mixtral's lm_head is untied"},
-    {"parallel.ep", K_INT, O(parallel.ep), "1", 1, 4096, 0, "expert-parallel group size (divides the world and model.experts)"},
-    {"parallel.zero1", K_BOOL, O(parallel.zero1), "true", 0, 1, 0, "shard optimizer state over data-parallel ranks (ZeRO-1)"},
-    {"precision.dtype", K_ENUM, O(precision.dtype), "bf16", 0, 0, "fp32|bf16", "weights/activations on GPUs (fp32 masters always; the CPU computes in fp32)"},
-    {"train.steps", K_INT, O(train.steps), "100", 0, INT_MAX, 0, "optimizer steps"},
-    {"train.micro_batch", K_INT, O(train.micro_batch), "8", 1, 1 << 20, 0, "sequences per rank per forward/backward"},
-    {"train.global_batch", K_INT, O(train.global_batch), "16", 1, 1 << 30, 0, "sequences per optimizer step over all ranks (accumulation fills the gap)"},
-    {"train.seq_len", K_INT, O(train.seq_len), "128", 2, 1 << 24, 0, "tokens per sequence"},
-    {"train.seed", K_U64, O(train.seed), "1234", 0, 0, 0, "seed for init, shuffling and random data"},
-    {"train.device", K_ENUM, O(train.device), "auto", 0, 0, "auto|cpu|cuda", "backend: auto = CUDA when a GPU is visible"},
-    {"train.max_bad_steps", K_INT, O(train.max_bad_steps), "5", 1, INT_MAX, 0, "non-finite steps in a row before the run stops"},
-    {"train.eval_every", K_INT, O(train.eval_every), "0", 0, INT_MAX, 0, "validation every N steps (0 = at the end only)"},
-    {"train.eval_batches", K_INT, O(train.eval_batches), "4", 0, INT_MAX, 0, "validation micro-batches per rank (0 = the whole split)"},
-    {"optim.lr", K_FLOAT, O(optim.lr), "3e-4", 0, 10, 0, "peak learning rate"},
-    {"optim.min_lr_ratio", K_FLOAT, O(optim.min_lr_ratio), "0.1", 0, 1, 0, "final lr as a fraction of optim.lr"},
-    {"optim.warmup", K_INT, O(optim.warmup), "100", 0, INT_MAX, 0, "linear warmup steps"},
-    {"optim.schedule", K_ENUM, O(optim.schedule), "cosine", 0, 0, "cosine|linear|constant|wsd", "decay after warmup"},
-    {"optim.decay_frac", K_FLOAT, O(optim.decay_frac), "0.2", 0, 1, 0, "wsd: fraction of post-warmup steps in the final decay"},
-    {"optim.beta1", K_FLOAT, O(optim.beta1), "0.9", 0, 0.999999, 0, "AdamW beta1"},
-    {"optim.beta2", K_FLOAT, O(optim.beta2), "0.95", 0, 0.999999, 0, "AdamW beta2"},
-    {"optim.eps", K_FLOAT, O(optim.eps), "1e-8", 0, 1, 0, "AdamW epsilon"},
-    {"optim.weight_decay", K_FLOAT, O(optim.weight_decay), "0.1", 0, 10, 0, "decoupled weight decay"},
-    {"optim.decay_norms", K_BOOL, O(optim.decay_norms), "false", 0, 1, 0, "apply weight decay to norm weights too"},
-    {"optim.clip", K_FLOAT, O(optim.clip), "1.0", 0, 1e9, 0, "global gradient-norm clip (0 = off)"},
-    {"data.path", K_STR, O(data.path), "", 0, 0, 0, "FASTA/FASTQ/text (.gz ok) or llm.c .bin; empty = shipped data/hairpin.fa.gz"},
-    {"data.format", K_ENUM, O(data.format), "auto", 0, 0, "auto|fasta|fastq|text|bin|random", "input format (random = uniform tokens, for benchmarks)"},
-    {"data.val_frac", K_FLOAT, O(data.val_frac), "0.05", 0, 0.9, 0, "fraction of records held out for validation"},
-    {"data.sep_token", K_INT, O(data.sep_token), "10", 0, 1 << 24, 0, "token between records"},
-    {"data.shuffle", K_BOOL, O(data.shuffle), "true", 0, 1, 0, "shuffle training windows per epoch (by train.seed)"},
-    {"checkpoint.dir", K_STR, O(checkpoint.dir), "", 0, 0, 0, "checkpoint root (empty = no checkpoints)"},
-    {"checkpoint.every", K_INT, O(checkpoint.every), "0", 0, INT_MAX, 0, "steps between saves (0 = at the end only)"},
-    {"checkpoint.keep", K_INT, O(checkpoint.keep), "3", 0, INT_MAX, 0, "complete checkpoints kept (0 = all)"},
-    {"checkpoint.resume", K_STR, O(checkpoint.resume), "none", 0, 0, 0, "none | auto (latest under checkpoint.dir) | a step directory"},
-    {"checkpoint.init_from", K_STR, O(checkpoint.init_from), "", 0, 0, 0, "Hugging Face directory to start from (empty = random init)"},
-    {"checkpoint.required", K_BOOL, O(checkpoint.required), "false", 0, 1, 0, "refuse to start without checkpoint.dir (large runs)"},
-    {"log.dir", K_STR, O(log.dir), "", 0, 0, 0, "where metrics.jsonl and config.yaml go (empty = none)"},
-    {"log.every", K_INT, O(log.every), "1", 1, INT_MAX, 0, "log a line every N steps"},
+static const ConfigKey KEYS[] = {
+    KEY(model, vocab_size, K_INT, "256", 2, 1 << 24, NULL, "vocabulary size (256 = byte-level sequence data)"),
+    KEY(model, hidden, K_INT, "64", 2, 65536, NULL, "model width H (hidden_size)"),
+    KEY(model, ffn, K_INT, "128", 1, 1 << 20, NULL, "expert FFN width F (intermediate_size)"),
+    KEY(model, layers, K_INT, "2", 1, 1024, NULL, "decoder layers"),
+    KEY(model, heads, K_INT, "4", 1, 1024, NULL, "attention (query) heads; head dim = hidden / heads, even"),
+    KEY(model, kv_heads, K_INT, "2", 1, 1024, NULL, "key/value heads (GQA); divides model.heads"),
+    KEY(model, experts, K_INT, "4", 1, 1024, NULL, "experts per MoE layer"),
+    KEY(model, top_k, K_INT, "2", 1, 1024, NULL, "experts per token (<= model.experts)"),
+    KEY(model, max_seq, K_INT, "1024", 1, 1 << 24, NULL, "max_position_embeddings in config.json (>= train.seq_len)"),
+    KEY(model, rope_theta, K_FLOAT, "1e6", 1, 1e12, NULL, "RoPE base (rope_theta)"),
+    KEY(model, rms_eps, K_FLOAT, "1e-5", 1e-12, 1, NULL, "RMSNorm epsilon (rms_norm_eps)"),
+    KEY(model, init_std, K_FLOAT, "0.02", 0, 10, NULL, "std of the normal init (initializer_range)"),
+    KEY(model, aux_coef, K_FLOAT, "0.02", 0, 100, NULL, "load-balancing loss coefficient (router_aux_loss_coef)"),
+    KEY(model, z_coef, K_FLOAT, "0", 0, 100, NULL, "router z-loss coefficient (0 = off)"),
+    BOOL(model, tie_embeddings, "false", "must be false: Mixtral's lm_head is untied"),
+    KEY(parallel, ep, K_INT, "1", 1, 4096, NULL, "expert-parallel group size; divides the world size and model.experts"),
+    BOOL(parallel, zero1, "true", "shard optimizer state (fp32 master, Adam m, v) over data-parallel ranks (ZeRO-1)"),
+    ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 masters always; the CPU computes in fp32)"),
+    KEY(train, steps, K_INT, "300", 1, IMAX, NULL, "optimizer steps"),
+    KEY(train, micro_batch, K_INT, "8", 1, 1 << 20, NULL, "sequences per rank per forward/backward"),
+    KEY(train, global_batch, K_INT, "16", 1, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro_batch × world (the rest is gradient accumulation)"),
+    KEY(train, seq_len, K_INT, "128", 2, 1 << 24, NULL, "tokens per sequence (<= model.max_seq)"),
+    KEY(train, seed, K_U64, "1234", 0, 0, NULL, "seed of init, data shuffling and random data"),
+    ENUM(train, device, "auto", "auto|cpu|cuda", "backend (auto = CUDA when a GPU is visible, else CPU)"),
+    KEY(train, max_bad_steps, K_INT, "5", 1, IMAX, NULL, "non-finite steps in a row (skipped) before the run stops"),
+    KEY(train, eval_every, K_INT, "0", 0, IMAX, NULL, "validation every N steps (0 = at the end only)"),
+    KEY(train, eval_batches, K_INT, "4", 0, IMAX, NULL, "validation micro-batches per rank (0 = the whole split)"),
+    KEY(optim, lr, K_FLOAT, "3e-4", 0, 10, NULL, "peak learning rate (AdamW)"),
+    KEY(optim, min_lr_ratio, K_FLOAT, "0.1", 0, 1, NULL, "final learning rate as a fraction of optim.lr"),
+    KEY(optim, warmup, K_INT, "100", 0, IMAX, NULL, "linear warmup steps"),
+    ENUM(optim, schedule, "cosine", "cosine|linear|constant|wsd", "learning-rate decay after warmup (wsd = warmup-stable-decay)"),
+    KEY(optim, decay_frac, K_FLOAT, "0.2", 0, 1, NULL, "wsd: fraction of the post-warmup steps spent in the final decay"),
+    KEY(optim, beta1, K_FLOAT, "0.9", 0, 0.999999, NULL, "AdamW beta1"),
+    KEY(optim, beta2, K_FLOAT, "0.95", 0, 0.999999, NULL, "AdamW beta2"),
+    KEY(optim, eps, K_FLOAT, "1e-8", 0, 1, NULL, "AdamW epsilon"),
+    KEY(optim, weight_decay, K_FLOAT, "0.1", 0, 10, NULL, "decoupled weight decay"),
+    BOOL(optim, decay_norms, "false", "apply weight decay to norm weights too"),
+    KEY(optim, clip, K_FLOAT, "1.0", 0, 1e9, NULL, "global gradient-norm clip (0 = off)"),
+    STR(data, path, "", "FASTA / FASTQ / text file (.gz ok) or llm.c .bin shard; empty = the shipped data/hairpin.fa.gz"),
+    ENUM(data, format, "auto", "auto|fasta|fastq|text|bin|random", "input format (auto = by name and content; random = uniform tokens, for benchmarks)"),
+    KEY(data, val_frac, K_FLOAT, "0.05", 0, 0.9, NULL, "fraction of records (windows for .bin) held out for validation"),
+    KEY(data, sep_token, K_INT, "10", 0, IMAX, NULL, "token between records (10 = newline; < model.vocab_size)"),
+    BOOL(data, shuffle, "true", "shuffle training windows every epoch (by train.seed)"),
+    STR(checkpoint, dir, "", "checkpoint root (empty = no checkpoints)"),
+    KEY(checkpoint, every, K_INT, "0", 0, IMAX, NULL, "steps between checkpoints (0 = at the end only)"),
+    KEY(checkpoint, keep, K_INT, "3", 0, IMAX, NULL, "complete checkpoints kept (0 = all)"),
+    STR(checkpoint, resume, "none", "none, auto (the latest under checkpoint.dir, if any) or a step directory"),
+    STR(checkpoint, init_from, "", "Hugging Face directory to start from (empty = random init)"),
+    BOOL(checkpoint, required, "false", "refuse to train without checkpoint.dir (set by large configs)"),
+    STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),
+    KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps"),
 };
-#undef O
 #define NKEYS (int)(sizeof KEYS / sizeof KEYS[0])
 
-static const char* SECTIONS[] = {"model", "parallel", "precision", "train", "optim", "data", "checkpoint", "log"};
+static const char* const SECTIONS[] = {"model", "parallel", "precision", "train", "optim", "data", "checkpoint", "log"};
 #define NSECTIONS (int)(sizeof SECTIONS / sizeof SECTIONS[0])
 
-const char* dtype_name(DType d) { return d == DTYPE_BF16 ? "bf16" : "fp32"; }
+const ConfigKey* config_keys(int* n) {
+    *n = NKEYS;
+    return KEYS;
+}
 
-static const Key* find_key(const char* name) {
+const ConfigKey* config_key(const char* name) {
     for (int i = 0; i < NKEYS; i++)
         if (strcmp(KEYS[i].name, name) == 0) return &KEYS[i];
     return NULL;
 }
 
-static const char* nearest_key(const char* name) {
-    const char* best = KEYS[0].name;
-    int bd = 1 << 30;
+int config_is_section(const char* s) {
+    for (int i = 0; i < NSECTIONS; i++)
+        if (strcmp(s, SECTIONS[i]) == 0) return 1;
+    return 0;
+}
+
+const char* config_section_list(void) {
+    return "model, parallel, precision, train, optim, data, checkpoint, log";
+}
+
+// ---- enums -----------------------------------------------------------------------------------
+
+// The idx-th name of "a|b|c" into out; "" when out of range.
+static void enum_name(const char* enums, int idx, char* out, size_t n) {
+    const char* s = enums;
+    for (int i = 0; i < idx && s; i++) s = strchr(s, '|') ? strchr(s, '|') + 1 : NULL;
+    if (!s || idx < 0) {
+        snprintf(out, n, "?");
+        return;
+    }
+    const char* bar = strchr(s, '|');
+    snprintf(out, n, "%.*s", bar ? (int)(bar - s) : (int)strlen(s), s);
+}
+
+// "a|b|c" → "a, b, c".
+static void enum_list(const char* enums, char* out, size_t n) {
+    size_t o = 0;
+    for (const char* s = enums; *s && o + 3 < n; s++) {
+        if (*s == '|') out[o++] = ',', out[o++] = ' ';
+        else out[o++] = *s;
+    }
+    out[o] = 0;
+}
+
+static int enum_index(const char* enums, const char* text) {
+    size_t n = strlen(text);
+    int idx = 0;
+    for (const char* s = enums; *s; idx++) {
+        const char* bar = strchr(s, '|');
+        size_t len = bar ? (size_t)(bar - s) : strlen(s);
+        if (len == n && strncmp(s, text, n) == 0) return idx;
+        s += len + (bar ? 1 : 0);
+    }
+    return -1;
+}
+
+static const char* enum_of(const char* key, int v) {
+    static char buf[4][32];
+    static int k = 0;
+    char* b = buf[k++ % 4];
+    enum_name(config_key(key)->enums, v, b, 32);
+    return b;
+}
+const char* dtype_name(DType d) { return enum_of("precision.dtype", (int)d); }
+const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
+const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
+const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }
+
+// ---- suggestions -----------------------------------------------------------------------------
+
+void config_suggest_key(const char* section, const char* key, char* out, size_t n) {
+    char full[300];
+    snprintf(full, sizeof full, "%s.%s", section, key);
+    const char* best = NULL;
+    int bd = INT_MAX;
     for (int i = 0; i < NKEYS; i++) {
-        int d = edit_distance(name, KEYS[i].name);
         const char* dot = strchr(KEYS[i].name, '.');
-        int d2 = dot ? edit_distance(name, dot + 1) + 1 : d;  // a key without its section
+        int d = edit_distance(full, KEYS[i].name);
+        int same = strncmp(KEYS[i].name, section, (size_t)(dot - KEYS[i].name)) == 0 &&
+                   section[dot - KEYS[i].name] == 0;
+        int d2 = edit_distance(key, dot + 1) + (same ? 0 : 1);  // the key in another section
         if (d2 < d) d = d2;
         if (d < bd) bd = d, best = KEYS[i].name;
     }
-    return best;
+    int len = (int)strlen(key);
+    if (best && bd <= (len > 6 ? len / 3 : 2)) {
+        snprintf(out, n, " (did you mean %s?)", best);
+        return;
+    }
+    if (!config_is_section(section)) {
+        snprintf(out, n, " (sections: %s)", config_section_list());
+        return;
+    }
+    size_t o = (size_t)snprintf(out, n, " (valid %s keys:", section);
+    for (int i = 0; i < NKEYS && o < n; i++) {
+        const char* dot = strchr(KEYS[i].name, '.');
+        if ((size_t)(dot - KEYS[i].name) == strlen(section) && !strncmp(KEYS[i].name, section, strlen(section)))
+            o += (size_t)snprintf(out + o, n - o, " %s", dot + 1);
+    }
+    if (o < n) snprintf(out + o, n - o, ")");
 }
 
-// Parses `text` for key k into c. `where` prefixes errors ("file.yaml:3:5" or "command line").
-static int set_value(Config* c, const Key* k, const char* text, const char* where, Err* e) {
+void config_suggest_section(const char* section, char* out, size_t n) {
+    const char* best = NULL;
+    int bd = INT_MAX;
+    for (int i = 0; i < NSECTIONS; i++) {
+        int d = edit_distance(section, SECTIONS[i]);
+        if (d < bd) bd = d, best = SECTIONS[i];
+    }
+    if (bd <= 2 && bd < (int)strlen(section))
+        snprintf(out, n, " (did you mean %s? sections: %s; or defaults)", best, config_section_list());
+    else
+        snprintf(out, n, " (sections: %s; or defaults)", config_section_list());
+}
+
+// ---- values ----------------------------------------------------------------------------------
+
+static void range_text(const ConfigKey* k, char* out, size_t n) {
+    if (k->type == K_INT && k->hi >= IMAX) snprintf(out, n, ">= %.0f", k->lo);
+    else if (k->type == K_INT) snprintf(out, n, "%.0f to %.0f", k->lo, k->hi);
+    else snprintf(out, n, "%g to %g", k->lo, k->hi);
+}
+
+// 1 when s is valid UTF-8 as libyaml reads it (a config file is; argv may not be): no overlong
+// forms, no surrogates, nothing above U+10FFFF.
+static int utf8_ok(const unsigned char* s) {
+    while (*s) {
+        unsigned c = *s, cp;
+        int extra = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : -1;
+        if (extra < 0) return 0;
+        cp = extra == 0 ? c : extra == 1 ? c & 0x1F : extra == 2 ? c & 0x0F : c & 0x07;
+        s++;
+        for (int i = 0; i < extra; i++, s++) {
+            if ((*s & 0xC0) != 0x80) return 0;
+            cp = cp << 6 | (*s & 0x3Fu);
+        }
+        static const unsigned min[] = {0, 0x80, 0x800, 0x10000};
+        if (cp < min[extra] || (cp >= 0xD800 && cp < 0xE000) || cp > 0x10FFFF) return 0;
+    }
+    return 1;
+}
+
+int config_set_value(Config* c, const ConfigKey* k, const char* text, int is_null, const char* where, Err* e) {
     char* p = (char*)c + k->off;
     char* end = NULL;
+    char range[64];
+    static const char* expect[] = {"an integer", "a non-negative integer", "a number", "true or false", "a string",
+                                   "one of"};
+    if (is_null && k->type != K_STR) {
+        if (k->type == K_ENUM) {
+            char choices[128];
+            enum_list(k->enums, choices, sizeof choices);
+            return err_set(e, "%s: %s: missing value (expected one of %s)", where, k->name, choices);
+        }
+        return err_set(e, "%s: %s: missing value (expected %s)", where, k->name, expect[k->type]);
+    }
     switch (k->type) {
         case K_INT: {
             errno = 0;
             long long v = strtoll(text, &end, 10);
-            if (!*text || *end || errno)
+            if (!(text[0] == '-' || text[0] == '+' || (text[0] >= '0' && text[0] <= '9')) || *end || errno == EINVAL)
                 return err_set(e, "%s: %s: expected an integer, got '%s'", where, k->name, text);
-            if ((double)v < k->lo || (double)v > k->hi)
-                return err_set(e, "%s: %s: %lld is out of range [%.0f, %.0f]", where, k->name, v, k->lo, k->hi);
+            range_text(k, range, sizeof range);
+            if (errno == ERANGE || (double)v < k->lo || (double)v > k->hi)
+                return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
             *(int*)p = (int)v;
             return 0;
         }
         case K_U64: {
             errno = 0;
             unsigned long long v = strtoull(text, &end, 10);
-            if (!*text || *end || errno || text[0] == '-')
-                return err_set(e, "%s: %s: expected a non-negative integer, got '%s'", where, k->name, text);
+            if (!(text[0] >= '0' && text[0] <= '9') || *end || errno)
+                return err_set(e, "%s: %s: expected a non-negative integer below 2^64, got '%s'", where, k->name, text);
             *(uint64_t*)p = (uint64_t)v;
             return 0;
         }
         case K_FLOAT: {
             errno = 0;
             double v = strtod(text, &end);
-            if (!*text || *end || errno || v != v)
+            int lead = text[0] == '-' || text[0] == '+' || text[0] == '.' || (text[0] >= '0' && text[0] <= '9');
+            if (!lead || *end || v != v || v - v != 0)  // rejects nan, inf and hex-less junk
                 return err_set(e, "%s: %s: expected a number, got '%s'", where, k->name, text);
+            range_text(k, range, sizeof range);
             if (v < k->lo || v > k->hi)
-                return err_set(e, "%s: %s: %g is out of range [%g, %g]", where, k->name, v, k->lo, k->hi);
+                return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
             *(float*)p = (float)v;
             return 0;
         }
         case K_BOOL: {
-            if (!strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcmp(text, "1") || !strcasecmp(text, "on"))
+            if (!strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcasecmp(text, "on") || !strcmp(text, "1"))
                 *(int*)p = 1;
-            else if (!strcasecmp(text, "false") || !strcasecmp(text, "no") || !strcmp(text, "0") || !strcasecmp(text, "off"))
+            else if (!strcasecmp(text, "false") || !strcasecmp(text, "no") || !strcasecmp(text, "off") || !strcmp(text, "0"))
                 *(int*)p = 0;
             else
                 return err_set(e, "%s: %s: expected true or false, got '%s'", where, k->name, text);
@@ -155,24 +279,28 @@ static int set_value(Config* c, const Key* k, const char* text, const char* wher
         case K_STR: {
             if (strlen(text) >= CFG_STR)
                 return err_set(e, "%s: %s: value longer than %d characters", where, k->name, CFG_STR - 1);
-            snprintf(p, CFG_STR, "%s", text);
+            if (!utf8_ok((const unsigned char*)text))
+                return err_set(e, "%s: %s: value is not valid UTF-8", where, k->name);
+            memset(p, 0, CFG_STR);
+            memcpy(p, text, strlen(text));
             return 0;
         }
         case K_ENUM: {
-            const char* s = k->enums;
-            int idx = 0;
-            size_t n = strlen(text);
-            while (*s) {
-                const char* bar = strchr(s, '|');
-                size_t len = bar ? (size_t)(bar - s) : strlen(s);
-                if (len == n && strncmp(s, text, n) == 0) {
-                    *(int*)p = idx;
-                    return 0;
-                }
-                idx++;
-                s += len + (bar ? 1 : 0);
+            int idx = enum_index(k->enums, text);
+            if (idx >= 0) {
+                *(int*)p = idx;
+                return 0;
             }
-            return err_set(e, "%s: %s: '%s' is not one of %s", where, k->name, text, k->enums);
+            char choices[128], hint[96] = "";
+            enum_list(k->enums, choices, sizeof choices);
+            for (int i = 0, bd = 3; i < 16; i++) {  // a near miss ("bf61") gets a suggestion
+                char nm[32];
+                enum_name(k->enums, i, nm, sizeof nm);
+                if (!strcmp(nm, "?")) break;
+                int d = edit_distance(text, nm);
+                if (d < bd && d < (int)strlen(nm)) bd = d, snprintf(hint, sizeof hint, "; did you mean %s?", nm);
+            }
+            return err_set(e, "%s: %s: '%s' is not one of %s%s", where, k->name, text, choices, hint);
         }
     }
     return err_set(e, "%s: %s: internal error (key type)", where, k->name);
@@ -180,338 +308,234 @@ static int set_value(Config* c, const Key* k, const char* text, const char* wher
 
 void config_defaults(Config* c) {
     memset(c, 0, sizeof *c);
+    static const size_t want[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), CFG_STR, sizeof(int)};
     Err e;
-    for (int i = 0; i < NKEYS; i++)
-        if (set_value(c, &KEYS[i], KEYS[i].def, "defaults", &e)) FATAL("%s", e.msg);
-}
-
-static int file_exists(const char* p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-// Directory of the running binary's parent (build/moetrain → repo root), or "".
-static void exe_root(char* out, size_t n) {
-    char buf[4096];
-    ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    out[0] = 0;
-    if (len <= 0) return;
-    buf[len] = 0;
-    for (int up = 0; up < 2; up++) {
-        char* s = strrchr(buf, '/');
-        if (!s) return;
-        *s = 0;
+    for (int i = 0; i < NKEYS; i++) {
+        CHECK(KEYS[i].size == want[KEYS[i].type], "config key %s: table type does not match the field", KEYS[i].name);
+        if (config_set_value(c, &KEYS[i], KEYS[i].def, 0, "defaults", &e)) FATAL("%s", e.msg);
     }
-    snprintf(out, n, "%s", buf);
-}
-
-int config_find_file(const char* kind, const char* name, const char* ext, char* out, size_t n, Err* e) {
-    char cand[7][4700];
-    int nc = 0;
-    char root[4096];
-    exe_root(root, sizeof root);
-    snprintf(cand[nc++], sizeof cand[0], "%s", name);
-    snprintf(cand[nc++], sizeof cand[0], "%s%s", name, ext);
-    if (!strchr(name, '/')) {
-        snprintf(cand[nc++], sizeof cand[0], "%s/%s%s", kind, name, ext);
-        if (root[0]) snprintf(cand[nc++], sizeof cand[0], "%.4000s/%s/%s%s", root, kind, name, ext);
-        if (root[0]) snprintf(cand[nc++], sizeof cand[0], "%.4000s/share/moetrain/%s/%s%s", root, kind, name, ext);
-        snprintf(cand[nc++], sizeof cand[0], "%s/share/moetrain/%s/%s%s", MOETRAIN_PREFIX, kind, name, ext);
-    }
-    for (int i = 0; i < nc; i++)
-        if (file_exists(cand[i])) {
-            snprintf(out, n, "%s", cand[i]);
-            return 0;
-        }
-    char tried[2048] = "";
-    for (int i = 0; i < nc; i++) {
-        strncat(tried, i ? ", " : "", sizeof tried - strlen(tried) - 1);
-        strncat(tried, cand[i], sizeof tried - strlen(tried) - 1);
-    }
-    return err_set(e, "%s not found (looked for %s)", name, tried);
-}
-
-int config_find(const char* name, char* out, size_t out_size, Err* e) {
-    return config_find_file("configs", name, ".yaml", out, out_size, e);
-}
-
-// ---- YAML ------------------------------------------------------------------------------------
-
-typedef struct Parse {
-    yaml_parser_t p;
-    yaml_event_t ev;
-    const char* file;
-    Err* e;
-} Parse;
-
-static int next(Parse* ps) {
-    if (!yaml_parser_parse(&ps->p, &ps->ev))
-        return err_set(ps->e, "%s:%zu:%zu: YAML syntax error: %s%s%s", ps->file, ps->p.problem_mark.line + 1,
-                       ps->p.problem_mark.column + 1, ps->p.problem ? ps->p.problem : "unknown",
-                       ps->p.context ? " " : "", ps->p.context ? ps->p.context : "");
-    return 0;
-}
-
-static int load_depth(Config* c, const char* path, int depth, Err* e);
-
-static int load_defaults(Config* c, const char* name, const char* from, int depth, Err* e) {
-    char dir[CFG_STR], p[CFG_STR * 2 + 8], found[CFG_STR];
-    snprintf(dir, sizeof dir, "%s", from);
-    char* s = strrchr(dir, '/');
-    if (s) *s = 0; else snprintf(dir, sizeof dir, ".");
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    if (file_exists(p)) return load_depth(c, p, depth + 1, e);
-    snprintf(p, sizeof p, "%s/%s.yaml", dir, name);
-    if (file_exists(p)) return load_depth(c, p, depth + 1, e);
-    Err fe;
-    if (config_find(name, found, sizeof found, &fe)) return err_set(e, "%s: defaults: %s", from, fe.msg);
-    return load_depth(c, found, depth + 1, e);
-}
-
-static int scalar_is(const yaml_event_t* ev, const char* s) {
-    return ev->type == YAML_SCALAR_EVENT && strcmp((const char*)ev->data.scalar.value, s) == 0;
-}
-
-static int load_depth(Config* c, const char* path, int depth, Err* e) {
-    if (depth > 8) return err_set(e, "%s: defaults nest deeper than 8 levels (a cycle?)", path);
-    FILE* f = fopen(path, "rb");
-    if (!f) return err_set(e, "cannot open config %s: %s", path, strerror(errno));
-    Parse ps = {.file = path, .e = e};
-    yaml_parser_initialize(&ps.p);
-    yaml_parser_set_input_file(&ps.p, f);
-    int rc = -1, state = 0;  // 0 top, 1 inside section mapping
-    char section[64] = "", key[160];
-    int have_event = 0;
-    for (;;) {
-        if (next(&ps)) goto out;
-        have_event = 1;
-        yaml_event_type_t t = ps.ev.type;
-        size_t line = ps.ev.start_mark.line + 1, col = ps.ev.start_mark.column + 1;
-        if (t == YAML_STREAM_END_EVENT) break;
-        if (t == YAML_STREAM_START_EVENT || t == YAML_DOCUMENT_START_EVENT || t == YAML_DOCUMENT_END_EVENT) goto cont;
-        if (state == 0) {
-            if (t == YAML_MAPPING_START_EVENT && section[0] == 0 && depth >= 0) {
-                state = 2;  // top-level mapping opened
-                goto cont;
-            }
-            err_set(e, "%s:%zu:%zu: a config is a mapping of sections (model:, train:, ...)", path, line, col);
-            goto out;
-        }
-        if (state == 2) {  // expecting a section name or end
-            if (t == YAML_MAPPING_END_EVENT) { state = 3; goto cont; }
-            if (t != YAML_SCALAR_EVENT) { err_set(e, "%s:%zu:%zu: expected a section name", path, line, col); goto out; }
-            if (scalar_is(&ps.ev, "defaults")) {
-                yaml_event_delete(&ps.ev);
-                have_event = 0;
-                if (next(&ps)) goto out;
-                have_event = 1;
-                if (ps.ev.type == YAML_SCALAR_EVENT) {
-                    char name[CFG_STR];
-                    snprintf(name, sizeof name, "%s", (const char*)ps.ev.data.scalar.value);
-                    if (load_defaults(c, name, path, depth, e)) goto out;
-                } else if (ps.ev.type == YAML_SEQUENCE_START_EVENT) {
-                    for (;;) {
-                        yaml_event_delete(&ps.ev);
-                        have_event = 0;
-                        if (next(&ps)) goto out;
-                        have_event = 1;
-                        if (ps.ev.type == YAML_SEQUENCE_END_EVENT) break;
-                        if (ps.ev.type != YAML_SCALAR_EVENT) { err_set(e, "%s:%zu: defaults: expected config names", path, line); goto out; }
-                        char name[CFG_STR];
-                        snprintf(name, sizeof name, "%s", (const char*)ps.ev.data.scalar.value);
-                        if (load_defaults(c, name, path, depth, e)) goto out;
-                    }
-                } else {
-                    err_set(e, "%s:%zu:%zu: defaults: expected a config name or a list of names", path, line, col);
-                    goto out;
-                }
-                goto cont;
-            }
-            snprintf(section, sizeof section, "%s", (const char*)ps.ev.data.scalar.value);
-            int ok = 0;
-            for (int i = 0; i < NSECTIONS; i++) ok |= strcmp(section, SECTIONS[i]) == 0;
-            if (!ok) {
-                err_set(e, "%s:%zu:%zu: unknown section '%s' (sections: model, parallel, precision, train, optim, data, checkpoint, log; or defaults)",
-                        path, line, col, section);
-                goto out;
-            }
-            yaml_event_delete(&ps.ev);
-            have_event = 0;
-            if (next(&ps)) goto out;
-            have_event = 1;
-            if (ps.ev.type != YAML_MAPPING_START_EVENT) {
-                err_set(e, "%s:%zu:%zu: section '%s' must be a mapping of keys", path, ps.ev.start_mark.line + 1,
-                        ps.ev.start_mark.column + 1, section);
-                goto out;
-            }
-            state = 1;
-            goto cont;
-        }
-        if (state == 1) {  // inside a section: key, value pairs
-            if (t == YAML_MAPPING_END_EVENT) { state = 2; goto cont; }
-            if (t != YAML_SCALAR_EVENT) { err_set(e, "%s:%zu:%zu: expected a key in section '%s'", path, line, col, section); goto out; }
-            snprintf(key, sizeof key, "%s.%s", section, (const char*)ps.ev.data.scalar.value);
-            const Key* k = find_key(key);
-            if (!k) {
-                err_set(e, "%s:%zu:%zu: unknown key '%s' (did you mean %s?)", path, line, col, key, nearest_key(key));
-                goto out;
-            }
-            yaml_event_delete(&ps.ev);
-            have_event = 0;
-            if (next(&ps)) goto out;
-            have_event = 1;
-            if (ps.ev.type != YAML_SCALAR_EVENT) {
-                err_set(e, "%s:%zu:%zu: %s: expected a single value", path, ps.ev.start_mark.line + 1, ps.ev.start_mark.column + 1, key);
-                goto out;
-            }
-            char where[CFG_STR + 32];
-            snprintf(where, sizeof where, "%s:%zu:%zu", path, ps.ev.start_mark.line + 1, ps.ev.start_mark.column + 1);
-            const char* v = (const char*)ps.ev.data.scalar.value;
-            if (k->type != K_STR && ps.ev.data.scalar.length == 0 && ps.ev.data.scalar.plain_implicit) {
-                err_set(e, "%s: %s: missing value", where, key);
-                goto out;
-            }
-            if (set_value(c, k, v, where, e)) goto out;
-            goto cont;
-        }
-        if (state == 3) {
-            err_set(e, "%s:%zu:%zu: one YAML document per config", path, line, col);
-            goto out;
-        }
-    cont:
-        yaml_event_delete(&ps.ev);
-        have_event = 0;
-    }
-    if (state == 0) {
-        rc = 0;  // empty file: nothing to set
-        goto out;
-    }
-    rc = 0;
-out:
-    if (have_event) yaml_event_delete(&ps.ev);
-    yaml_parser_delete(&ps.p);
-    fclose(f);
-    return rc;
-}
-
-int config_load_file(Config* c, const char* path, Err* e) {
-    int rc = load_depth(c, path, 0, e);
-    if (rc == 0 && !c->source[0]) snprintf(c->source, sizeof c->source, "%s", path);
-    return rc;
 }
 
 int config_override(Config* c, const char* kv, Err* e) {
     const char* eq = strchr(kv, '=');
-    if (!eq || eq == kv) return err_set(e, "command line: '%s' is not section.key=value", kv);
-    char key[160];
-    size_t n = (size_t)(eq - kv);
-    if (n >= sizeof key) return err_set(e, "command line: key too long in '%s'", kv);
-    memcpy(key, kv, n);
-    key[n] = 0;
-    const Key* k = find_key(key);
-    if (!k) return err_set(e, "command line: unknown key '%s' (did you mean %s?)", key, nearest_key(key));
-    return set_value(c, k, eq + 1, "command line", e);
+    const char* dot = strchr(kv, '.');
+    if (!eq || eq == kv || !dot || dot > eq)
+        return err_set(e, "command line: '%s' is not section.key=value (e.g. train.steps=100)", kv);
+    char section[64], key[160], full[230], hint[512];
+    size_t sl = (size_t)(dot - kv), kl = (size_t)(eq - dot - 1);
+    if (sl >= sizeof section || kl >= sizeof key) return err_set(e, "command line: key too long in '%.100s'", kv);
+    memcpy(section, kv, sl);
+    section[sl] = 0;
+    memcpy(key, dot + 1, kl);
+    key[kl] = 0;
+    snprintf(full, sizeof full, "%s.%s", section, key);
+    const ConfigKey* k = config_key(full);
+    if (!k) {
+        config_suggest_key(section, key, hint, sizeof hint);
+        return err_set(e, "command line: unknown key '%s'%s", full, hint);
+    }
+    return config_set_value(c, k, eq + 1, 0, "command line", e);
 }
 
-int config_validate_run(const Config* c, Err* e) {
-    if (c->checkpoint.required && !c->checkpoint.dir[0])
-        return err_set(e, "%s: this config needs a checkpoint directory: add checkpoint.dir=/path/to/ckpt on the command line",
-                       c->source[0] ? c->source : "config");
-    if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
-        return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir", c->source[0] ? c->source : "config");
-    if (c->checkpoint.dir[0])
-        return err_set(e, "checkpoint.dir=%s: this version cannot write checkpoints yet (they arrive next); "
-                          "leave checkpoint.dir empty", c->checkpoint.dir);
+int config_equal(const Config* a, const Config* b, const char** first_diff) {
+    for (int i = 0; i < NKEYS; i++) {
+        const char* pa = (const char*)a + KEYS[i].off;
+        const char* pb = (const char*)b + KEYS[i].off;
+        int same = KEYS[i].type == K_STR ? strcmp(pa, pb) == 0 : memcmp(pa, pb, KEYS[i].size) == 0;
+        if (!same) {
+            if (first_diff) *first_diff = KEYS[i].name;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// ---- validation ------------------------------------------------------------------------------
+
+static int check_ranges(const Config* c, const char* src, Err* e) {
+    for (int i = 0; i < NKEYS; i++) {
+        const ConfigKey* k = &KEYS[i];
+        const char* p = (const char*)c + k->off;
+        double v;
+        if (k->type == K_INT) v = *(const int*)p;
+        else if (k->type == K_FLOAT) v = *(const float*)p;
+        else if (k->type == K_ENUM || k->type == K_BOOL) {
+            char nm[32];
+            int x = *(const int*)p;
+            enum_name(k->type == K_ENUM ? k->enums : "false|true", x, nm, sizeof nm);
+            if (!strcmp(nm, "?")) return err_set(e, "%s: %s holds %d, not one of its values", src, k->name, x);
+            continue;
+        } else continue;
+        char range[64];
+        range_text(k, range, sizeof range);
+        if (!(v >= k->lo && v <= k->hi))
+            return err_set(e, "%s: %s = %g is out of range (expected %s)", src, k->name, v, range);
+    }
     return 0;
 }
 
 int config_validate(const Config* c, int world, Err* e) {
     const ModelConfig* m = &c->model;
+    const TrainConfig* t = &c->train;
     const char* src = c->source[0] ? c->source : "config";
-    if (m->tie_embeddings) return err_set(e, "%s: model.tie_embeddings must be false (Mixtral's lm_head is untied)", src);
+    if (check_ranges(c, src, e)) return -1;
+    const int ep = c->parallel.ep;
+    if (world <= 0) world = ep;
+    if (m->tie_embeddings)
+        return err_set(e, "%s: model.tie_embeddings must be false (Mixtral's lm_head is untied)", src);
     if (m->hidden % m->heads)
         return err_set(e, "%s: model.hidden (%d) must be a multiple of model.heads (%d)", src, m->hidden, m->heads);
     if ((m->hidden / m->heads) % 2)
-        return err_set(e, "%s: head dim model.hidden/model.heads = %d must be even (RoPE rotates pairs)", src, m->hidden / m->heads);
+        return err_set(e, "%s: the head dim model.hidden / model.heads = %d / %d = %d must be even (RoPE rotates pairs)",
+                       src, m->hidden, m->heads, m->hidden / m->heads);
     if (m->heads % m->kv_heads)
         return err_set(e, "%s: model.heads (%d) must be a multiple of model.kv_heads (%d)", src, m->heads, m->kv_heads);
     if (m->top_k > m->experts)
         return err_set(e, "%s: model.top_k (%d) cannot exceed model.experts (%d)", src, m->top_k, m->experts);
-    if (c->train.seq_len > m->max_seq)
-        return err_set(e, "%s: train.seq_len (%d) exceeds model.max_seq (%d); raise model.max_seq", src, c->train.seq_len, m->max_seq);
+    if (t->seq_len > m->max_seq)
+        return err_set(e, "%s: train.seq_len (%d) exceeds model.max_seq (%d); lower train.seq_len or raise model.max_seq",
+                       src, t->seq_len, m->max_seq);
     if (c->data.sep_token >= m->vocab_size)
-        return err_set(e, "%s: data.sep_token (%d) must be below model.vocab_size (%d)", src, c->data.sep_token, m->vocab_size);
-    const int ep = c->parallel.ep;
+        return err_set(e, "%s: data.sep_token (%d) must be below model.vocab_size (%d)", src, c->data.sep_token,
+                       m->vocab_size);
+    if ((int64_t)t->micro_batch * t->seq_len * m->top_k > INT_MAX)
+        return err_set(e, "%s: train.micro_batch × train.seq_len × model.top_k = %lld rows exceeds 2^31; lower "
+                       "train.micro_batch", src, (long long)t->micro_batch * t->seq_len * m->top_k);
+    // Layout: world = ep × edp; experts split over the EP group.
+    char valid[256] = "";
+    size_t o = 0;
+    for (int d = 1; d <= world && d <= m->experts && o < sizeof valid - 16; d++)
+        if (world % d == 0 && m->experts % d == 0) o += (size_t)snprintf(valid + o, sizeof valid - o, "%s%d", o ? ", " : "", d);
     if (m->experts % ep)
-        return err_set(e, "%s: parallel.ep (%d) must divide model.experts (%d)", src, ep, m->experts);
+        return err_set(e, "%s: parallel.ep (%d) must divide model.experts (%d) (for %d ranks: parallel.ep = %s)", src,
+                       ep, m->experts, world, valid);
     if (world % ep)
-        return err_set(e, "%s: the world size (%d ranks) must be a multiple of parallel.ep (%d); launch with mpirun -np %d or set parallel.ep=%d",
-                       src, world, ep, ep, world < ep ? world : ep);
-    const int per_step = c->train.micro_batch * world;
-    if (c->train.global_batch % per_step)
-        return err_set(e, "%s: train.global_batch (%d) must be a multiple of train.micro_batch × world (%d × %d = %d)",
-                       src, c->train.global_batch, c->train.micro_batch, world, per_step);
-    if (c->optim.warmup > c->train.steps && c->train.steps > 0)
-        return err_set(e, "%s: optim.warmup (%d) is longer than train.steps (%d)", src, c->optim.warmup, c->train.steps);
+        return err_set(e, "%s: the world size (%d ranks) must be a multiple of parallel.ep (%d): launch a multiple of "
+                       "%d ranks (mpirun -np %d), or set parallel.ep to one of %s", src, world, ep, ep, ep, valid);
+    const long long per = (long long)t->micro_batch * world;
+    if (t->global_batch % per) {
+        long long lo = t->global_batch / per * per;
+        char alt[64] = "";
+        if (lo > 0) snprintf(alt, sizeof alt, "%lld or ", lo);
+        return err_set(e, "%s: train.global_batch (%d) must be a multiple of train.micro_batch × world = %d × %d = %lld "
+                       "(gradient accumulation = global_batch / %lld); e.g. train.global_batch=%s%lld",
+                       src, t->global_batch, t->micro_batch, world, per, per, alt, lo + per);
+    }
     if (!c->checkpoint.resume[0])
-        return err_set(e, "%s: checkpoint.resume must be none, auto or a path", src);
+        return err_set(e, "%s: checkpoint.resume must be none, auto or a checkpoint path", src);
     return 0;
 }
 
-static void print_value(const Config* c, const Key* k, FILE* f) {
-    const char* p = (const char*)c + k->off;
-    switch (k->type) {
-        case K_INT: fprintf(f, "%d", *(const int*)p); break;
-        case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t*)p); break;
-        case K_FLOAT: fprintf(f, "%.9g", *(const float*)p); break;
-        case K_BOOL: fprintf(f, "%s", *(const int*)p ? "true" : "false"); break;
-        case K_STR: {
-            fputc('"', f);
-            for (const char* s = p; *s; s++) {
-                if (*s == '"' || *s == '\\') fputc('\\', f);
-                fputc(*s, f);
-            }
-            fputc('"', f);
-            break;
-        }
-        case K_ENUM: {
-            int idx = *(const int*)p, i = 0;
-            const char* s = k->enums;
-            while (i < idx && strchr(s, '|')) s = strchr(s, '|') + 1, i++;
-            const char* bar = strchr(s, '|');
-            fprintf(f, "%.*s", bar ? (int)(bar - s) : (int)strlen(s), s);
-            break;
-        }
+int config_validate_run(const Config* c, Err* e) {
+    const char* src = c->source[0] ? c->source : "config";
+    if (c->checkpoint.required && !c->checkpoint.dir[0])
+        return err_set(e, "%s: this config needs a checkpoint directory (checkpoint.required: true): add "
+                       "checkpoint.dir=/path/to/checkpoints on the command line", src);
+    if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
+        return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir=/path/to/checkpoints", src);
+    if (c->checkpoint.dir[0])  // the lead's interim rule (02286c5), kept as is
+        return err_set(e, "checkpoint.dir=%s: this version cannot write checkpoints yet (they arrive next); "
+                          "leave checkpoint.dir empty", c->checkpoint.dir);
+    return 0;
+}
+
+// ---- printing --------------------------------------------------------------------------------
+
+// One code point of UTF-8 at s (valid, as config strings are); returns its length.
+static int utf8_cp(const unsigned char* s, unsigned* cp) {
+    if (s[0] < 0x80) return *cp = s[0], 1;
+    if ((s[0] >> 5) == 6) return *cp = (s[0] & 0x1Fu) << 6 | (s[1] & 0x3Fu), 2;
+    if ((s[0] >> 4) == 14) return *cp = (s[0] & 0x0Fu) << 12 | (s[1] & 0x3Fu) << 6 | (s[2] & 0x3Fu), 3;
+    return *cp = (s[0] & 0x07u) << 18 | (s[1] & 0x3Fu) << 12 | (s[2] & 0x3Fu) << 6 | (s[3] & 0x3Fu), 4;
+}
+
+// A YAML double-quoted scalar that libyaml reads back byte for byte: what YAML would fold or
+// refuse (control characters, line and paragraph separators, BOM, non-characters) is escaped.
+// out needs 6 × strlen(s) + 3 bytes.
+static void quote(const char* s, char* out, size_t n) {
+    size_t o = 0;
+    out[o++] = '"';
+    for (const unsigned char* p = (const unsigned char*)s; *p && o + 8 < n;) {
+        unsigned cp;
+        int len = utf8_cp(p, &cp);
+        if (cp == '"' || cp == '\\') o += (size_t)snprintf(out + o, n - o, "\\%c", (char)cp);
+        else if (cp >= 0x20 && cp < 0x7F) out[o++] = (char)cp;
+        else if (cp < 0xA0) o += (size_t)snprintf(out + o, n - o, "\\x%02X", cp);
+        else if (cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF || (cp >= 0xD800 && cp < 0xE000) || cp == 0xFFFE ||
+                 cp == 0xFFFF)
+            o += (size_t)snprintf(out + o, n - o, "\\u%04X", cp);
+        else memcpy(out + o, p, (size_t)len), o += (size_t)len;
+        p += len;
     }
+    out[o++] = '"';
+    out[o] = 0;
+}
+
+static int print_value(const Config* c, const ConfigKey* k, FILE* f) {
+    const char* p = (const char*)c + k->off;
+    char nm[32];
+    switch (k->type) {
+        case K_INT: return fprintf(f, "%d", *(const int*)p);
+        case K_U64: return fprintf(f, "%llu", (unsigned long long)*(const uint64_t*)p);
+        case K_FLOAT: {  // the shortest %g that reads back as the same float (9 digits always do)
+            const float v = *(const float*)p;
+            char b[40];
+            for (int d = 6; d <= 9; d++) {
+                snprintf(b, sizeof b, "%.*g", d, (double)v);
+                if ((float)strtod(b, NULL) == v) break;
+            }
+            return fprintf(f, "%s", b);
+        }
+        case K_BOOL: return fprintf(f, "%s", *(const int*)p ? "true" : "false");
+        case K_STR: {
+            char q[6 * CFG_STR + 8];
+            quote(p, q, sizeof q);
+            return fprintf(f, "%s", q);
+        }
+        case K_ENUM: enum_name(k->enums, *(const int*)p, nm, sizeof nm); return fprintf(f, "%s", nm);
+    }
+    return 0;
 }
 
 void config_print(const Config* c, FILE* f) {
-    const char* cur = "";
-    size_t curlen = 0;
+    fprintf(f, "# moetrain %s resolved config%s%s\n", MOETRAIN_VERSION, c->source[0] ? " from " : "", c->source);
+    size_t cur = 0;
+    const char* prev = "";
     for (int i = 0; i < NKEYS; i++) {
-        const char* dot = strchr(KEYS[i].name, '.');
-        size_t sl = (size_t)(dot - KEYS[i].name);
-        if (sl != curlen || strncmp(cur, KEYS[i].name, sl)) {
-            fprintf(f, "%.*s:\n", (int)sl, KEYS[i].name);
-            cur = KEYS[i].name;
-            curlen = sl;
-        }
-        fprintf(f, "  %s: ", dot + 1);
-        print_value(c, &KEYS[i], f);
-        fputc('\n', f);
+        const ConfigKey* k = &KEYS[i];
+        const char* dot = strchr(k->name, '.');
+        size_t sl = (size_t)(dot - k->name);
+        if (sl != cur || strncmp(prev, k->name, sl)) fprintf(f, "%.*s:\n", (int)sl, k->name);
+        prev = k->name;
+        cur = sl;
+        int w = fprintf(f, "  %s: ", dot + 1);
+        w += print_value(c, k, f);
+        fprintf(f, "%*s# %s\n", w < 34 ? 34 - w : 1, "", k->doc);
+    }
+}
+
+// Markdown cell text: '|' escaped so it stays in its column.
+static void md(FILE* f, const char* s) {
+    for (; *s; s++) {
+        if (*s == '|') fputc('\\', f);
+        fputc(*s, f);
     }
 }
 
 void config_print_keys(FILE* f) {
-    fprintf(f, "| key | type | default | meaning |\n| --- | --- | --- | --- |\n");
-    static const char* tn[] = {"int", "int", "float", "bool", "string", "enum"};
+    static const char* tn[] = {"int", "uint64", "float", "bool", "string", "enum"};
+    fprintf(f, "| key | type | default | valid values | meaning |\n|---|---|---|---|---|\n");
     for (int i = 0; i < NKEYS; i++) {
-        const Key* k = &KEYS[i];
-        char en[128] = "";
-        if (k->enums) {
-            snprintf(en, sizeof en, ": %s", k->enums);
-            for (char* q = en; *q; q++) if (*q == '|') *q = '/';
-        }
-        fprintf(f, "| `%s` | %s%s | `%s` | %s |\n", k->name, tn[k->type], en, k->def[0] ? k->def : "\"\"", k->doc);
+        const ConfigKey* k = &KEYS[i];
+        char range[160];
+        if (k->type == K_INT || k->type == K_FLOAT) range_text(k, range, sizeof range);
+        else if (k->type == K_U64) snprintf(range, sizeof range, "0 to 2^64-1");
+        else if (k->type == K_BOOL) snprintf(range, sizeof range, "true, false");
+        else if (k->type == K_ENUM) enum_list(k->enums, range, sizeof range);
+        else snprintf(range, sizeof range, "text");
+        fprintf(f, "| `%s` | %s | `%s` | %s | ", k->name, tn[k->type], k->type == K_STR ? (k->def[0] ? k->def : "\"\"") : k->def,
+                range);
+        md(f, k->doc);
+        fprintf(f, " |\n");
     }
 }

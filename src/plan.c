@@ -1,0 +1,135 @@
+// plan.c — see plan.h. The memory model follows what model.c, moe.c and optim.c allocate.
+#include "plan.h"
+
+#include <string.h>
+
+#include "params.h"
+
+void plan_thousands(int64_t v, char* out, size_t n) {
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v));
+    size_t len = strlen(tmp), o = 0;
+    if (v < 0 && o + 1 < n) out[o++] = '-';
+    for (size_t i = 0; i < len && o + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) out[o++] = ',';
+        out[o++] = tmp[i];
+    }
+    out[o] = 0;
+}
+
+int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
+    if (world <= 0) world = c->parallel.ep;
+    if (config_validate(c, world, e)) return -1;
+    memset(m, 0, sizeof *m);
+    const ModelConfig* mc = &c->model;
+    const ParamCounts pc = params_count(mc);
+    m->world = world;
+    m->ep = c->parallel.ep;
+    m->edp = world / m->ep;
+    m->e_local = mc->experts / m->ep;
+    m->grad_accum = c->train.global_batch / (c->train.micro_batch * world);
+    m->tokens = (int64_t)c->train.micro_batch * c->train.seq_len;
+    m->dense = pc.dense;
+    m->expert = pc.expert / m->ep;
+
+    // Compute dtype: bf16 on GPUs when asked; the CPU backend always computes in fp32.
+    const double a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
+    const double f4 = 4, held = (double)(m->dense + m->expert);
+    // ZeRO-1 (optim.c): the dense arena is sharded over the world, the expert arena over edp,
+    // each only when its group has more than one rank; a sharded arena also holds its reduced
+    // gradient slice (gshard).
+    const int zd = c->parallel.zero1 && world > 1, ze = c->parallel.zero1 && m->edp > 1;
+    const double owned = (zd ? (double)m->dense / world : (double)m->dense) +
+                         (ze ? (double)m->expert / m->edp : (double)m->expert);
+    const double gshard = (zd ? (double)m->dense / world : 0) + (ze ? (double)m->expert / m->edp : 0);
+    m->weights = held * a;
+    m->master = owned * f4;
+    m->adam = 2 * owned * f4;
+    m->grads = held * f4 + gshard * f4;
+
+    // Activations, N = micro_batch × seq_len tokens, R = N·top_k expert rows a rank receives
+    // with balanced routing (dropless: the real R varies; moe.c plans its arenas with 25% slack).
+    // H hidden, F ffn, Hq/Hkv heads, D head dim, E experts, k top_k, V vocab, a = dtype bytes.
+    //  saved per layer (model.c LayerSaved, moe.c MoeSaved):
+    //    a·N·(4H + 2·Hq·D + 2·Hkv·D)        x_in, ln1 out, x_mid (residual), ln2 out; q, att; k, v
+    //    4·N·(2 + Hq + 2E + 3k)             rstd1, rstd2; attention lse; router logits, probs;
+    //                                       top-k ids, weights, dest rows
+    //    1.25·R·((H + 2F)·a + 4)            received rows xe [R,H], gate|up gu [R,2F], weights
+    //  once: a·N·2H + 4·3N                  final x, final norm out, rstd, tokens, targets
+    //  scratch (reused by every layer):
+    //    a·N·(2·max(H, Hq·D) + H + Hq·D + 2·Hkv·D + E + k·H) + 4·N·(E + 2k)
+    //                                       dense scratch, dlogits, permuted send rows x [N·k, H]
+    //    1.25·(R·(2H + 3F)·a + 8R)          MoE per-layer scratch: h [R,F], expert out [R,H],
+    //                                       dh, d(gate|up) [R,2F], dxe [R,H], ...
+    //  logits chunk: min(N, 256 MiB / (V·a)) tokens × V × a
+    const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
+    const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
+    const double per_layer = a * N * (4 * H + 2 * Hq * D + 2 * Hkv * D) + f4 * N * (2 + Hq + 2 * E + 3 * k) +
+                             1.25 * R * ((H + 2 * F) * a + 4);
+    m->act_saved = per_layer * mc->layers + a * N * 2 * H + f4 * 3 * N;
+    const double wide = H > Hq * D ? H : Hq * D;
+    m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
+                     1.25 * (R * (2 * H + 3 * F) * a + 8 * R);
+    double chunk = (double)(256u << 20) / (V * a);
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    m->logits = (double)(int64_t)chunk * V * a;
+    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits;
+    return 0;
+}
+
+static double gib(double b) { return b / (double)(1ull << 30); }
+
+int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
+    PlanMemory m;
+    if (plan_memory(c, world, &m, e)) return -1;
+    const ModelConfig* mc = &c->model;
+    const ParamCounts pc = params_count(mc);
+    char tot[32], act[32], den[32], ex[32], emb[32], loc[32], tok[32];
+    plan_thousands(pc.total, tot, sizeof tot);
+    plan_thousands(pc.active, act, sizeof act);
+    plan_thousands(pc.dense, den, sizeof den);
+    plan_thousands(pc.expert, ex, sizeof ex);
+    plan_thousands(pc.embed, emb, sizeof emb);
+    plan_thousands(m.dense + m.expert, loc, sizeof loc);
+    plan_thousands((int64_t)c->train.global_batch * c->train.seq_len, tok, sizeof tok);
+    const double flops = params_train_flops_per_token(mc, c->train.seq_len);
+    const int a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
+
+    fprintf(f, "config: %s\n", c->source[0] ? c->source : "(defaults)");
+    fprintf(f, "model: %d layers, hidden %d, ffn %d, heads %d (kv %d), %d experts top-%d, vocab %d\n", mc->layers,
+            mc->hidden, mc->ffn, mc->heads, mc->kv_heads, mc->experts, mc->top_k, mc->vocab_size);
+    fprintf(f, "parameters:        %s total (%s dense incl. %s embedding, %s in experts)\n", tot, den, emb, ex);
+    fprintf(f, "active per token:  %s (top-%d of %d experts)\n", act, mc->top_k, mc->experts);
+    fprintf(f, "training FLOPs per token: %.4g (6 × active matmul params + causal attention at seq %d)\n",
+            flops, c->train.seq_len);
+    fprintf(f, "step: %s tokens = global_batch %d × seq_len %d; %.3g FLOPs per step\n", tok, c->train.global_batch,
+            c->train.seq_len, flops * (double)c->train.global_batch * c->train.seq_len);
+    fprintf(f, "\nlayout: world %d = ep %d x edp %d; %d of %d experts per rank; micro_batch %d x seq_len %d, "
+            "gradient accumulation %d\n", m.world, m.ep, m.edp, m.e_local, mc->experts, c->train.micro_batch,
+            c->train.seq_len, m.grad_accum);
+    fprintf(f, "memory per rank (%s parameters held: dense replicated + local experts; ZeRO-1 %s):\n", loc,
+            c->parallel.zero1 ? "on" : "off");
+    struct { const char* what; double bytes; } rows[] = {
+        {a == 2 ? "weights (bf16 compute copy)" : "weights (fp32 compute copy)", m.weights},
+        {"fp32 master weights", m.master},
+        {"gradients (fp32)", m.grads},
+        {"Adam m + v (fp32)", m.adam},
+        {"activations saved for backward", m.act_saved},
+        {"activation scratch (one layer)", m.act_scratch},
+        {"lm_head logits chunk", m.logits},
+    };
+    const int mib = gib(m.total) < 1;  // small models in MiB
+    const double scale = mib ? 1024 : 1;
+    const char* unit = mib ? "MiB" : "GiB";
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        fprintf(f, "  %-34s %9.2f %s\n", rows[i].what, gib(rows[i].bytes) * scale, unit);
+    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB; not counted: CUDA context, cuBLASLt/NCCL buffers, "
+            "routing imbalance beyond 25%%)\n", "total", gib(m.total) * scale, unit, gpu_gib);
+    if (gib(m.total) > gpu_gib)
+        fprintf(f, "WARNING: %.1f GiB per rank exceeds the %.1f GiB GPU: raise parallel.ep or the world size (--world), "
+                "or lower train.micro_batch or train.seq_len\n", gib(m.total), gpu_gib);
+    else
+        fprintf(f, "fits: %.2f GiB of %.1f GiB (%.1f GiB to spare)\n", gib(m.total), gpu_gib, gpu_gib - gib(m.total));
+    return 0;
+}

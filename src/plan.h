@@ -1,0 +1,34 @@
+// plan.h — what a layout needs before anything runs: parameters, FLOPs per token and the
+// memory of one rank (weights, fp32 master, gradients, Adam state, activations). `moetrain plan`.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+typedef struct PlanMemory {
+    int world, ep, edp;       // world = ep × edp
+    int e_local;              // experts per layer on one rank
+    int grad_accum;           // micro-batches per optimizer step = global_batch / (micro_batch × world)
+    int64_t tokens;           // N = micro_batch × seq_len, tokens per micro-batch per rank
+    int64_t dense, expert;    // parameters held by one rank (dense replicated, local experts)
+    // bytes per rank
+    double weights;           // compute copy (precision.dtype)
+    double master;            // fp32 master weights (ZeRO-1 shard)
+    double grads;             // fp32 gradients (full, not sharded)
+    double adam;              // fp32 Adam m + v (ZeRO-1 shard)
+    double act_saved;         // activations saved for backward, all layers
+    double act_scratch;       // per-layer scratch (reused by every layer)
+    double logits;            // lm_head logits chunk
+    double total;
+} PlanMemory;
+
+// Validates c for `world` ranks (world <= 0: parallel.ep) and fills m. Returns 0 or -1.
+int plan_memory(const Config* c, int world, PlanMemory* m, Err* e);
+
+// Prints the plan (parameters, FLOPs, per-rank memory table; a WARNING line when the total
+// exceeds gpu_gib). Returns 0 or -1 (invalid layout, message in e).
+int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e);
+
+// 46702792704 → "46,702,792,704".
+void plan_thousands(int64_t v, char* out, size_t n);

@@ -1,0 +1,185 @@
+// test_plan.c — `moetrain plan`: Mixtral-8x7B's parameter count, the per-rank memory model
+// (checked against an independent count from the architecture), the 141 GiB fit of
+// L1_8x7B_ep at EP=8, the WARNING when a layout does not fit, and cmd_plan's command line.
+#define _DEFAULT_SOURCE
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "params.h"
+#include "plan.h"
+#include "test.h"
+
+#include "../cmd/plan.c"  // cmd_plan itself (cmd/ is not in libmoetrain.a)
+
+static Config load(const char* name, const char* const* kv) {
+    Config c;
+    Err e = {{0}};
+    char p[512];
+    config_defaults(&c);
+    if (config_find(name, p, sizeof p, &e) || config_load_file(&c, p, &e)) fprintf(stderr, "load %s: %s\n", name, e.msg);
+    for (; kv && *kv; kv++)
+        if (config_override(&c, *kv, &e)) fprintf(stderr, "override %s: %s\n", *kv, e.msg);
+    return c;
+}
+
+static void test_thousands(void) {
+    char b[32];
+    const struct { int64_t v; const char* s; } cases[] = {
+        {0, "0"}, {999, "999"}, {1000, "1,000"}, {-1234567, "-1,234,567"}, {46702792704LL, "46,702,792,704"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        plan_thousands(cases[i].v, b, sizeof b);
+        EXPECT(!strcmp(b, cases[i].s), "%lld → '%s', want '%s'", (long long)cases[i].v, b, cases[i].s);
+    }
+}
+
+static void test_mixtral_counts(void) {
+    Config c = load("L1_8x7B_ep", NULL);
+    ParamCounts pc = params_count(&c.model);
+    EXPECT(pc.total == 46702792704LL, "Mixtral-8x7B total %lld, want 46,702,792,704", (long long)pc.total);
+    // independent: per layer attention 2·H·H + 2·H·(kv·D), norms 2H, router E·H; experts 3·H·F each
+    const int64_t H = 4096, F = 14336, V = 32000, L = 32, E = 8, D = 128, KV = 8;
+    const int64_t dense = L * (2 * H * H + 2 * H * KV * D + 2 * H + E * H) + 2 * V * H + H;
+    EXPECT(pc.dense == dense && pc.expert == L * E * 3 * H * F, "dense %lld / expert %lld", (long long)pc.dense,
+           (long long)pc.expert);
+    EXPECT(pc.active == dense + L * 2 * 3 * H * F, "active per token (top-2) %lld", (long long)pc.active);
+}
+
+static void test_memory_l1(void) {
+    Config c = load("L1_8x7B_ep", NULL);
+    PlanMemory m;
+    Err e = {{0}};
+    EXPECT(plan_memory(&c, 8, &m, &e) == 0, "plan L1 at world 8: %s", e.msg);
+    const double GiB = (double)(1ull << 30);
+    const ParamCounts pc = params_count(&c.model);
+    const double held = (double)pc.dense + (double)pc.expert / 8;  // one expert of eight per layer
+    EXPECT(m.ep == 8 && m.edp == 1 && m.e_local == 1 && m.grad_accum == 8 && m.tokens == 4096, "layout");
+    EXPECT(m.weights == held * 2, "bf16 weights %.0f, want %.0f", m.weights, held * 2);
+    // ZeRO-1: dense over the world (8), experts over edp (1: not sharded)
+    const double owned = (double)pc.dense / 8 + (double)pc.expert / 8;
+    EXPECT(m.master == owned * 4 && m.adam == owned * 8, "master / Adam shards");
+    EXPECT(m.grads == held * 4 + (double)pc.dense / 8 * 4, "fp32 grads + the dense reduce-scatter slice");
+    EXPECT(m.act_saved > 20 * GiB && m.act_saved < 32 * GiB, "saved activations %.1f GiB", m.act_saved / GiB);
+    EXPECT(m.total < 141 * GiB, "L1_8x7B_ep at EP=8 fits 141 GiB per rank: %.1f GiB", m.total / GiB);
+    EXPECT(m.total > 100 * GiB, "and is not implausibly small: %.1f GiB", m.total / GiB);
+    // activations are linear in the tokens of a micro-batch; the logits chunk is capped at 256 MiB
+    Config c2 = load("L1_8x7B_ep", (const char*[]){"train.micro_batch=2", "train.global_batch=64", NULL});
+    PlanMemory m2;
+    EXPECT(plan_memory(&c2, 8, &m2, &e) == 0, "micro_batch 2: %s", e.msg);
+    EXPECT(m2.act_saved == 2 * m.act_saved && m2.weights == m.weights && m2.grad_accum == 4, "2× tokens, 2× saved");
+    EXPECT(m.logits == 4096.0 * 32000 * 2 && m2.logits > m.logits && m2.logits <= 256.0 * (1 << 20),
+           "logits chunk: all 4096 tokens, then capped at 256 MiB: %.0f, %.0f", m.logits, m2.logits);
+    // the same model on 16 ranks (edp 2): expert optimizer state halves
+    PlanMemory m16;
+    EXPECT(plan_memory(&c, 16, &m16, &e) == 0 && m16.edp == 2, "world 16: %s", e.msg);
+    EXPECT(m16.master < m.master * 0.55 && m16.total < m.total, "edp 2 shards the experts' state");
+    // fp32 weights double the compute copy; ZeRO-1 off replicates master and Adam
+    Config c3 = load("L1_8x7B_ep", (const char*[]){"precision.dtype=fp32", "parallel.zero1=false", NULL});
+    PlanMemory m3;
+    EXPECT(plan_memory(&c3, 8, &m3, &e) == 0, "fp32: %s", e.msg);
+    EXPECT(m3.weights == 2 * m.weights && m3.master == held * 4 && m3.grads == held * 4, "fp32, no ZeRO-1");
+    // an impossible layout is an error, not a table
+    EXPECT(plan_memory(&c, 12, &m, &e) == -1 && strstr(e.msg, "multiple of parallel.ep (8)"), "world 12: %s", e.msg);
+}
+
+static char* report(const Config* c, int world, double gpu) {
+    char* t = NULL;
+    size_t n = 0;
+    FILE* f = open_memstream(&t, &n);
+    Err e = {{0}};
+    if (plan_report(c, world, gpu, f, &e)) fprintf(f, "ERROR %s", e.msg);
+    fclose(f);
+    return t;
+}
+
+static void test_report(void) {
+    Config c = load("L1_8x7B_ep", NULL);
+    char* t = report(&c, 8, 141);
+    EXPECT(strstr(t, "46,702,792,704 total") && strstr(t, "active per token:  12,879,925,248"), "counts: %s", t);
+    EXPECT(strstr(t, "training FLOPs per token: ") && strstr(t, "world 8 = ep 8 x edp 1"), "FLOPs and layout: %s", t);
+    EXPECT(strstr(t, "weights (bf16") && strstr(t, "fp32 master") && strstr(t, "Adam m + v") && strstr(t, "total "),
+           "the memory table: %s", t);
+    EXPECT(strstr(t, "fits: ") && !strstr(t, "WARNING"), "fits 141 GiB: %s", t);
+    free(t);
+    t = report(&c, 8, 80);
+    EXPECT(strstr(t, "WARNING: ") && strstr(t, "exceeds the 80.0 GiB GPU"), "warns on a smaller GPU: %s", t);
+    free(t);
+    Config one = load("L1_8x7B_ep", (const char*[]){"parallel.ep=1", NULL});
+    t = report(&one, 1, 141);
+    EXPECT(strstr(t, "WARNING: "), "the whole 8x7B on one GPU does not fit: %s", t);
+    free(t);
+    Config tiny = load("L0_sanity", NULL);
+    t = report(&tiny, 2, 141);
+    EXPECT(strstr(t, "MiB") && strstr(t, "fits: "), "tiny model in MiB: %s", t);
+    free(t);
+}
+
+// Runs cmd_plan with stdout and stderr captured into out.
+static int run_plan(char* out, size_t n, int argc, const char** argv) {
+    char path[] = "/tmp/moetrain_test_plan_XXXXXX";
+    int fd = mkstemp(path);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int rc = cmd_plan(argc, (char**)argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t got = read(fd, out, n - 1);
+    out[got > 0 ? got : 0] = 0;
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+static void test_cmd_plan(void) {
+    static char out[16384];
+    int rc = run_plan(out, sizeof out, 3, (const char*[]){"plan", "--config", "L1_8x7B_ep"});
+    EXPECT(rc == 0 && strstr(out, "46,702,792,704") && strstr(out, "fits: "), "plan L1: rc %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 6, (const char*[]){"plan", "--config=L1_8x7B_ep", "parallel.ep=4", "--world", "8",
+                                                      "--gpu-mem=80"});
+    EXPECT(rc == 0 && strstr(out, "world 8 = ep 4 x edp 2") && strstr(out, "WARNING"), "overrides + flags: rc %d %s", rc,
+           out);
+    rc = run_plan(out, sizeof out, 4, (const char*[]){"plan", "--config", "L1_8x7B_ep", "--wrld"});
+    EXPECT(rc == 2 && strstr(out, "moetrain: error: plan: unknown option '--wrld'"), "unknown option: %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 5, (const char*[]){"plan", "--config", "L1_8x7B_ep", "--world", "x"});
+    EXPECT(rc == 2 && strstr(out, "--world: expected"), "bad --world: %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 5, (const char*[]){"plan", "--config", "L1_8x7B_ep", "--world", "3"});
+    EXPECT(rc == 2 && strstr(out, "world size (3 ranks)"), "bad layout: %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 4, (const char*[]){"plan", "--config", "L1_8x7B_ep", "model.heads=7"});
+    EXPECT(rc == 2 && strstr(out, "model.hidden (4096) must be a multiple of model.heads (7)"),
+           "bad model: %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 1, (const char*[]){"plan"});
+    EXPECT(rc == 2 && strstr(out, "no config given"), "no config: %d %s", rc, out);
+    rc = run_plan(out, sizeof out, 4, (const char*[]){"plan", "--config", "L1_8x7B_ep", "train.stepz=3"});
+    EXPECT(rc == 2 && strstr(out, "command line: unknown key 'train.stepz' (did you mean train.steps?)"), "bad key: %s",
+           out);
+}
+
+int main(void) {
+    char exe[PATH_MAX];  // work from the repository root (build/tests/test_plan)
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        for (int up = 0; up < 3 && strrchr(exe, '/'); up++) *strrchr(exe, '/') = 0;
+        char cfg[PATH_MAX + 16];
+        snprintf(cfg, sizeof cfg, "%.4000s/configs", exe);
+        if (access(cfg, R_OK) == 0 && chdir(exe)) {}
+    }
+    RUN(test_thousands);
+    RUN(test_mixtral_counts);
+    RUN(test_memory_l1);
+    RUN(test_report);
+    RUN(test_cmd_plan);
+    TEST_END();
+}
