@@ -1,256 +1,470 @@
-// data.c — sequence files (FASTA / FASTQ / text, gzip'd or not) as byte tokens, llm.c .bin
-// token shards, and a random source. See data.h.
-//
-// Sequence files: each record's residues (whitespace dropped) are its bytes; a record is
-// followed by data.sep_token. Records go to train or validation by a hash of their index
-// (seed-independent), and each split's records form one token stream cut into windows of
-// seq_len + 1 tokens at stride seq_len. A single-record file (a genome) is split by position.
+// data.c — the data set: opening files or memory, the train/validation split, windows, the
+// per-epoch shuffle (a keyed Feistel permutation: no table, any size), data_get and the log line.
+// Parsers live in data_seq.c, .bin shards in data_bin.c.
 #define _DEFAULT_SOURCE
-#include "data.h"
-
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
+#include <unistd.h>
 
-#include "util.h"
+#include "data_impl.h"
 
-typedef struct Split {
-    uint8_t* tok8;      // [n] byte tokens (sequence files), or NULL
-    int32_t* tok32;     // [n] tokens (.bin), or NULL
-    uint64_t n;         // tokens
-    uint64_t windows;
-    uint64_t records;
-} Split;
+#ifndef MOETRAIN_PREFIX
+#define MOETRAIN_PREFIX "/usr/local"
+#endif
+#define CHUNK ((size_t)1 << 20)
+#define DEFAULT_DATA "data/hairpin.fa.gz"
+
+typedef struct Stream {
+    Seg* seg;          // [nseg] pieces of the split's token stream, in order
+    uint64_t* start;   // [nseg] stream offset of each piece's first token
+    int nseg;
+    uint64_t ntok, nwin, records;
+} Stream;
+
+enum { KIND_NONE = 0, KIND_BYTES, KIND_BIN, KIND_RANDOM };
 
 struct DataSet {
-    DataFormat fmt;
-    int seq_len, vocab, shuffle;
+    int kind;
+    int seq_len, vocab, sep, shuffle;
     uint64_t seed;
-    Split sp[2];
-    char path[CFG_STR];
+    float val_frac;
+    Stream st[2];        // [split]
+    Corpus corpus;       // byte-level storage (the streams point into it)
+    int single;          // byte-level: one record, split by position
+    Seg* segs;           // [nsegs] .bin payloads, in file order
+    int nsegs;
+    MapFile* maps;       // [nmaps] mmap'd .bin files
+    int nmaps;
+    unsigned fmt_mask;   // 1 << DataFormat of every file
+    unsigned width_mask; // .bin: 1 << token width
+    int nfiles, any_gz;
+    char first[256];     // first file name, for messages
 };
 
-typedef struct Buf { uint8_t* p; uint64_t n, cap; } Buf;
-static void buf_push(Buf* b, uint8_t v) {
-    if (b->n == b->cap) {
-        b->cap = b->cap ? 2 * b->cap : 1 << 16;
-        b->p = realloc(b->p, b->cap);
-        CHECK(b->p, "out of host memory reading data");
+static const char* split_name(int s) { return s ? "validation" : "train"; }
+
+// ---- streams -----------------------------------------------------------------------------------
+
+// Builds s from tokens [a, b) of the concatenation of segs.
+static void stream_slice(Stream* s, const Seg* segs, int nseg, uint64_t a, uint64_t b) {
+    memset(s, 0, sizeof *s);
+    s->seg = xcalloc((size_t)nseg + 1, sizeof(Seg));
+    s->start = xcalloc((size_t)nseg + 1, sizeof(uint64_t));
+    uint64_t g = 0;
+    for (int k = 0; k < nseg; k++) {
+        uint64_t lo = a > g ? a : g, hi = b < g + segs[k].n ? b : g + segs[k].n;
+        if (lo < hi) {
+            Seg* o = &s->seg[s->nseg];
+            o->width = segs[k].width;
+            o->p = segs[k].p + (lo - g) * (uint64_t)segs[k].width;
+            o->n = hi - lo;
+            s->start[s->nseg++] = s->ntok;
+            s->ntok += o->n;
+        }
+        g += segs[k].n;
     }
-    b->p[b->n++] = v;
 }
 
-static int is_val_record(uint64_t idx, float frac) {
-    uint64_t x = idx * 0x9E3779B97F4A7C15ull;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return (double)(x >> 11) / 9007199254740992.0 < frac;
+static void stream_free(Stream* s) {
+    free(s->seg);
+    free(s->start);
+    memset(s, 0, sizeof *s);
 }
 
-// Parses sequence text (FASTA, FASTQ or plain lines) into the two splits.
-static int parse_seq(DataSet* d, const char* name, gzFile f, DataFormat fmt, const DataConfig* dc, Err* e) {
-    Buf rec = {0}, out[2] = {{0}, {0}};
-    uint64_t nrec = 0, line = 0, recs[2] = {0, 0};
-    char buf[1 << 16];
-    int in_rec = 0, fq_state = 0;  // FASTQ: 0 header, 1 seq, 2 plus, 3 qual
-    int first = 1;
-    int rc = 0;
-    uint64_t single_first = 0;
-#define END_RECORD()                                                   \
-    do {                                                               \
-        if (in_rec) {                                                  \
-            int v = is_val_record(nrec, dc->val_frac);                 \
-            for (uint64_t i_ = 0; i_ < rec.n; i_++) buf_push(&out[v], rec.p[i_]); \
-            buf_push(&out[v], (uint8_t)dc->sep_token);                 \
-            recs[v]++;                                                 \
-            nrec++;                                                    \
-            rec.n = 0;                                                 \
-        }                                                              \
-    } while (0)
-    while (gzgets(f, buf, sizeof buf)) {
-        line++;
-        size_t len = strlen(buf);
-        while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) buf[--len] = 0;
-        if (first) {
-            first = 0;
-            if (fmt == DATA_AUTO) fmt = buf[0] == '>' ? DATA_FASTA : buf[0] == '@' ? DATA_FASTQ : DATA_TEXT;
-            if (fmt == DATA_FASTA && buf[0] != '>') { rc = err_set(e, "%s: line 1: not FASTA (expected '>' first); set data.format", name); goto out; }
-            if (fmt == DATA_FASTQ && buf[0] != '@') { rc = err_set(e, "%s: line 1: not FASTQ (expected '@' first); set data.format", name); goto out; }
-        }
-        for (size_t i = 0; i < len; i++)
-            if ((unsigned char)buf[i] >= 128 || buf[i] == 0 || (unsigned char)buf[i] >= (unsigned)d->vocab) {
-                rc = err_set(e, "%s: line %llu: byte 0x%02x is not sequence text (non-ASCII or >= model.vocab_size)", name,
-                             (unsigned long long)line, (unsigned char)buf[i]);
-                goto out;
-            }
-        if (fmt == DATA_FASTA) {
-            if (buf[0] == '>') { END_RECORD(); in_rec = 1; continue; }
-            for (size_t i = 0; i < len; i++) if (buf[i] != ' ' && buf[i] != '\t') buf_push(&rec, (uint8_t)buf[i]);
-        } else if (fmt == DATA_FASTQ) {
-            if (fq_state == 0) {
-                if (len == 0) continue;
-                if (buf[0] != '@') { rc = err_set(e, "%s: line %llu: FASTQ record must start with '@'", name, (unsigned long long)line); goto out; }
-                in_rec = 1;
-            } else if (fq_state == 1) {
-                for (size_t i = 0; i < len; i++) buf_push(&rec, (uint8_t)buf[i]);
-            } else if (fq_state == 2) {
-                if (buf[0] != '+') { rc = err_set(e, "%s: line %llu: FASTQ separator line must start with '+'", name, (unsigned long long)line); goto out; }
-            } else {
-                END_RECORD();
-                in_rec = 0;
-            }
-            fq_state = (fq_state + 1) % 4;
-        } else {
-            in_rec = 1;
-            for (size_t i = 0; i < len; i++) buf_push(&rec, (uint8_t)buf[i]);
-            END_RECORD();
-            in_rec = 0;
+static uint64_t windows_of(uint64_t ntok, int T) { return ntok >= (uint64_t)T + 1 ? (ntok - 1) / (uint64_t)T : 0; }
+
+// ---- opening -----------------------------------------------------------------------------------
+
+// A relative path that does not exist is looked for next to the binary and its parents, then
+// under PREFIX/share/moetrain.
+static void copy_str(char* out, size_t n, const char* s) {
+    size_t k = strlen(s);
+    if (k < n) memcpy(out, s, k + 1);
+}
+
+static void resolve_path(const char* p, char* out, size_t n) {
+    snprintf(out, n, "%s", p);
+    if (p[0] == '/' || access(p, F_OK) == 0) return;
+    char dir[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    if (k > 0) {
+        dir[k] = 0;
+        for (int up = 0; up < 4; up++) {
+            char* sl = strrchr(dir, '/');
+            if (!sl || sl == dir) break;
+            *sl = 0;
+            char cand[2 * PATH_MAX];
+            snprintf(cand, sizeof cand, "%s/%s", dir, p);
+            if (access(cand, F_OK) == 0) { copy_str(out, n, cand); return; }
         }
     }
-    if (fmt == DATA_FASTQ && fq_state != 0) { rc = err_set(e, "%s: truncated FASTQ record at line %llu", name, (unsigned long long)line); goto out; }
-    END_RECORD();
-    if (nrec == 0) { rc = err_set(e, "%s: no records (empty file?)", name); goto out; }
-    if (nrec == 1 || recs[0] == 0 || recs[1] == 0) {  // split one stream by position
-        Buf all = {0};
-        for (int v = 0; v < 2; v++) for (uint64_t i = 0; i < out[v].n; i++) buf_push(&all, out[v].p[i]);
-        uint64_t nval = (uint64_t)((double)all.n * dc->val_frac);
-        single_first = all.n - nval;
-        free(out[0].p); free(out[1].p);
-        out[0] = (Buf){0}; out[1] = (Buf){0};
-        for (uint64_t i = 0; i < all.n; i++) buf_push(&out[i >= single_first], all.p[i]);
-        free(all.p);
-        recs[0] = nrec; recs[1] = nrec == 1 ? 1 : 0;
+    char cand[2 * PATH_MAX];
+    snprintf(cand, sizeof cand, "%s/share/moetrain/%s", MOETRAIN_PREFIX, p);
+    if (access(cand, F_OK) == 0) copy_str(out, n, cand);
+}
+
+static int set_kind(DataSet* ds, int kind, const char* name, Err* e) {
+    if (ds->kind && ds->kind != kind)
+        return err_set(e, "data.path mixes llm.c .bin shards and sequence files (%s and %s); give one kind", ds->first,
+                       name);
+    ds->kind = kind;
+    if (!ds->nfiles++) snprintf(ds->first, sizeof ds->first, "%s", name);
+    return 0;
+}
+
+static int add_bin(DataSet* ds, const char* name, const uint8_t* p, size_t size, Err* e) {
+    if (set_kind(ds, KIND_BIN, name, e)) return -1;
+    Seg s;
+    if (bin_check(name, p, size, ds->vocab, &s, e)) return -1;
+    ds->segs = realloc(ds->segs, sizeof(Seg) * (size_t)(ds->nsegs + 1));
+    CHECK(ds->segs, "out of host memory");
+    ds->segs[ds->nsegs++] = s;
+    ds->fmt_mask |= 1u << DATA_BIN;
+    ds->width_mask |= 1u << s.width;
+    return 0;
+}
+
+static int add_seq(DataSet* ds, Reader* r, const char* name, DataFormat forced, Err* e) {
+    if (set_kind(ds, KIND_BYTES, name, e)) return -1;
+    if (ds->sep < 0 || ds->sep >= ds->vocab)
+        return err_set(e, "data.sep_token = %d must be in [0, model.vocab_size = %d)", ds->sep, ds->vocab);
+    uint8_t* buf = xmalloc(CHUNK);
+    int rc = -1;
+    long n = reader_read(r, buf, CHUNK, e);
+    if (n < 0) goto done;
+    if (n == 0) { err_set(e, "data: %s is empty%s", name, r->is_gz ? " (after gunzip)" : ""); goto done; }
+    DataFormat f = forced != DATA_AUTO ? forced : data_detect(buf, (size_t)n, name);
+    if (f == DATA_BIN) {
+        err_set(e, "data: %s: a gzip'd llm.c .bin shard; gunzip it first (shards are mmap'd)", name);
+        goto done;
     }
-    d->fmt = fmt;
-    for (int v = 0; v < 2; v++) {
-        d->sp[v].tok8 = out[v].p;
-        d->sp[v].n = out[v].n;
-        d->sp[v].records = recs[v];
-        out[v].p = NULL;
+    SeqParser sp;
+    seqp_init(&sp, &ds->corpus, f, name);
+    uint64_t before = ds->corpus.nrec;
+    while (n > 0) {
+        if (seqp_feed(&sp, buf, (size_t)n, e)) goto done;
+        if ((n = reader_read(r, buf, CHUNK, e)) < 0) goto done;
     }
-out:
-    free(rec.p); free(out[0].p); free(out[1].p);
+    if (seqp_end(&sp, e)) goto done;
+    if (ds->corpus.nrec == before) {
+        err_set(e, "data: %s: no records (%s)", name,
+                f == DATA_FASTA ? "no sequence lines after any '>' header"
+                : f == DATA_FASTQ ? "no FASTQ record has a sequence" : "only blank lines");
+        goto done;
+    }
+    ds->fmt_mask |= 1u << f;
+    ds->any_gz |= r->is_gz;
+    rc = 0;
+done:
+    free(buf);
     return rc;
-#undef END_RECORD
 }
 
-static int load_bin(DataSet* d, const char* name, const DataConfig* dc, Err* e) {
-    FILE* f = fopen(name, "rb");
-    if (!f) return err_set(e, "%s: %s", name, strerror(errno));
-    int32_t hdr[256];
-    if (fread(hdr, sizeof hdr, 1, f) != 1) { fclose(f); return err_set(e, "%s: truncated .bin header (needs 1024 bytes)", name); }
-    if (hdr[0] != 20240520 || (hdr[1] != 1 && hdr[1] != 2)) { fclose(f); return err_set(e, "%s: not an llm.c token shard (magic %d, version %d)", name, hdr[0], hdr[1]); }
-    const int w = hdr[1] == 1 ? 2 : 4;
-    const uint64_t n = (uint32_t)hdr[2];
-    int32_t* tok = malloc(sizeof(int32_t) * (n ? n : 1));
-    CHECK(tok, "out of memory reading %s", name);
-    uint8_t* raw = malloc((size_t)w * (n ? n : 1));
-    CHECK(raw, "out of memory reading %s", name);
-    size_t got = fread(raw, (size_t)w, n, f);
+static int is_gzip(const uint8_t* p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+
+static int wants_bin(DataFormat fmt, const uint8_t* head, size_t n, const char* name) {
+    if (is_gzip(head, n)) return 0;  // add_seq explains gzip'd shards
+    return fmt == DATA_BIN || (fmt == DATA_AUTO && data_detect(head, n, name) == DATA_BIN);
+}
+
+static int add_file(DataSet* ds, const char* path, DataFormat fmt, Err* e) {
+    FILE* f = fopen(path, "rb");
+    if (!f)
+        return err_set(e, "data.path: cannot open %s (%s); give an existing FASTA/FASTQ/text file (.gz ok) or "
+                       "llm.c .bin shard", path, strerror(errno));
+    uint8_t head[4];
+    size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
-    if (got != n) { free(tok); free(raw); return err_set(e, "%s: truncated: header says %llu tokens (%llu bytes), file has %zu", name, (unsigned long long)n, (unsigned long long)(1024 + n * w), 1024 + got * w); }
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t v = w == 2 ? (uint32_t)((uint16_t*)raw)[i] : ((uint32_t*)raw)[i];
-        if (v >= (uint32_t)d->vocab) { free(tok); free(raw); return err_set(e, "%s: token %u at token offset %llu is >= model.vocab_size (%d)", name, v, (unsigned long long)i, d->vocab); }
-        tok[i] = (int32_t)v;
+    if (n == 0) return err_set(e, "data: %s is empty (0 bytes)", path);
+    if (fmt == DATA_BIN && is_gzip(head, n))
+        return err_set(e, "data: %s: a gzip'd llm.c .bin shard; gunzip it first (shards are mmap'd)", path);
+    if (wants_bin(fmt, head, n, path)) {
+        ds->maps = realloc(ds->maps, sizeof(MapFile) * (size_t)(ds->nmaps + 1));
+        CHECK(ds->maps, "out of host memory");
+        if (bin_map(path, &ds->maps[ds->nmaps], e)) return -1;
+        MapFile* m = &ds->maps[ds->nmaps++];
+        return add_bin(ds, path, m->base, m->size, e);
     }
-    free(raw);
-    uint64_t nval = (uint64_t)((double)n * dc->val_frac);
-    d->sp[0].tok32 = tok;
-    d->sp[0].n = n - nval;
-    d->sp[1].tok32 = tok + (n - nval);
-    d->sp[1].n = nval;
-    d->fmt = DATA_BIN;
-    return 0;
+    Reader r;
+    if (reader_open_file(&r, path, e)) return -1;
+    int rc = add_seq(ds, &r, path, fmt, e);
+    reader_close(&r);
+    return rc;
 }
 
-int data_open(DataSet** out, const DataConfig* dc, int vocab, int seq_len, uint64_t seed, Err* e) {
-    DataSet* d = xcalloc(1, sizeof *d);
-    d->seq_len = seq_len;
-    d->vocab = vocab;
-    d->seed = seed;
-    d->shuffle = dc->shuffle;
-    snprintf(d->path, sizeof d->path, "%s", dc->path);
-    *out = NULL;
-    if (dc->format == DATA_RANDOM) {
-        d->fmt = DATA_RANDOM;
-        d->sp[0].windows = d->sp[1].windows = 1ull << 40;
-        *out = d;
-        return 0;
-    }
-    const char* name = dc->path;
-    const size_t L = strlen(name);
-    int rc;
-    if (dc->format == DATA_BIN || (dc->format == DATA_AUTO && L > 4 && !strcmp(name + L - 4, ".bin"))) {
-        rc = load_bin(d, name, dc, e);
-    } else {
-        gzFile f = gzopen(name, "rb");
-        if (!f) { free(d); return err_set(e, "data.path %s: %s", name, errno ? strerror(errno) : "cannot open"); }
-        rc = parse_seq(d, name, f, dc->format, dc, e);
-        gzclose(f);
-    }
-    if (rc) { data_close(d); return -1; }
-    for (int v = 0; v < 2; v++) {
-        Split* s = &d->sp[v];
-        s->windows = s->n > (uint64_t)seq_len ? (s->n - 1) / (uint64_t)seq_len : 0;
-        if (s->windows == 0) {
-            err_set(e, "%s: the %s split has %llu tokens, fewer than one window of train.seq_len + 1 = %d; lower train.seq_len or change data.val_frac",
-                    name, v ? "validation" : "training", (unsigned long long)s->n, seq_len + 1);
-            data_close(d);
-            return -1;
+static int too_short(const DataSet* ds, int s, Err* e) {
+    const Stream* st = &ds->st[s];
+    char where[320];
+    snprintf(where, sizeof where, "%s%s", ds->first, ds->nfiles > 1 ? " (and the other files)" : "");
+    if (s == 0)
+        return err_set(e, "data: %s: the train split has %llu tokens, but one window needs seq_len + 1 = %d; lower "
+                       "train.seq_len or data.val_frac, or give more data", where, (unsigned long long)st->ntok,
+                       ds->seq_len + 1);
+    return err_set(e, "data: %s: the validation split has %llu tokens, but one window needs seq_len + 1 = %d; "
+                   "raise data.val_frac (or set it to 0 for no validation) or lower train.seq_len", where,
+                   (unsigned long long)st->ntok, ds->seq_len + 1);
+}
+
+static int finish_bytes(DataSet* ds, Err* e) {
+    Corpus* c = &ds->corpus;
+    corpus_balance(c);
+    for (int s = 0; s < 2; s++) {  // give back the growth slack
+        if (c->buf[s].n && c->buf[s].n < c->buf[s].cap) {
+            uint8_t* p = realloc(c->buf[s].p, c->buf[s].n);
+            if (p) { c->buf[s].p = p; c->buf[s].cap = c->buf[s].n; }
         }
     }
-    *out = d;
+    if (c->nrec == 1) {  // one record (a genome): its last val_frac of tokens are validation
+        ds->single = 1;
+        int s = c->records[1] ? 1 : 0;
+        Seg all = {c->buf[s].p, c->buf[s].n, 1};
+        uint64_t nval = ds->val_frac > 0 ? (uint64_t)llround((double)all.n * ds->val_frac) : 0;
+        if (ds->val_frac > 0 && nval == 0) nval = 1;
+        stream_slice(&ds->st[0], &all, 1, 0, all.n - nval);
+        stream_slice(&ds->st[1], &all, 1, all.n - nval, all.n);
+        ds->st[0].records = 1;
+        ds->st[1].records = nval ? 1 : 0;
+    } else {
+        for (int s = 0; s < 2; s++) {
+            Seg one = {c->buf[s].p, c->buf[s].n, 1};
+            stream_slice(&ds->st[s], &one, 1, 0, one.n);
+            ds->st[s].records = c->records[s];
+        }
+    }
+    for (int s = 0; s < 2; s++) ds->st[s].nwin = windows_of(ds->st[s].ntok, ds->seq_len);
+    if (ds->st[0].nwin == 0) return too_short(ds, 0, e);
+    if (ds->val_frac > 0 && ds->st[1].nwin == 0) return too_short(ds, 1, e);
     return 0;
 }
 
-void data_close(DataSet* d) {
-    if (!d) return;
-    free(d->sp[0].tok8);
-    free(d->sp[1].tok8);
-    free(d->sp[0].tok32);  // sp[1].tok32 points into it
-    free(d);
+static int finish_bin(DataSet* ds, Err* e) {
+    const uint64_t T = (uint64_t)ds->seq_len;
+    uint64_t n = 0;
+    for (int k = 0; k < ds->nsegs; k++) n += ds->segs[k].n;
+    uint64_t W = windows_of(n, ds->seq_len);
+    uint64_t nval = ds->val_frac > 0 ? (uint64_t)llround((double)W * ds->val_frac) : 0;
+    if (ds->val_frac > 0 && nval == 0) nval = 1;
+    if (W <= nval) {
+        ds->st[0].ntok = n;
+        return err_set(e, "data: %s%s: %llu tokens make %llu windows of seq_len %d, %llu of them for validation, "
+                       "none left for training; lower train.seq_len or data.val_frac, or give more data", ds->first,
+                       ds->nfiles > 1 ? " (and the other files)" : "", (unsigned long long)n, (unsigned long long)W,
+                       ds->seq_len, (unsigned long long)nval);
+    }
+    uint64_t ntrain = W - nval;  // window w covers [w·T, w·T + T + 1): train 0..ntrain-1, then validation
+    stream_slice(&ds->st[0], ds->segs, ds->nsegs, 0, ntrain * T + 1);
+    if (nval) stream_slice(&ds->st[1], ds->segs, ds->nsegs, ntrain * T, W * T + 1);
+    else stream_slice(&ds->st[1], ds->segs, ds->nsegs, 0, 0);
+    for (int s = 0; s < 2; s++) ds->st[s].nwin = windows_of(ds->st[s].ntok, ds->seq_len);
+    return 0;
 }
 
-uint64_t data_num_windows(const DataSet* d, int split) { return d->sp[split].windows; }
+static DataSet* new_set(const DataConfig* dc, int vocab, int seq_len, uint64_t seed) {
+    DataSet* ds = xcalloc(1, sizeof *ds);
+    ds->seq_len = seq_len;
+    ds->vocab = vocab;
+    ds->sep = dc->sep_token;
+    ds->shuffle = dc->shuffle;
+    ds->seed = seed;
+    ds->val_frac = dc->val_frac;
+    corpus_init(&ds->corpus, dc->val_frac, vocab);
+    return ds;
+}
 
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+static int check_args(const DataConfig* dc, int vocab, int seq_len, Err* e) {
+    if (seq_len < 1) return err_set(e, "train.seq_len = %d: must be >= 1", seq_len);
+    if (vocab < 1) return err_set(e, "model.vocab_size = %d: must be >= 1", vocab);
+    if (!(dc->val_frac >= 0 && dc->val_frac < 1))
+        return err_set(e, "data.val_frac = %g: must be in [0, 1)", (double)dc->val_frac);
+    if ((unsigned)dc->format > DATA_RANDOM) return err_set(e, "data.format: unknown value %d", (int)dc->format);
+    return 0;
+}
+
+static int finish(DataSet* ds, DataSet** out, Err* e) {
+    int rc = ds->kind == KIND_BIN ? finish_bin(ds, e) : ds->kind == KIND_BYTES ? finish_bytes(ds, e) : 0;
+    if (rc) { data_close(ds); return -1; }
+    *out = ds;
+    return 0;
+}
+
+static void open_random(DataSet* ds) {
+    ds->kind = KIND_RANDOM;
+    ds->st[0].nwin = DATA_UNLIMITED;
+    ds->st[1].nwin = ds->val_frac > 0 ? DATA_RANDOM_VAL : 0;
+    ds->fmt_mask = 1u << DATA_RANDOM;
+}
+
+int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, uint64_t seed, Err* e) {
+    *out = NULL;
+    if (check_args(dc, vocab_size, seq_len, e)) return -1;
+    DataSet* ds = new_set(dc, vocab_size, seq_len, seed);
+    if (dc->format == DATA_RANDOM) {
+        open_random(ds);
+        return finish(ds, out, e);
+    }
+    char list[CFG_STR];
+    snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
+    char* save = NULL;
+    int nitems = 0;
+    for (char* it = strtok_r(list, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+        while (*it == ' ' || *it == '\t') it++;
+        char* end = it + strlen(it);
+        while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
+        if (!*it) continue;
+        char path[PATH_MAX];
+        resolve_path(it, path, sizeof path);
+        if (add_file(ds, path, dc->format, e)) { data_close(ds); return -1; }
+        nitems++;
+    }
+    if (!nitems) { data_close(ds); return err_set(e, "data.path = '%s' names no file", dc->path); }
+    return finish(ds, out, e);
+}
+
+int data_open_buffer(DataSet** out, const DataConfig* dc, const char* name, const uint8_t* buf, size_t n,
+                     int vocab_size, int seq_len, uint64_t seed, Err* e) {
+    *out = NULL;
+    if (check_args(dc, vocab_size, seq_len, e)) return -1;
+    DataSet* ds = new_set(dc, vocab_size, seq_len, seed);
+    int rc = 0;
+    if (dc->format == DATA_RANDOM) open_random(ds);
+    else if (n == 0) rc = err_set(e, "data: %s is empty (0 bytes)", name);
+    else if (dc->format == DATA_BIN && is_gzip(buf, n))
+        rc = err_set(e, "data: %s: a gzip'd llm.c .bin shard; gunzip it first (shards are mmap'd)", name);
+    else if (wants_bin(dc->format, buf, n, name)) rc = add_bin(ds, name, buf, n, e);
+    else {
+        Reader r;
+        reader_open_mem(&r, name, buf, n);
+        rc = add_seq(ds, &r, name, dc->format, e);
+        reader_close(&r);
+    }
+    if (rc) { data_close(ds); return -1; }
+    return finish(ds, out, e);
+}
+
+void data_close(DataSet* ds) {
+    if (!ds) return;
+    for (int s = 0; s < 2; s++) stream_free(&ds->st[s]);
+    corpus_free(&ds->corpus);
+    for (int k = 0; k < ds->nmaps; k++) bin_unmap(&ds->maps[k]);
+    free(ds->maps);
+    free(ds->segs);
+    free(ds);
+}
+
+// ---- windows -----------------------------------------------------------------------------------
+
+uint64_t data_num_windows(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].nwin; }
+uint64_t data_num_tokens(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].ntok; }
+uint64_t data_num_records(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].records; }
+
+// A bijection of [0, n) keyed by key: a balanced Feistel network on the smallest even number of
+// bits covering n, cycle-walked back into range (fewer than 4 steps on average).
+static uint64_t permute(uint64_t x, uint64_t n, uint64_t key) {
+    if (n <= 1) return 0;
+    int bits = 2;
+    while (bits < 64 && ((uint64_t)1 << bits) < n) bits += 2;
+    int h = bits / 2;
+    uint64_t mask = ((uint64_t)1 << h) - 1;
+    do {
+        uint64_t L = x >> h, R = x & mask;
+        for (uint64_t r = 0; r < 6; r++) {
+            uint64_t f = data_mix64(R ^ key ^ (r * 0xD6E8FEB86659FD93ull)) & mask;
+            uint64_t nl = R;
+            R = L ^ f;
+            L = nl;
+        }
+        x = (L << h) | R;
+    } while (x >= n);
     return x;
 }
-static uint64_t gcd(uint64_t a, uint64_t b) { while (b) { uint64_t t = a % b; a = b; b = t; } return a; }
 
-void data_get(const DataSet* d, int split, uint64_t i, int32_t* tok) {
-    const int T = d->seq_len;
-    if (d->fmt == DATA_RANDOM) {
-        Rng r;
-        rng_seed(&r, mix(d->seed * 2 + (uint64_t)split) ^ mix(i));
-        for (int t = 0; t <= T; t++) tok[t] = (int32_t)(rng_u64(&r) % (uint64_t)d->vocab);
-        return;
-    }
-    const Split* s = &d->sp[split];
-    const uint64_t n = s->windows, epoch = i / n;
-    uint64_t w = i % n;
-    if (split == 0 && d->shuffle && n > 1) {  // a seeded affine bijection of [0, n) per epoch
-        uint64_t h = mix(d->seed ^ mix(epoch + 1));
-        uint64_t a = 1 + h % (n - 1);
-        while (gcd(a, n) != 1) a = a % (n - 1) + 1;
-        w = (uint64_t)(((unsigned __int128)a * w + mix(h)) % n);
-    }
-    const uint64_t o = w * (uint64_t)T;
-    for (int t = 0; t <= T; t++) tok[t] = s->tok8 ? s->tok8[o + t] : s->tok32[o + t];
+uint64_t data_window_of(const DataSet* ds, int split, uint64_t i) {
+    split = split ? 1 : 0;
+    if (ds->kind == KIND_RANDOM) return i;
+    uint64_t n = ds->st[split].nwin;
+    CHECK(n > 0, "data_get: the %s split has no windows (data.val_frac = 0 means no validation)",
+          split_name(split));
+    uint64_t epoch = i / n, pos = i % n;
+    if (split == 0 && ds->shuffle) pos = permute(pos, n, data_mix64(ds->seed ^ data_mix64(epoch + 0x51ull)));
+    return pos;
 }
 
-void data_describe(const DataSet* d, char* buf, size_t n) {
-    static const char* names[] = {"auto", "fasta", "fastq", "text", "bin", "random"};
-    if (d->fmt == DATA_RANDOM) {
-        snprintf(buf, n, "random tokens in [0, %d)", d->vocab);
+void data_get(const DataSet* ds, int split, uint64_t i, int32_t* tokens) {
+    split = split ? 1 : 0;
+    const int T = ds->seq_len;
+    if (ds->kind == KIND_RANDOM) {
+        uint64_t h = data_mix64(ds->seed ^ data_mix64(i * 2 + (uint64_t)split));
+        for (int t = 0; t <= T; t++) {
+            h = data_mix64(h);
+            tokens[t] = (int32_t)((h >> 16) % (uint64_t)ds->vocab);
+        }
         return;
     }
-    snprintf(buf, n, "%s (%s): train %llu records / %llu tokens / %llu windows, validation %llu / %llu / %llu",
-             d->path, names[d->fmt], (unsigned long long)d->sp[0].records, (unsigned long long)d->sp[0].n,
-             (unsigned long long)d->sp[0].windows, (unsigned long long)d->sp[1].records, (unsigned long long)d->sp[1].n,
-             (unsigned long long)d->sp[1].windows);
+    const Stream* st = &ds->st[split];
+    uint64_t off = data_window_of(ds, split, i) * (uint64_t)T;
+    int lo = 0, hi = st->nseg - 1;  // the piece holding off
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (st->start[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    int k = lo, t = 0;
+    uint64_t j = off - st->start[k];
+    while (t <= T) {
+        const Seg* s = &st->seg[k];
+        for (; j < s->n && t <= T; j++, t++) {
+            if (s->width == 1) tokens[t] = s->p[j] ? s->p[j] : ds->sep;
+            else if (s->width == 2) { uint16_t v; memcpy(&v, s->p + 2 * j, 2); tokens[t] = v; }
+            else { uint32_t v; memcpy(&v, s->p + 4 * j, 4); tokens[t] = (int32_t)v; }
+        }
+        k++;
+        j = 0;
+        CHECK(t > T || k < st->nseg, "data_get: window %llu runs past the %s stream", (unsigned long long)off / T,
+              split_name(split));
+    }
+}
+
+// ---- description -------------------------------------------------------------------------------
+
+static void human(uint64_t v, char* b, size_t n) {
+    if (v >= 1000000000ull) snprintf(b, n, "%.2fG", (double)v / 1e9);
+    else if (v >= 1000000ull) snprintf(b, n, "%.2fM", (double)v / 1e6);
+    else if (v >= 10000ull) snprintf(b, n, "%.1fK", (double)v / 1e3);
+    else snprintf(b, n, "%llu", (unsigned long long)v);
+}
+
+void data_describe(const DataSet* ds, char* buf, size_t n) {
+    if (ds->kind == KIND_RANDOM) {
+        snprintf(buf, n, "random tokens in [0, %d) from seed %llu: unlimited train windows, %llu validation "
+                 "(seq_len %d)", ds->vocab, (unsigned long long)ds->seed, (unsigned long long)ds->st[1].nwin,
+                 ds->seq_len);
+        return;
+    }
+    char fmt[64] = "";
+    for (int f = DATA_FASTA; f <= DATA_BIN; f++)
+        if (ds->fmt_mask & (1u << f))
+            snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), "%s%s", fmt[0] ? "+" : "", data_fmt_name(f));
+    if (ds->kind == KIND_BIN)
+        snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), " %s",
+                 ds->width_mask == (1u << 2) ? "uint16" : ds->width_mask == (1u << 4) ? "uint32" : "uint16+uint32");
+    char files[300], recs[128] = "", t0[32], t1[32];
+    if (ds->nfiles > 1) snprintf(files, sizeof files, "%s and %d more", ds->first, ds->nfiles - 1);
+    else snprintf(files, sizeof files, "%s", ds->first);
+    if (ds->kind == KIND_BYTES) {
+        if (ds->single)
+            snprintf(recs, sizeof recs, "1 record split by position; ");
+        else
+            snprintf(recs, sizeof recs, "%llu records (%llu train, %llu validation); ",
+                     (unsigned long long)ds->corpus.nrec, (unsigned long long)ds->st[0].records,
+                     (unsigned long long)ds->st[1].records);
+    }
+    human(ds->st[0].ntok, t0, sizeof t0);
+    human(ds->st[1].ntok, t1, sizeof t1);
+    snprintf(buf, n, "%s%s, %s: %stokens %s train, %s validation; windows %llu train, %llu validation "
+             "(seq_len %d, stride %d, shuffle %s)", fmt, ds->any_gz ? " (gzip)" : "", files, recs, t0, t1,
+             (unsigned long long)ds->st[0].nwin, (unsigned long long)ds->st[1].nwin, ds->seq_len, ds->seq_len,
+             ds->shuffle ? "on" : "off");
 }

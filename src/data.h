@@ -1,5 +1,25 @@
 // data.h — training data: sequence files (FASTA / FASTQ / text, gzip'd or not) tokenized
 // byte-level, llm.c .bin token shards, or a random source; split and shuffled by seed.
+//
+// Byte-level data (vocab 256): FASTA sequence lines are concatenated per record without
+// newlines (whitespace and '\r' dropped; a '>' header line starts the next record; ';' lines are
+// comments); FASTQ keeps only the sequence line of each 4-line record (@id, sequence, +,
+// quality of the same length); text makes each non-empty line a record ('\r' dropped, any other
+// byte but NUL kept). A record with no tokens is skipped. FASTA/FASTQ sequences must be ASCII.
+// Every record is followed by data.sep_token. Records go to train or validation by a hash of
+// the record index (not of the seed): about val_frac of them in validation, at least one in each
+// split when there are two or more; a single record (a genome) is split by position instead
+// (its last val_frac of tokens). Byte tokens are stored as bytes (1 byte per token in memory).
+// Each split's records are concatenated into one stream; window w is tokens
+// [w·seq_len, w·seq_len + seq_len + 1) of the stream (stride seq_len, like llm.c).
+//
+// .bin shards (llm.c: 256 × int32 header, [0] = 20240520, [1] = 1 (uint16 tokens) or 2 (uint32),
+// [2] = token count) are mmap'd, checked once (size, every token < vocab), concatenated, and
+// split by windows: the last val_frac of the windows are validation.
+//
+// data.path is one file or a comma-separated list (concatenated in order; all byte-level or all
+// .bin); "" is the shipped data/hairpin.fa.gz. A relative path that does not exist is also looked
+// for next to the binary (and its parents) and under PREFIX/share/moetrain.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -8,13 +28,36 @@
 
 typedef struct DataSet DataSet;
 
-// Opens the data for windows of seq_len + 1 tokens. Errors name the file (and offset).
+// Train windows of the random source (effectively unlimited); validation has DATA_RANDOM_VAL.
+#define DATA_UNLIMITED ((uint64_t)1 << 62)
+#define DATA_RANDOM_VAL 1024
+
+// Opens the data described by dc for windows of seq_len + 1 tokens. Errors name the file and,
+// where there is one, the line or the byte/token offset, and say what to do.
 int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, uint64_t seed, Err* e);
+
+// The same from bytes in memory (what a file would hold; gzip'd or not). `name` is used in
+// messages. For .bin the set points into buf: keep buf alive until data_close. dc->path is ignored.
+int data_open_buffer(DataSet** out, const DataConfig* dc, const char* name, const uint8_t* buf, size_t n,
+                     int vocab_size, int seq_len, uint64_t seed, Err* e);
+
 void data_close(DataSet*);
-// Windows in a split (0 = train, 1 = validation).
+
+// Windows in a split (0 = train, 1 = validation). 0 for validation when data.val_frac = 0.
 uint64_t data_num_windows(const DataSet*, int split);
-// The i-th sequence of a split's stream (any i: epochs wrap, train shuffled per epoch); a pure
-// function of (data, seed, split, i). Writes tokens [seq_len + 1].
+
+// Tokens and records in a split's stream (records: 0 for .bin and random).
+uint64_t data_num_tokens(const DataSet*, int split);
+uint64_t data_num_records(const DataSet*, int split);
+
+// The i-th sequence of a split's stream, for any i: epoch = i / n, position i % n, the train
+// split permuted per epoch by a permutation seeded by (seed, epoch) when dc->shuffle; validation
+// is never shuffled. A pure function of (data, seed, split, i): no cursor. Writes
+// tokens [seq_len + 1]. Asking a split with no windows is a bug (FATAL).
 void data_get(const DataSet*, int split, uint64_t i, int32_t* tokens);
-// One line for the log: format, records, tokens and windows per split.
+
+// Which window of the split's stream sequence i reads (the permutation above).
+uint64_t data_window_of(const DataSet*, int split, uint64_t i);
+
+// One line for the log: format, files, records, tokens and windows per split.
 void data_describe(const DataSet*, char* buf, size_t n);

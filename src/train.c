@@ -223,7 +223,8 @@ int trainer_run(Trainer* t) {
         }
         if (s >= 2) t_sum += dt, t_n++;  // steady state: skip the first steps (warm-up)
         EvalResult ev, *evp = NULL;
-        if ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps) {
+        const int has_val = data_num_windows(t->data, 1) > 0;  // data.val_frac = 0: no validation
+        if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
             ev = trainer_eval(t, tc->eval_batches);
             evp = &ev;
         }
