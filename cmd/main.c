@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ckpt_cmds.h"
 #include "cli.h"
 
 static void usage(FILE* f) {
@@ -10,6 +11,8 @@ static void usage(FILE* f) {
             "usage:\n"
             "  moetrain [train] --config NAME|PATH [section.key=value ...]   train (default)\n"
             "  moetrain plan --config NAME|PATH [overrides] [--world N] [--gpu-mem GiB]\n"
+            "  moetrain inspect DIR                        what a checkpoint holds; checksums\n"
+            "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]\n"
             "  moetrain --help | --version\n\n"
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
             "the install prefix. Every key is in README.md; e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
@@ -39,7 +42,9 @@ int main(int argc, char** argv) {
         return cmd_plan(argc - 1, argv + 1);
     }
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
     if (argv[1][0] == '-' || strchr(argv[1], '=')) return cmd_train(argc, argv);
-    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan; see --help)\n", argv[1]);
+    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan, inspect, export; see --help)\n", argv[1]);
     return 2;
 }

@@ -1,0 +1,112 @@
+// ckpt_cmds.c — `moetrain inspect` and `moetrain export` (see ckpt_cmds.h). argv[0] is the
+// subcommand name.
+#include "ckpt_cmds.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt.h"
+#include "config.h"
+#include "hf.h"
+#include "util.h"
+
+static int user_error(const char* what, const Err* e) {
+    fprintf(stderr, "moetrain: error: %s%s%s\n", what ? what : "", what ? ": " : "", e->msg);
+    return 2;
+}
+
+static int usage_error(const char* usage, const char* msg) {
+    fprintf(stderr, "moetrain: error: %s\nusage: %s\n", msg, usage);
+    return 2;
+}
+
+int cmd_inspect(int argc, char** argv) {
+    const char* usage = "moetrain inspect DIR   (a checkpoint step directory, its root, or its `latest` file)";
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("%s\n  step, layout, files with sizes and checksums (OK/BAD), tensors by group, the largest tensors;\n"
+               "  exit 0 when every checksum holds, 1 otherwise\n", usage);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') return usage_error(usage, "inspect takes one checkpoint directory");
+    Err e = {{0}};
+    int rc = ckpt_inspect(argv[1], stdout, &e);
+    if (rc < 0) return user_error("inspect", &e);
+    return rc;
+}
+
+// "--flag VALUE" or "--flag=VALUE".
+static int flag(int argc, char** argv, int* i, const char* name, const char** out) {
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return 0;
+    if (argv[*i][n] == '=') {
+        *out = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != 0) return 0;
+    if (*i + 1 >= argc) return -1;
+    *out = argv[++*i];
+    return 1;
+}
+
+int cmd_export(int argc, char** argv) {
+    const char* usage = "moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]";
+    const char *ck_path = NULL, *out = NULL, *dt = "bf16";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s\n  writes a Hugging Face directory (config.json, model-*.safetensors, index) that\n"
+                   "  transformers loads as MixtralForCausalLM; the model config comes from the checkpoint's\n"
+                   "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n", usage);
+            return 0;
+        }
+        int r = 0;
+        if ((r = flag(argc, argv, &i, "--ckpt", &ck_path)) || (r = flag(argc, argv, &i, "--out", &out)) ||
+            (r = flag(argc, argv, &i, "--dtype", &dt))) {
+            if (r < 0) return usage_error(usage, "a flag lacks its value");
+            continue;
+        }
+        char msg[300];
+        snprintf(msg, sizeof msg, "unknown argument '%.200s'", argv[i]);
+        return usage_error(usage, msg);
+    }
+    if (!ck_path || !out) return usage_error(usage, "export needs --ckpt and --out");
+    DType dtype;
+    if (!strcmp(dt, "bf16") || !strcmp(dt, "bfloat16")) dtype = DTYPE_BF16;
+    else if (!strcmp(dt, "fp32") || !strcmp(dt, "f32") || !strcmp(dt, "float32")) dtype = DTYPE_F32;
+    else return usage_error(usage, "--dtype must be bf16 or fp32");
+
+    Err e = {{0}};
+    Ckpt* ck = NULL;
+    if (ckpt_open(&ck, ck_path, &e)) return user_error("export", &e);
+    const char* text = ckpt_trainer_state(ck);
+    size_t cn = strlen(text) + 1;
+    char* cfg_text = xmalloc(cn);
+    TrainerState ts;
+    int rc = 0;
+    Config* c = xcalloc(1, sizeof *c);
+    config_defaults(c);
+    char name[4200];
+    snprintf(name, sizeof name, "%.4000s/trainer_state.yaml (config:)", ckpt_dir(ck));
+    if (trainer_state_parse(text, &ts, cfg_text, cn, &e)) rc = user_error(ckpt_dir(ck), &e);
+    else if (!cfg_text[0]) {
+        err_set(&e, "%s/trainer_state.yaml has no config: section, so the model shape is unknown", ckpt_dir(ck));
+        rc = user_error("export", &e);
+    } else if (config_load_string(c, cfg_text, strlen(cfg_text), name, &e)) {
+        rc = user_error("export", &e);
+    } else if (hf_export(ck, &c->model, out, dtype, &e)) {
+        rc = user_error("export", &e);
+    } else {
+        HfTensorSpec* spec;
+        int n = hf_tensor_list(&c->model, &spec);
+        double bytes = 0;
+        for (int i = 0; i < n; i++) bytes += (double)spec[i].shape[0] * (double)(spec[i].ndim > 1 ? spec[i].shape[1] : 1);
+        bytes *= dtype == DTYPE_BF16 ? 2 : 4;
+        free(spec);
+        printf("exported step %lld: %d tensors, %.2f %s %s, to %s\n", (long long)ckpt_step(ck), n,
+               bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6, bytes >= 1e9 ? "GB" : "MB", dtype == DTYPE_BF16 ? "bf16" : "fp32", out);
+    }
+    free(c);
+    free(cfg_text);
+    ckpt_close(ck);
+    return rc;
+}

@@ -1,0 +1,271 @@
+// ckpt.c — ckpt_save: the collective, atomic checkpoint write (see ckpt.h for the protocol).
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+
+// Failpoint for the crash tests: MOETRAIN_CKPT_CRASH_AT=<point> kills this process there.
+static void crash_point(const char* point) {
+    const char* at = getenv("MOETRAIN_CKPT_CRASH_AT");
+    if (at && strcmp(at, point) == 0) raise(SIGKILL);
+}
+
+// What each rank reports at an agreement point (all-gathered, so every rank sees every verdict).
+typedef struct Report {
+    int32_t status;  // 0 ok, -1 failed
+    uint32_t crc;    // of this rank's file (stage 2)
+    uint64_t bytes;
+    char msg[496];
+} Report;
+
+static void report_fail(Report* r, const Err* le) {
+    r->status = -1;
+    ckpt_copy(r->msg, sizeof r->msg, le->msg);
+}
+
+// Every rank calls this at the same point. Returns 0 when every rank is ok, else -1 with the
+// first failing rank's message. all (optional) receives every report [world].
+static int agree(Comm* c, const Report* mine, Report* all, Err* e) {
+    const int W = c->size[GROUP_WORLD];
+    Report* buf = all ? all : xmalloc(sizeof(Report) * (size_t)W);
+    c->host_all_gather(c, GROUP_WORLD, buf, mine, sizeof(Report));
+    int bad = -1;
+    for (int r = 0; r < W && bad < 0; r++)
+        if (buf[r].status) bad = r;
+    if (bad >= 0) err_set(e, "checkpoint save failed on rank %d: %s", bad, buf[bad].msg);
+    if (!all) free(buf);
+    return bad >= 0 ? -1 : 0;
+}
+
+static int mkdir_p(const char* path, Err* e) {
+    char buf[CKPT_PATH];
+    ckpt_copy(buf, sizeof buf, path);
+    for (char* p = buf + 1;; p++) {
+        if (*p != '/' && *p != 0) continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return err_set(e, "%s: cannot create directory: %s", buf, strerror(errno));
+        *p = c;
+        if (!c) break;
+    }
+    struct stat st;
+    if (stat(path, &st) || !S_ISDIR(st.st_mode)) return err_set(e, "%s: exists and is not a directory", path);
+    return 0;
+}
+
+// Rank 0, before anyone writes: the root exists, stale temporaries are gone, tmp is empty.
+static int prepare(const char* dir, const char* tmp, Err* e) {
+    if (mkdir_p(dir, e)) return -1;
+    DIR* d = opendir(dir);
+    if (!d) return err_set(e, "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent* de;
+    char p[CKPT_PATH];
+    int rc = 0;
+    while ((de = readdir(d)) && !rc) {
+        if (strncmp(de->d_name, ".tmp_step_", 10) != 0 && strncmp(de->d_name, ".trash_", 7) != 0) continue;
+        ckpt_join(p, dir, de->d_name);
+        if (ckpt_rm_rf(p)) rc = err_set(e, "%s: cannot remove a stale temporary: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (rc) return rc;
+    if (mkdir(tmp, 0755)) return err_set(e, "%s: cannot create: %s", tmp, strerror(errno));
+    return 0;
+}
+
+// Rank 0: every rank file's header parses, its size is what the rank reported, and tensor
+// names are unique across ranks.
+static int check_headers(const char* tmp, int W, const Report* all, Err* e) {
+    StrMap names;
+    strmap_init(&names);
+    char** owned = NULL;
+    size_t n_owned = 0, cap = 0;
+    int rc = 0;
+    for (int r = 0; r < W && !rc; r++) {
+        char p[CKPT_PATH], rn[64];
+        ckpt_rank_name(rn, sizeof rn, r);
+        ckpt_join(p, tmp, rn);
+        StFile* f;
+        if (st_open(&f, p, e)) { rc = -1; break; }
+        if (f->file_size != all[r].bytes)
+            rc = err_set(e, "%s: %llu bytes on disk, rank %d wrote %llu (shared file system out of sync?)", p,
+                         (unsigned long long)f->file_size, r, (unsigned long long)all[r].bytes);
+        for (int i = 0; i < f->n && !rc; i++) {
+            if (n_owned == cap) {
+                cap = cap ? 2 * cap : 1024;
+                owned = realloc(owned, sizeof(char*) * cap);
+                if (!owned) FATAL("out of memory");
+            }
+            char* nm = owned[n_owned++] = xstrdup(f->t[i].name);
+            int old;
+            if (strmap_put(&names, nm, r, &old))
+                rc = err_set(e, "tensor '%s' is written by rank %d and rank %d (names must be unique across ranks)", nm, old, r);
+        }
+        st_close(f);
+    }
+    for (size_t i = 0; i < n_owned; i++) free(owned[i]);
+    free(owned);
+    strmap_free(&names);
+    return rc;
+}
+
+// Removes complete checkpoints beyond `keep` (the one just saved always counts and stays).
+// Failures here only warn: the new checkpoint is already safe.
+static void prune(const char* dir, const char* newest, int keep) {
+    if (keep <= 0) return;
+    StepDir* sd;
+    int n;
+    Err le = {{0}};
+    if (ckpt_list_steps(dir, &sd, &n, &le)) {
+        fprintf(stderr, "moetrain: warning: pruning checkpoints: %s\n", le.msg);
+        return;
+    }
+    int kept = 1;  // newest
+    for (int i = 0; i < n; i++) {
+        if (!sd[i].complete || strcmp(sd[i].name, newest) == 0) continue;
+        if (kept < keep) { kept++; continue; }
+        char from[CKPT_PATH], to[CKPT_PATH], tn[80];
+        snprintf(tn, sizeof tn, ".trash_%s", sd[i].name);
+        ckpt_join(from, dir, sd[i].name);
+        ckpt_join(to, dir, tn);
+        // Renamed first, so a crash mid-delete leaves no half-deleted step_* behind.
+        if (rename(from, to) || ckpt_rm_rf(to))
+            fprintf(stderr, "moetrain: warning: could not remove old checkpoint %s: %s\n", from, strerror(errno));
+    }
+    free(sd);
+}
+
+// Rank 0, after every rank file is on disk: state, manifest, rename, latest, prune.
+static int commit(const char* dir, const char* tmp, const char* fin, const char* step_name, int64_t step, int W,
+                  const Report* all, const char* state, int keep, int* renamed, Err* e) {
+    char p[CKPT_PATH], q[CKPT_PATH];
+    Manifest m = {.step = step, .world = W, .n = W + 1};
+    m.f = xcalloc((size_t)m.n, sizeof *m.f);
+    for (int r = 0; r < W; r++) {
+        ckpt_rank_name(m.f[r].name, sizeof m.f[r].name, r);
+        m.f[r].bytes = all[r].bytes;
+        m.f[r].crc = all[r].crc;
+    }
+    ManEntry* s = &m.f[W];
+    ckpt_copy(s->name, sizeof s->name, CKPT_STATE);
+    s->bytes = strlen(state);
+    ckpt_join(p, tmp, CKPT_STATE);
+    crash_point("written");
+    int rc = ckpt_write_file(p, state, s->bytes, &s->crc, e);
+    if (!rc) rc = check_headers(tmp, W, all, e);
+    char* text = rc ? NULL : manifest_format(&m);
+    ckpt_join(p, tmp, CKPT_MANIFEST);
+    if (!rc) rc = ckpt_write_file(p, text, strlen(text), NULL, e);
+    free(text);
+    manifest_free(&m);
+    if (!rc) rc = ckpt_fsync_dir(tmp, e);
+    if (rc) return rc;
+    crash_point("manifest");
+    // A checkpoint of the same step is replaced: moved aside first, removed at the end.
+    struct stat st;
+    int replaced = 0;
+    char tn[80];
+    snprintf(tn, sizeof tn, ".trash_%s", step_name);
+    ckpt_join(q, dir, tn);
+    if (stat(fin, &st) == 0) {
+        if (rename(fin, q)) return err_set(e, "%s: cannot move the old checkpoint of this step aside: %s", fin, strerror(errno));
+        replaced = 1;
+    }
+    if (rename(tmp, fin)) return err_set(e, "rename %s -> %s failed: %s", tmp, fin, strerror(errno));
+    *renamed = 1;
+    if (ckpt_fsync_dir(dir, e)) return -1;
+    crash_point("renamed");
+    char line[80];
+    snprintf(line, sizeof line, "%s\n", step_name);
+    ckpt_join(p, dir, CKPT_LATEST ".tmp");
+    ckpt_join(q, dir, CKPT_LATEST);
+    if (ckpt_write_file(p, line, strlen(line), NULL, e)) return -1;
+    crash_point("latest_tmp");
+    if (rename(p, q)) return err_set(e, "rename %s -> %s failed: %s", p, q, strerror(errno));
+    if (ckpt_fsync_dir(dir, e)) return -1;
+    crash_point("latest");
+    if (replaced) {
+        ckpt_join(q, dir, tn);
+        ckpt_rm_rf(q);
+    }
+    prune(dir, step_name, keep);
+    return 0;
+}
+
+int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+              const char* trainer_state_yaml, int keep, Err* e) {
+    const int rank = comm->rank[GROUP_WORLD], W = comm->size[GROUP_WORLD];
+    Report me;
+    memset(&me, 0, sizeof me);
+    Err le = {{0}};
+    char step_name[64], tmp[CKPT_PATH], fin[CKPT_PATH], path[CKPT_PATH];
+    ckpt_step_name(step_name, sizeof step_name, step);
+    char tn[80], rn[64];
+    snprintf(tn, sizeof tn, ".tmp_%s", step_name);
+    ckpt_join(tmp, dir ? dir : "", tn);
+    ckpt_join(fin, dir ? dir : "", step_name);
+
+    // Stage 1: every rank checks its tensors; rank 0 prepares the temporary directory.
+    StWriter* w = st_writer_new();
+    if (!dir || !dir[0]) err_set(&le, "checkpoint directory is empty (set checkpoint.dir)");
+    else if (strlen(dir) > CKPT_PATH - 128) err_set(&le, "checkpoint directory path is too long");
+    else if (step < 0) err_set(&le, "negative step %lld", (long long)step);
+    else if (rank == 0 && !trainer_state_yaml) err_set(&le, "rank 0 passed no trainer state");
+    for (int i = 0; i < n && !le.msg[0]; i++) {
+        if (t[i].ndim < 0 || t[i].ndim > 4) {
+            err_set(&le, "tensor '%s': %d dimensions (0..4 supported)", t[i].name ? t[i].name : "?", t[i].ndim);
+            break;
+        }
+        if (!t[i].name || st_writer_add(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, t[i].data, &le)) {
+            if (!t[i].name) err_set(&le, "tensor %d has no name", i);
+            break;
+        }
+    }
+    char v[32];
+    st_writer_meta(w, "format", "pt");
+    snprintf(v, sizeof v, "%lld", (long long)step);
+    st_writer_meta(w, "moetrain.step", v);
+    snprintf(v, sizeof v, "%d", rank);
+    st_writer_meta(w, "moetrain.rank", v);
+    snprintf(v, sizeof v, "%d", W);
+    st_writer_meta(w, "moetrain.world", v);
+    int prepared = 0;
+    if (!le.msg[0] && rank == 0) prepared = prepare(dir, tmp, &le) == 0;
+    if (le.msg[0]) report_fail(&me, &le);
+    if (agree(comm, &me, NULL, e)) {
+        if (prepared) ckpt_rm_rf(tmp);
+        st_writer_free(w);
+        return -1;
+    }
+
+    // Stage 2: every rank writes and fsyncs its file; sizes and crcs go to rank 0.
+    ckpt_rank_name(rn, sizeof rn, rank);
+    ckpt_join(path, tmp, rn);
+    StWriteInfo info = {0};
+    if (st_writer_write(w, path, &info, &le)) report_fail(&me, &le);
+    me.bytes = info.bytes;
+    me.crc = info.crc32;
+    st_writer_free(w);
+    Report* all = xmalloc(sizeof(Report) * (size_t)W);
+    if (agree(comm, &me, all, e)) {
+        if (rank == 0) ckpt_rm_rf(tmp);  // every rank is done writing
+        free(all);
+        return -1;
+    }
+
+    // Stage 3: rank 0 commits; its verdict is shared.
+    memset(&me, 0, sizeof me);
+    int renamed = 0;
+    if (rank == 0 && commit(dir, tmp, fin, step_name, step, W, all, trainer_state_yaml, keep, &renamed, &le)) {
+        report_fail(&me, &le);
+        if (!renamed) ckpt_rm_rf(tmp);
+    }
+    free(all);
+    return agree(comm, &me, NULL, e);
+}

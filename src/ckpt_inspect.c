@@ -1,0 +1,106 @@
+// ckpt_inspect.c — `moetrain inspect DIR`: what a checkpoint holds and whether it is intact.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt_internal.h"
+
+static void human(char* buf, size_t n, double bytes) {
+    const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+}
+
+typedef struct Big {
+    const char* name;
+    const StTensor* t;
+} Big;
+
+int ckpt_inspect(const char* path, FILE* out, Err* e) {
+    char dir[CKPT_PATH];
+    if (ckpt_resolve(path, dir, sizeof dir, e)) return -1;
+    fprintf(out, "checkpoint %s\n", dir);
+    Manifest m;
+    Err le = {{0}};
+    if (manifest_read(&m, dir, &le)) {
+        fprintf(out, "  manifest: BAD: %s\nresult: BAD\n", le.msg);
+        return 1;
+    }
+    fprintf(out, "  step %lld, %d rank file%s\n", (long long)m.step, m.world, m.world == 1 ? "" : "s");
+    char p[CKPT_PATH];
+    ckpt_join(p, dir, CKPT_STATE);
+    char* state = ckpt_read_text(p, 64u << 20, NULL, &le);
+    if (state) {
+        TrainerState ts;
+        char cfg[8];
+        // The config block does not fit cfg: parse the scalars only, via a trimmed copy.
+        char* cut = strstr(state, "\nconfig:");
+        if (cut) cut[1] = 0;
+        if (trainer_state_parse(state, &ts, cfg, sizeof cfg, &le) == 0)
+            fprintf(out, "  layout: world %d, ep %d, edp %d; tokens %lld; seed %llu\n", ts.world, ts.ep,
+                    ts.ep ? ts.world / ts.ep : 0, (long long)ts.tokens, (unsigned long long)ts.seed);
+        else
+            fprintf(out, "  trainer state: unreadable: %s\n", le.msg);
+        free(state);
+    }
+    fprintf(out, "files:\n");
+    int bad = 0;
+    uint64_t total = 0;
+    for (int i = 0; i < m.n; i++) {
+        char sz[32];
+        human(sz, sizeof sz, (double)m.f[i].bytes);
+        total += m.f[i].bytes;
+        int ok = ckpt_check_file(dir, &m.f[i], 1, &le) == 0;
+        bad += !ok;
+        fprintf(out, "  %-28s %10s  crc32 %08x  %s%s\n", m.f[i].name, sz, m.f[i].crc, ok ? "OK" : "BAD: ", ok ? "" : le.msg);
+    }
+    char tot[32];
+    human(tot, sizeof tot, (double)total);
+    fprintf(out, "  total %s\n", tot);
+
+    // Tensors of every rank file whose header still parses.
+    enum { NBIG = 5 };
+    Big big[NBIG] = {{0}};
+    int64_t count[2] = {0, 0};
+    double numel[2] = {0, 0};
+    StFile** f = xcalloc((size_t)m.world, sizeof *f);
+    for (int r = 0; r < m.world; r++) {
+        char rn[64];
+        ckpt_rank_name(rn, sizeof rn, r);
+        ckpt_join(p, dir, rn);
+        if (st_open(&f[r], p, &le)) {
+            fprintf(out, "  (%s: header unreadable: %s)\n", rn, le.msg);
+            f[r] = NULL;
+            continue;
+        }
+        for (int i = 0; i < f[r]->n; i++) {
+            const StTensor* t = &f[r]->t[i];
+            int g = strncmp(t->name, "optim.", 6) == 0;
+            count[g]++;
+            numel[g] += (double)t->numel;
+            for (int k = 0; k < NBIG; k++)
+                if (!big[k].t || t->numel > big[k].t->numel) {
+                    memmove(&big[k + 1], &big[k], sizeof(Big) * (size_t)(NBIG - 1 - k));
+                    big[k] = (Big){t->name, t};
+                    break;
+                }
+        }
+    }
+    fprintf(out, "tensors: %lld\n", (long long)(count[0] + count[1]));
+    const char* gname[2] = {"model", "optim"};
+    for (int g = 0; g < 2; g++)
+        fprintf(out, "  %-6s %8lld tensors  %16.0f elements\n", gname[g], (long long)count[g], numel[g]);
+    fprintf(out, "largest:\n");
+    for (int k = 0; k < NBIG && big[k].t; k++) {
+        char s[128];
+        st_shape_str(s, sizeof s, big[k].t->ndim, big[k].t->shape);
+        fprintf(out, "  %-60s %-18s %s\n", big[k].name, s, st_dtype_name(big[k].t->dtype));
+    }
+    for (int r = 0; r < m.world; r++) st_close(f[r]);
+    free(f);
+    if (bad) fprintf(out, "result: BAD (%d of %d files fail their checksum or size)\n", bad, m.n);
+    else fprintf(out, "result: OK (every checksum holds)\n");
+    manifest_free(&m);
+    return bad ? 1 : 0;
+}

@@ -1,0 +1,256 @@
+// ckpt_open.c — opening and verifying a checkpoint, finding the one to resume from, reading
+// tensors by name (see ckpt.h).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt_internal.h"
+#include "minijson.h"
+
+void ckpt_close(Ckpt* ck) {
+    if (!ck) return;
+    for (int i = 0; i < ck->nfiles; i++) st_close(ck->files[i]);
+    free(ck->files);
+    free(ck->ref);
+    free(ck->state);
+    strmap_free(&ck->index);
+    manifest_free(&ck->man);
+    free(ck);
+}
+
+// Checks every listed file (crc streamed, files in parallel threads when verifying).
+static int check_files(const char* dir, const Manifest* m, int verify_crc, Err* e) {
+    Err* fe = xcalloc((size_t)m->n, sizeof(Err));
+    int* bad = xcalloc((size_t)m->n, sizeof(int));
+#pragma omp parallel for schedule(dynamic, 1) if (verify_crc && m->n > 1)
+    for (int i = 0; i < m->n; i++) bad[i] = ckpt_check_file(dir, &m->f[i], verify_crc, &fe[i]);
+    int rc = 0;
+    for (int i = 0; i < m->n && !rc; i++)
+        if (bad[i]) rc = err_set(e, "%s", fe[i].msg);
+    free(fe);
+    free(bad);
+    return rc;
+}
+
+static int open_dir(Ckpt* ck, int verify_crc, Err* e) {
+    const char* dir = ck->dir;
+    if (manifest_read(&ck->man, dir, e)) return -1;
+    const Manifest* m = &ck->man;
+    // The manifest must list rank_00000 .. rank_{world-1} and the trainer state.
+    int have_state = 0;
+    int* seen = xcalloc((size_t)m->world, sizeof(int));
+    int rc = 0;
+    for (int i = 0; i < m->n && !rc; i++) {
+        if (strcmp(m->f[i].name, CKPT_STATE) == 0) { have_state = 1; continue; }
+        int r;
+        char tail[32];
+        if (sscanf(m->f[i].name, "rank_%5d.safetensor%1s", &r, tail) == 2 && r >= 0 && r < m->world) {
+            char expect[64];
+            ckpt_rank_name(expect, sizeof expect, r);
+            if (strcmp(expect, m->f[i].name) == 0) { seen[r]++; continue; }
+        }
+        rc = err_set(e, "%s/%s: lists '%s', which is not a file of world %d", dir, CKPT_MANIFEST, m->f[i].name, m->world);
+    }
+    for (int r = 0; r < m->world && !rc; r++)
+        if (seen[r] != 1) rc = err_set(e, "%s/%s: rank %d's file is listed %d times (world %d)", dir, CKPT_MANIFEST, r, seen[r], m->world);
+    free(seen);
+    if (!rc && !have_state) rc = err_set(e, "%s/%s: does not list %s", dir, CKPT_MANIFEST, CKPT_STATE);
+    if (rc || check_files(dir, m, verify_crc, e)) return -1;
+
+    char p[CKPT_PATH];
+    ckpt_join(p, dir, CKPT_STATE);
+    ck->state = ckpt_read_text(p, 64u << 20, NULL, e);
+    if (!ck->state) return -1;
+    ck->files = xcalloc((size_t)m->world, sizeof(StFile*));
+    int cap = 0;
+    for (int r = 0; r < m->world; r++) {
+        char rn[64];
+        ckpt_rank_name(rn, sizeof rn, r);
+        ckpt_join(p, dir, rn);
+        if (st_open(&ck->files[r], p, e)) return -1;
+        ck->nfiles++;
+        const StFile* f = ck->files[r];
+        for (int i = 0; i < f->n; i++) {
+            if (ck->n == cap) {
+                cap = cap ? 2 * cap : 1024;
+                ck->ref = realloc(ck->ref, sizeof(TensorRef) * (size_t)cap);
+                if (!ck->ref) FATAL("out of memory");
+            }
+            int old;
+            if (strmap_put(&ck->index, f->t[i].name, ck->n, &old))
+                return err_set(e, "%s: tensor '%s' is also in rank_%05d.safetensors (a checkpoint holds each name once)",
+                               p, f->t[i].name, ck->ref[old].file);
+            ck->ref[ck->n++] = (TensorRef){r, i};
+        }
+    }
+    return 0;
+}
+
+int ckpt_open_ex(Ckpt** out, const char* path, int verify_crc, Err* e) {
+    *out = NULL;
+    Ckpt* ck = xcalloc(1, sizeof *ck);
+    strmap_init(&ck->index);
+    if (ckpt_resolve(path, ck->dir, sizeof ck->dir, e) || open_dir(ck, verify_crc, e)) {
+        ckpt_close(ck);
+        return -1;
+    }
+    *out = ck;
+    return 0;
+}
+
+int ckpt_open(Ckpt** out, const char* path, Err* e) { return ckpt_open_ex(out, path, 1, e); }
+
+typedef struct Verdict {
+    int32_t status;
+    char text[1020];  // rank 0: the resolved directory on success; else the message
+} Verdict;
+
+int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e) {
+    *out = NULL;
+    const int rank = comm->rank[GROUP_WORLD], W = comm->size[GROUP_WORLD];
+    Verdict v;
+    memset(&v, 0, sizeof v);
+    Err le = {{0}};
+    Ckpt* ck = NULL;
+    if (rank == 0) {
+        if (ckpt_open_ex(&ck, path, 1, &le)) v.status = -1, ckpt_copy(v.text, sizeof v.text, le.msg);
+        else ckpt_copy(v.text, sizeof v.text, ck->dir);
+    }
+    comm->host_broadcast(comm, GROUP_WORLD, &v, sizeof v, 0);
+    if (v.status) return err_set(e, "%s", v.text);
+    memset(&le, 0, sizeof le);
+    Verdict mine;
+    memset(&mine, 0, sizeof mine);
+    if (rank != 0 && ckpt_open_ex(&ck, v.text, 0, &le)) mine.status = -1, ckpt_copy(mine.text, sizeof mine.text, le.msg);
+    Verdict* all = xmalloc(sizeof(Verdict) * (size_t)W);
+    comm->host_all_gather(comm, GROUP_WORLD, all, &mine, sizeof mine);
+    int bad = -1;
+    for (int r = 0; r < W && bad < 0; r++)
+        if (all[r].status) bad = r;
+    if (bad >= 0) err_set(e, "opening the checkpoint failed on rank %d: %s", bad, all[bad].text);
+    free(all);
+    if (bad >= 0) {
+        ckpt_close(ck);
+        return -1;
+    }
+    *out = ck;
+    return 0;
+}
+
+// ---- resume -----------------------------------------------------------------------------------
+static int verifies(const char* root, const char* name, char* why, size_t n) {
+    char p[CKPT_PATH];
+    ckpt_join(p, root, name);
+    Ckpt* ck;
+    Err e = {{0}};
+    if (ckpt_open_ex(&ck, p, 1, &e) == 0) {
+        ckpt_close(ck);
+        return 1;
+    }
+    ckpt_copy(why, n, e.msg);
+    return 0;
+}
+
+int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, size_t note_n, Err* e) {
+    if (note_n) note[0] = 0;
+    struct stat st;
+    if (stat(root, &st)) {
+        if (errno == ENOENT) return 0;
+        return err_set(e, "%s: %s", root, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) return err_set(e, "%s: not a directory (checkpoint.dir must be one)", root);
+    Sb nb = {0};
+    char latest[64] = "", why[1024];
+    Err le = {{0}};
+    int lr = ckpt_read_latest(root, latest, sizeof latest, &le), found = 0, any = lr != 0;
+    if (lr < 0) sb_printf(&nb, "%s (ignored); ", le.msg);
+    else if (lr > 0 && verifies(root, latest, why, sizeof why)) found = 1;
+    else if (lr > 0) sb_printf(&nb, "skipped %s named by latest: %s; ", latest, why);
+    StepDir* sd = NULL;
+    int ns = 0;
+    if (ckpt_list_steps(root, &sd, &ns, &le)) {
+        sb_free(&nb);
+        return err_set(e, "%s", le.msg);
+    }
+    any |= ns > 0;
+    char chosen[64] = "";
+    if (found) {
+        ckpt_copy(chosen, sizeof chosen, latest);
+        int64_t ls = ckpt_parse_step_name(latest);
+        for (int i = 0; i < ns; i++)
+            if (sd[i].step > ls && sd[i].complete) {
+                sb_printf(&nb, "%s (not verified) is newer than latest (%s): a save was interrupted before latest was updated; "
+                               "resuming from latest; ", sd[i].name, latest);
+                break;
+            }
+    } else {
+        if (lr == 0 && ns > 0) sb_printf(&nb, "%s/%s is missing; ", root, CKPT_LATEST);
+        for (int i = 0; i < ns && !found; i++) {
+            if (lr > 0 && strcmp(sd[i].name, latest) == 0) continue;  // already tried
+            if (verifies(root, sd[i].name, why, sizeof why)) {
+                found = 1;
+                ckpt_copy(chosen, sizeof chosen, sd[i].name);
+                sb_printf(&nb, "resuming from %s, the newest complete checkpoint", sd[i].name);
+            } else {
+                sb_printf(&nb, "skipped %s: %s; ", sd[i].name, why);
+            }
+        }
+    }
+    free(sd);
+    if (nb.len >= 2 && nb.s[nb.len - 2] == ';') nb.s[nb.len -= 2] = 0;
+    int rc;
+    if (found) {
+        char p[CKPT_PATH];
+        ckpt_join(p, root, chosen);
+        ckpt_copy(step_dir, n, p);
+        if (note_n) ckpt_copy(note, note_n, nb.s ? nb.s : "");
+        rc = 1;
+    } else if (any) {
+        rc = err_set(e, "%s: no complete checkpoint to resume from: %s", root, nb.s ? nb.s : "");
+        if (note_n) ckpt_copy(note, note_n, nb.s ? nb.s : "");
+    } else {
+        rc = 0;
+    }
+    sb_free(&nb);
+    return rc;
+}
+
+// ---- accessors --------------------------------------------------------------------------------
+const char* ckpt_trainer_state(const Ckpt* ck) { return ck->state; }
+const char* ckpt_dir(const Ckpt* ck) { return ck->dir; }
+int64_t ckpt_step(const Ckpt* ck) { return ck->man.step; }
+int ckpt_world(const Ckpt* ck) { return ck->man.world; }
+int ckpt_has(const Ckpt* ck, const char* name) { return strmap_get(&ck->index, name) >= 0; }
+int ckpt_num_tensors(const Ckpt* ck) { return ck->n; }
+
+static const StTensor* tensor_at(const Ckpt* ck, int i) { return &ck->files[ck->ref[i].file]->t[ck->ref[i].idx]; }
+
+const char* ckpt_tensor_name(const Ckpt* ck, int i) { return i >= 0 && i < ck->n ? tensor_at(ck, i)->name : NULL; }
+
+int ckpt_tensor_shape(const Ckpt* ck, const char* name, int* ndim, int64_t* shape) {
+    int i = strmap_get(&ck->index, name);
+    if (i < 0) return -1;
+    const StTensor* t = tensor_at(ck, i);
+    *ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+    return 0;
+}
+
+int ckpt_read(const Ckpt* ck, const char* name, float* dst, int ndim, const int64_t* shape, Err* e) {
+    int i = strmap_get(&ck->index, name);
+    if (i < 0) return err_set(e, "%s: no tensor '%s' in this checkpoint", ck->dir, name);
+    const StFile* f = ck->files[ck->ref[i].file];
+    const StTensor* t = tensor_at(ck, i);
+    int same = t->ndim == ndim;
+    for (int d = 0; d < ndim && same; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char a[128], b[128];
+        st_shape_str(a, sizeof a, t->ndim, t->shape);
+        st_shape_str(b, sizeof b, ndim, shape);
+        return err_set(e, "%s: shape %s in the checkpoint, %s expected (%s)", name, a, b, f->path);
+    }
+    return st_read_f32(f, t, dst, e);
+}

@@ -1,0 +1,56 @@
+// hf.h — Hugging Face model directories: export a checkpoint's model tensors for
+// `transformers` (MixtralForCausalLM), and read such a directory back (init_from, eval).
+//
+// An exported directory holds
+//   config.json                        MixtralForCausalLM config (both the transformers 4 keys
+//                                      and the 5 ones: rope_theta + rope_parameters,
+//                                      torch_dtype + dtype)
+//   model-00001-of-0000N.safetensors   the model tensors (never optim.*) in the published Mixtral
+//                                      order (embed; per layer q k v o, gate, experts w1 w2 w3,
+//                                      the two norms; final norm; lm_head), ≤ 5 GB per shard,
+//                                      metadata {"format": "pt"}
+//   model.safetensors.index.json       {"metadata": {"total_size": bytes}, "weight_map": {...}}
+// bos/eos ids: for the byte vocabulary (vocab_size 256) there are no special tokens, so they are
+// null; for other vocabularies Mixtral's 1 / 2.
+#pragma once
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "config.h"
+#include "util.h"
+
+#define HF_MAX_SHARD_BYTES 5000000000ull  // transformers' default max_shard_size "5GB"
+
+// One expected tensor of the model, in the published order.
+typedef struct HfTensorSpec {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+} HfTensorSpec;
+// Every tensor of m (all experts) in the published order; *out is malloc'd. Returns the count.
+int hf_tensor_list(const ModelConfig* m, HfTensorSpec** out);
+
+int hf_export(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DType dtype, Err* e);
+// The same with a chosen shard size limit (bytes of tensor data per shard).
+int hf_export_ex(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DType dtype,
+                 uint64_t max_shard_bytes, Err* e);
+// Writes out_dir/config.json for m (part of hf_export).
+int hf_write_config(const ModelConfig* m, const char* out_dir, DType dtype, Err* e);
+
+typedef struct HfDir HfDir;
+// dir holds model.safetensors.index.json (+ shards) or a single model.safetensors; a path to
+// a .safetensors file also works.
+int hf_open(HfDir** out, const char* dir, Err* e);
+int hf_has(const HfDir* h, const char* name);
+// Reads a tensor into fp32 (F32/BF16/F16), checking its shape:
+// "model.layers.0.self_attn.q_proj.weight: shape [4096, 4096] in the checkpoint, [64, 64] in the config".
+int hf_read(const HfDir* h, const char* name, float* dst, int ndim, const int64_t* shape, Err* e);
+int hf_num_tensors(const HfDir* h);
+const char* hf_tensor_name(const HfDir* h, int i);
+void hf_close(HfDir* h);
+
+// Parses dir/config.json into m: the keys present overwrite m's fields (call config_defaults
+// first); vocab/hidden/intermediate/layers/heads/experts/top-k are required. Refuses what the
+// trainer cannot represent (model_type other than mixtral, tied embeddings, sliding window,
+// head_dim other than hidden/heads, activation other than silu).
+int hf_read_config(const char* dir, ModelConfig* m, Err* e);
