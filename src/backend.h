@@ -22,6 +22,7 @@
 // op(A) = A if !trans_a (A is [M,K]) else Aᵀ (A is [K,M]); likewise B ([K,N] or [N,K]).
 // A, B are act dtype; C is act dtype, or fp32 when c_f32 (weight gradients, router logits).
 // lda/ldb/ldc are row strides in elements (0 = packed).
+// beta = 0 never reads C (old NaN/Inf in C is ignored); K = 0 gives C = beta · C.
 typedef struct GemmDesc {
     int M, N, K;
     int trans_a, trans_b;
@@ -34,6 +35,8 @@ typedef struct GemmDesc {
 //   rows [off[g], off[g+1]) of A and C, with B_g = B + g·b_stride elements.
 // desc.M is ignored (taken from the offsets); desc.N/K/trans_b/ldb describe each B_g;
 // trans_a must be 0. Weight gradients use gemm_grouped_wgrad.
+// desc.lda / desc.ldc (0 = packed: K / N) are the row strides of A and C, the same for every
+// group; alpha and beta apply per group. Empty groups (off[g] = off[g+1]) are skipped.
 typedef struct GroupDesc {
     int groups;            // G
     const int* host_off;   // host [G+1] row offsets, non-decreasing, off[0] = 0
@@ -82,10 +85,15 @@ struct Backend {
     // ---- RoPE (HF rotate_half convention: pairs (i, i + D/2)) -------------------------------
     // In place on x [B, T, nh, D] for positions t = 0..T-1; inverse = 1 rotates by −angle
     // (the backward).
+    // D even; angle = t · theta^(−2i/D) for pair (i, i + D/2); x1' = x1 cos − x2 sin,
+    // x2' = x2 cos + x1 sin. The CPU spec computes angle, cos and sin in double and rounds cos/sin
+    // to fp32 once (HF computes them in fp32: the two differ by ~t·6e-8 rad, 2e-3 at t = 32k).
     void (*rope)(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
 
     // ---- causal GQA attention ----------------------------------------------------------------
     // q [B,T,Hq,D], k/v [B,T,Hkv,D], out [B,T,Hq,D], lse fp32 [B,Hq,T]. scale = 1/sqrt(D).
+    // Hq is a multiple of Hkv; query head h reads kv head h / (Hq/Hkv). lse = natural-log
+    // logsumexp of the scaled scores over s ≤ t (what attn_bwd recomputes P from).
     void (*attn_fwd)(Backend*, void* out, float* lse, const void* q, const void* k,
                      const void* v, int B, int T, int Hq, int Hkv, int D);
     // Overwrites dq, dk, dv.
@@ -99,14 +107,17 @@ struct Backend {
     void (*gemm_grouped)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
                          const void* B, void* C);
     // Weight gradient per group: dB_g[N,K] += dY[rows g]ᵀ[N, r] · X[rows g][r, K] (fp32 dB),
-    // dB_g = dB + g·b_stride. (N = dY width, K = X width.)
+    // dB_g = dB + g·b_stride. (N = dY width, K = X width; dY [rows, N] and X [rows, K] packed.)
+    // An empty group leaves its dB_g unchanged.
     void (*gemm_grouped_wgrad)(Backend*, const GroupDesc*, int N, int K, const void* dY,
                                const void* X, float* dB);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
+    // silu(g) = g · sigmoid(g) = g / (1 + e^−g).
     void (*swiglu_fwd)(Backend*, void* h, const void* gu, const float* scale, int n, int F);
     // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
+    // (dscale is the same formula whether or not scale is NULL.)
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
                        const float* scale, int n, int F);
 
@@ -115,11 +126,16 @@ struct Backend {
     // topk_w[N,k] = renormalised top-k probs. stats (fp32 [2E], +=): [0,E) count of tokens
     // routed to e (any slot), [E,2E) Σ_n probs[n,e] — the load-balancing loss inputs.
     // zsum (fp32 [1], +=): Σ_n logsumexp(logits[n])².
+    // Requires 1 ≤ k ≤ E. The top-k compares the fp32 probs; topk_w = p / S with S the sum of the
+    // k selected probs. Every row yields k distinct experts in [0, E), even for NaN logits.
     void (*router_fwd)(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats,
                        float* zsum, const float* logits, int N, int E, int k);
     // dlogits[N,E] (overwritten) from: dtopk_w[N,k] through the renormalised top-k; the aux
     // loss as dL/dprobs[n,e] = aux_dprob[e] (same for every token); the z-loss as
     // z_grad · 2·lse(n)·softmax(n). Any of dtopk_w / aux_dprob may be NULL.
+    // Since topk_w = softmax over the selected logits, the top-k path is
+    // dlogits[i_j] = w_j (dw_j − Σ_l w_l dw_l), exactly 0 for unselected experts; the aux path
+    // goes through the full softmax: p_e (aux_e − Σ_f p_f aux_f). The three paths add.
     void (*router_bwd)(Backend*, float* dlogits, const float* dtopk_w, const float* aux_dprob,
                        float z_grad, const float* probs, const int32_t* topk_idx,
                        const float* topk_w, const float* logits, int N, int E, int k);
@@ -127,6 +143,7 @@ struct Backend {
     // ---- permutation (token → expert-major rows) ---------------------------------------------
     // From topk_idx[N*k] (flattened (n, slot)): counts[E] (int32, overwritten) and
     // dest[N*k] = row of (n, slot) in expert-major order (experts ascending, then n, then slot).
+    // An expert id outside [0, E) is a caller error (the CPU backend aborts with a message).
     void (*moe_index)(Backend*, int32_t* counts, int32_t* dest, const int32_t* topk_idx, int N,
                       int k, int E);
     // xp[dest[i], :] = x[i / k, :]   (i over N*k)
@@ -150,6 +167,7 @@ struct Backend {
     // Cross-entropy over rows of logits [n, V] (act) with targets[n] (< 0 = ignored).
     // loss (fp32 [1], +=) Σ_n −log softmax(logits[n])[target]. If grad_scale != 0, logits is
     // overwritten by dL/dlogits · grad_scale (softmax − onehot; ignored rows → 0).
+    // grad_scale = 0 leaves logits untouched. A target ≥ V is a caller error (CPU: aborts).
     void (*cross_entropy)(Backend*, void* logits, float* loss, const int32_t* targets, int n,
                           int V, float grad_scale);
 
@@ -157,6 +175,9 @@ struct Backend {
     // AdamW on n elements: master/m/v/grad fp32, param (act copy, may alias master when act is
     // fp32 and param == master). lr already includes the schedule; wd = 0 for exempt tensors.
     // step is 1-based (bias correction). grad_scale multiplies grad first (clipping).
+    // torch.optim.AdamW: g = grad·grad_scale; p ← p·(1 − lr·wd) (on the old p, first);
+    // m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g² (stored fp32; the update reads the stored values);
+    // p ← p − lr · (m / (1−β1^step)) / (sqrt(v / (1−β2^step)) + eps).
     void (*adamw)(Backend*, float* master, void* param, float* m, float* v, const float* grad,
                   size_t n, float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int step);
@@ -171,5 +192,7 @@ struct Backend {
 // when no GPU is visible.
 Backend* cpu_backend_create(void);
 Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
+// The CUDA backend's stream (a cudaStream_t) for the NCCL communicator; NULL for other backends.
+void* cuda_backend_stream(Backend* be);
 
 static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }

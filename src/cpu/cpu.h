@@ -1,9 +1,65 @@
-// cpu.h — internals of the CPU backend (fp32 everywhere; act buffers are float).
+// cpu.h — internals of the CPU backend: plain fp32 C loops, the executable spec of every op in
+// backend.h. act buffers are float. Every op is deterministic and independent of the number of
+// OpenMP threads: each output element is computed by one thread in a fixed order, and every
+// reduction over many elements goes through fixed chunks summed in order (cpu_sum_chunks).
 #pragma once
 #include "backend.h"
 #include "util.h"
 
-void cpu_gemm_f32(const GemmDesc* d, const float* A, const float* B, float* C);
-void cpu_register_gemm(Backend* be);
-void cpu_register_nn(Backend* be);    // embedding, rmsnorm, rope, attention, loss, adamw
-void cpu_register_moe(Backend* be);   // router, index, permutes, swiglu
+// GEMM blocking (cpu_gemm.c): micro-tile MR×NR, A blocks MC×KC, B blocks KC×NC.
+enum { CPU_MR = 4, CPU_NR = 16, CPU_MC = 64, CPU_KC = 256, CPU_NC = 512 };
+
+typedef struct CpuImpl {
+    size_t live, peak;  // bytes allocated through be->alloc, now and at most
+    float* bpack;       // [CPU_KC * CPU_NC] packed B block, shared by the threads of one GEMM
+                        // (ops run one at a time per backend, so one buffer suffices)
+} CpuImpl;
+
+// Deterministic parallel sum over items [0, n): at most 64 chunks of at least min_chunk items,
+// a partition that depends only on n and min_chunk (never on the thread count); f(ctx, lo, hi)
+// processes [lo, hi) and returns its double sum; the partial sums are added in chunk order.
+double cpu_sum_chunks(size_t n, size_t min_chunk, double (*f)(const void* ctx, size_t lo, size_t hi),
+                      const void* ctx);
+
+// ---- cpu_gemm.c ---------------------------------------------------------------------------
+void cpu_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
+void cpu_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
+void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB);
+
+// ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
+void cpu_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
+void cpu_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+void cpu_rmsnorm_fwd(Backend*, void* y, float* rstd, const void* x, const void* w, int N, int H, float eps);
+void cpu_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* x, const void* w,
+                     const float* rstd, int N, int H, int accumulate);
+
+// ---- cpu_attn.c: RoPE and causal GQA attention --------------------------------------------
+void cpu_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+void cpu_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
+                  int Hq, int Hkv, int D);
+void cpu_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
+                  const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D);
+
+// ---- cpu_moe.c: router, expert-major index, permutes, SwiGLU ------------------------------
+void cpu_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,
+                    const float* logits, int N, int E, int k);
+void cpu_router_bwd(Backend*, float* dlogits, const float* dtopk_w, const float* aux_dprob, float z_grad,
+                    const float* probs, const int32_t* topk_idx, const float* topk_w, const float* logits, int N,
+                    int E, int k);
+void cpu_moe_index(Backend*, int32_t* counts, int32_t* dest, const int32_t* topk_idx, int N, int k, int E);
+void cpu_permute_fwd(Backend*, void* xp, const void* x, const int32_t* dest, int N, int k, int H);
+void cpu_permute_bwd(Backend*, void* dx, const void* dxp, const int32_t* dest, int N, int k, int H);
+void cpu_gather_rows_f32(Backend*, float* outp, const float* in, const int32_t* dest, int n);
+void cpu_scatter_rows_f32(Backend*, float* out, const float* inp, const int32_t* dest, int n);
+void cpu_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H, int accumulate);
+void cpu_unpermute_bwd(Backend*, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H);
+void cpu_swiglu_fwd(Backend*, void* h, const void* gu, const float* scale, int n, int F);
+void cpu_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
+                    int F);
+
+// ---- cpu_loss.c ---------------------------------------------------------------------------
+void cpu_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targets, int n, int V, float grad_scale);
+
+// ---- cpu_optim.c --------------------------------------------------------------------------
+void cpu_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
+               float beta1, float beta2, float eps, float wd, float grad_scale, int step);

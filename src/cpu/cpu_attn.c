@@ -1,0 +1,178 @@
+// cpu_attn.c — RoPE (Hugging Face rotate_half convention) and causal GQA attention, the
+// flash-attention way: the forward keeps a running max and sum per query row (online softmax)
+// and saves only lse; the backward recomputes the probabilities from lse. Memory is O(D) per
+// thread: no T×T buffer exists anywhere.
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+enum { MAX_D = 1024 };  // head dims up to this (stack accumulators)
+enum { BK = 64 };       // keys per online-softmax block (forward)
+enum { SB = 16 };       // keys per dK/dV work item (backward)
+
+// ---- RoPE ------------------------------------------------------------------------------------
+
+// x [B, T, nh, D] in place. Pair (i, i + D/2) at position t rotates by angle t · theta^(−2i/D):
+// x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin (inverse: by −angle). Angles and cos/sin are
+// computed in double and rounded to fp32 once (accurate at positions ~32k with theta 1e6).
+void cpu_rope(Backend* be, void* x_, int B, int T, int nh, int D, float theta, int inverse) {
+    float* x = x_;
+    CHECK(D % 2 == 0 && D <= MAX_D, "rope: head dim %d must be even and at most %d", D, MAX_D);
+    const int half = D / 2;
+    double inv_freq[MAX_D / 2];
+    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / D);
+#pragma omp parallel for schedule(static) if ((size_t)B * T * nh * D >= 32768)
+    for (int t = 0; t < T; t++) {
+        float c[MAX_D / 2], s[MAX_D / 2];
+        for (int i = 0; i < half; i++) {
+            const double ang = (double)t * inv_freq[i];
+            c[i] = (float)cos(ang);
+            s[i] = (float)(inverse ? -sin(ang) : sin(ang));
+        }
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < nh; h++) {
+                float* v = x + (((size_t)b * T + t) * nh + h) * D;
+                for (int i = 0; i < half; i++) {
+                    const float x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * c[i] - x2 * s[i];
+                    v[i + half] = x2 * c[i] + x1 * s[i];
+                }
+            }
+    }
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+static inline float dotf(const float* a, const float* b, int D) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < D; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpyf(float* y, float a, const float* x, int D) {
+#pragma omp simd
+    for (int i = 0; i < D; i++) y[i] += a * x[i];
+}
+
+static void check_heads(const char* op, int Hq, int Hkv, int D) {
+    CHECK(Hkv > 0 && Hq % Hkv == 0, "%s: query heads %d must be a multiple of kv heads %d", op, Hq, Hkv);
+    CHECK(D > 0 && D <= MAX_D, "%s: head dim %d must be in [1, %d]", op, D, MAX_D);
+}
+
+// out[b,t,h,:] = Σ_{s≤t} softmax_s(q·k_s · scale) v_s with kv head h / (Hq/Hkv);
+// lse[b,h,t] = log Σ_{s≤t} exp(q·k_s · scale).
+void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const void* k_, const void* v_, int B, int T,
+                  int Hq, int Hkv, int D) {
+    float* out = out_;                                // [B, T, Hq, D]; lse [B, Hq, T]
+    const float *q = q_, *k = k_, *v = v_;            // q [B, T, Hq, D], k/v [B, T, Hkv, D]
+    check_heads("attn_fwd", Hq, Hkv, D);
+    const float scale = 1.0f / sqrtf((float)D);
+    const int grp = Hq / Hkv;
+#pragma omp parallel for collapse(3) schedule(dynamic, 8)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int t = 0; t < T; t++) {
+                const int kh = h / grp;
+                const float* qr = q + (((size_t)b * T + t) * Hq + h) * D;
+                const float* kb = k + ((size_t)b * T * Hkv + kh) * D;  // key s at kb + s·Hkv·D
+                const float* vb = v + ((size_t)b * T * Hkv + kh) * D;
+                const size_t kst = (size_t)Hkv * D;
+                float acc[MAX_D], sc[BK];
+                for (int i = 0; i < D; i++) acc[i] = 0;
+                float m = -INFINITY, l = 0;
+                for (int s0 = 0; s0 <= t; s0 += BK) {
+                    const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
+                    float bm = -INFINITY;
+                    for (int s = s0; s < s1; s++) {
+                        sc[s - s0] = dotf(qr, kb + s * kst, D) * scale;
+                        if (sc[s - s0] > bm) bm = sc[s - s0];
+                    }
+                    const float mn = bm > m ? bm : m;
+                    if (mn == -INFINITY) continue;  // every score so far is −inf
+                    if (mn != m) {                   // rescale what was summed under the old max
+                        const float corr = expf(m - mn);
+                        l *= corr;
+                        for (int i = 0; i < D; i++) acc[i] *= corr;
+                        m = mn;
+                    }
+                    for (int s = s0; s < s1; s++) {
+                        const float p = expf(sc[s - s0] - m);
+                        l += p;
+                        axpyf(acc, p, vb + s * kst, D);
+                    }
+                }
+                float* o = out + (((size_t)b * T + t) * Hq + h) * D;
+                for (int i = 0; i < D; i++) o[i] = acc[i] / l;
+                lse[((size_t)b * Hq + h) * T + t] = m + logf(l);
+            }
+}
+
+// With P_ts = exp(q_t·k_s·scale − lse_t), dP_ts = dO_t·v_s, D_t = dO_t·O_t, dS = P ∘ (dP − D):
+//   dq_t = scale Σ_s dS_ts k_s,  dk_s = scale Σ_{h in group, t≥s} dS_ts q_t,  dv_s = Σ P_ts dO_t.
+// Two passes, each output row owned by one work item: dq by query rows, dk/dv by blocks of SB
+// keys of one kv head (looping over that head's query heads). P is recomputed in each pass.
+void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout_, const void* out_, const float* lse,
+                  const void* q_, const void* k_, const void* v_, int B, int T, int Hq, int Hkv, int D) {
+    float *dq = dq_, *dk = dk_, *dv = dv_;                // dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D]
+    const float *dout = dout_, *out = out_;               // [B, T, Hq, D]; lse [B, Hq, T]
+    const float *q = q_, *k = k_, *v = v_;
+    check_heads("attn_bwd", Hq, Hkv, D);
+    const float scale = 1.0f / sqrtf((float)D);
+    const int grp = Hq / Hkv;
+    const size_t qst = (size_t)Hq * D, kst = (size_t)Hkv * D;  // row strides over t
+
+    // pass 1: dq
+#pragma omp parallel for collapse(3) schedule(dynamic, 8)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int t = 0; t < T; t++) {
+                const int kh = h / grp;
+                const size_t qi = ((size_t)b * T + t) * qst + (size_t)h * D;
+                const float *qr = q + qi, *g = dout + qi;
+                const float* kb = k + (size_t)b * T * kst + (size_t)kh * D;
+                const float* vb = v + (size_t)b * T * kst + (size_t)kh * D;
+                const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
+                float acc[MAX_D];
+                for (int i = 0; i < D; i++) acc[i] = 0;
+                for (int s = 0; s <= t; s++) {
+                    const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
+                    const float ds = p * (dotf(g, vb + s * kst, D) - Di);
+                    axpyf(acc, ds, kb + s * kst, D);
+                }
+                for (int i = 0; i < D; i++) dq[qi + i] = acc[i] * scale;
+            }
+
+    // pass 2: dk, dv
+    const int nsb = (T + SB - 1) / SB;
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++)
+        for (int kh = 0; kh < Hkv; kh++)
+            for (int sb = 0; sb < nsb; sb++) {
+                const int s0 = sb * SB, s1 = s0 + SB < T ? s0 + SB : T;
+                const float* kb = k + (size_t)b * T * kst + (size_t)kh * D;
+                const float* vb = v + (size_t)b * T * kst + (size_t)kh * D;
+                float* dkb = dk + (size_t)b * T * kst + (size_t)kh * D;
+                float* dvb = dv + (size_t)b * T * kst + (size_t)kh * D;
+                for (int s = s0; s < s1; s++) {
+                    memset(dkb + s * kst, 0, sizeof(float) * (size_t)D);
+                    memset(dvb + s * kst, 0, sizeof(float) * (size_t)D);
+                }
+                for (int h = kh * grp; h < (kh + 1) * grp; h++)
+                    for (int t = s0; t < T; t++) {
+                        const size_t qi = ((size_t)b * T + t) * qst + (size_t)h * D;
+                        const float *qr = q + qi, *g = dout + qi;
+                        const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
+                        const int se = t + 1 < s1 ? t + 1 : s1;
+                        for (int s = s0; s < se; s++) {
+                            const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
+                            const float ds = p * (dotf(g, vb + s * kst, D) - Di);
+                            axpyf(dvb + s * kst, p, g, D);
+                            axpyf(dkb + s * kst, ds, qr, D);
+                        }
+                    }
+                for (int s = s0; s < s1; s++)
+                    for (int i = 0; i < D; i++) dkb[s * kst + i] *= scale;
+            }
+}

@@ -1,0 +1,317 @@
+// test_cpu_moe.c — the CPU MoE ops: router forward against a double softmax / top-k (ordering,
+// ties, NaN rows, statistics, z sum), router backward by finite differences through the
+// renormalised top-k, the aux and the z terms; the expert-major index; permute / unpermute
+// adjointness; SwiGLU with and without the routing scale. Method and tolerances: tests/cpu_fd.h.
+#include "cpu_fd.h"
+
+// ---- router forward ---------------------------------------------------------------------------
+
+static void test_router_fwd(void) {
+    enum { N = 50, E = 8, k = 2 };
+    float *lg = rnd(N * E, 2), *probs = fill(N * E, NAN), *tw = fill(N * k, NAN);
+    int32_t idx[N * k];
+    float stats[2 * E], st0[2 * E], z = 0.75f;
+    for (int e = 0; e < 2 * E; e++) st0[e] = stats[e] = 3.0f + e;  // accumulates (+=)
+    be->router_fwd(be, probs, idx, tw, stats, &z, lg, N, E, k);
+    double perr = 0, sum_err = 0, zref = 0.75, cnt[E] = {0}, psum[E] = {0};
+    int order = 1, topset = 1, renorm = 1;
+    for (int n = 0; n < N; n++) {
+        const float* l = lg + n * E;
+        const float* p = probs + n * E;
+        double mx = -INFINITY, s = 0, ps = 0;
+        for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
+        for (int e = 0; e < E; e++) s += exp(l[e] - mx);
+        zref += (mx + log(s)) * (mx + log(s));
+        for (int e = 0; e < E; e++) {
+            perr = fmax(perr, relerr(p[e], exp(l[e] - mx) / s));
+            ps += p[e];
+            psum[e] += p[e];
+        }
+        sum_err = fmax(sum_err, fabs(ps - 1));
+        const int32_t* id = idx + n * k;
+        order &= p[id[0]] >= p[id[1]] && id[0] != id[1];
+        for (int e = 0; e < E; e++)
+            if (e != id[0] && e != id[1]) topset &= p[e] <= p[id[1]];
+        const double S = (double)p[id[0]] + p[id[1]];
+        for (int j = 0; j < k; j++) {
+            renorm &= relerr(tw[n * k + j], p[id[j]] / S) < TOL_FWD;
+            cnt[id[j]] += 1;
+        }
+        renorm &= fabs((double)tw[n * k] + tw[n * k + 1] - 1) < TOL_FWD;
+    }
+    EXPECT(perr < TOL_FWD, "router probs vs double softmax: max rel error %.3g", perr);
+    EXPECT(sum_err < TOL_FWD, "softmax rows sum to 1: max |Σ − 1| %.3g", sum_err);
+    EXPECT(order, "top-k is descending and distinct");
+    EXPECT(topset, "top-k holds the k largest probabilities");
+    EXPECT(renorm, "topk_w = p / Σ_topk p, summing to 1");
+    double total = 0;
+    int counts_ok = 1, psum_ok = 1;
+    for (int e = 0; e < E; e++) {
+        counts_ok &= stats[e] - st0[e] == cnt[e];
+        total += stats[e] - st0[e];
+        psum_ok &= fabs(stats[E + e] - st0[E + e] - psum[e]) < 1e-5;
+    }
+    EXPECT(counts_ok && total == N * k, "stats[0,E) += routed counts, summing to N·k (%g)", total);
+    EXPECT(psum_ok, "stats[E,2E) += Σ_n probs");
+    EXPECT(relerr(z, zref) < TOL_FWD, "zsum += Σ lse²: %.9g vs %.9g", z, zref);
+    free(lg), free(probs), free(tw);
+}
+
+static void test_router_ties(void) {
+    // exact ties go to the lower index; NaN rows still give k distinct valid experts
+    const float lg[4][5] = {{0, 2, 2, 1, 2}, {1, 1, 1, 1, 1}, {-3, 5, 0.5f, 5, 9}, {NAN, 1, NAN, 0, 2}};
+    const int32_t want[4][3] = {{1, 2, 4}, {0, 1, 2}, {4, 1, 3}, {4, 1, 3}};
+    float probs[4 * 5], tw[4 * 3], st[10] = {0}, z = 0;
+    int32_t idx[4 * 3];
+    be->router_fwd(be, probs, idx, tw, st, &z, lg[0], 3, 5, 3);
+    for (int n = 0; n < 3; n++)
+        for (int j = 0; j < 3; j++)
+            EXPECT(idx[n * 3 + j] == want[n][j], "row %d slot %d: expert %d, want %d (ties → lower index)", n, j,
+                   idx[n * 3 + j], want[n][j]);
+    be->router_fwd(be, probs, idx, tw, st, &z, lg[3], 1, 5, 3);
+    int valid = 1;
+    for (int j = 0; j < 3; j++) valid &= idx[j] >= 0 && idx[j] < 5;
+    valid &= idx[0] != idx[1] && idx[1] != idx[2] && idx[0] != idx[2];
+    EXPECT(valid, "NaN logits: top-k still k distinct experts in range (%d %d %d)", idx[0], idx[1], idx[2]);
+    // k = E: a full descending sort
+    float l2[6] = {0.3f, -1, 2, 0.3f, 5, -7}, p2[6], w2[6], s2[12] = {0}, z2 = 0;
+    int32_t i2[6];
+    const int32_t w[6] = {4, 2, 0, 3, 1, 5};
+    be->router_fwd(be, p2, i2, w2, s2, &z2, l2, 1, 6, 6);
+    EXPECT(memcmp(i2, w, sizeof w) == 0, "k = E sorts all experts descending, ties by index");
+    // large logits: max subtraction
+    float l3[4] = {1e4f, 1e4f - 1, 1e4f - 2, -1e4f}, p3[4], w3[2], s3[8] = {0}, z3 = 0;
+    int32_t i3[2];
+    be->router_fwd(be, p3, i3, w3, s3, &z3, l3, 1, 4, 2);
+    EXPECT(isfinite(p3[0]) && isfinite(z3) && i3[0] == 0 && i3[1] == 1 && fabsf(w3[0] - 0.7310586f) < 1e-6f,
+           "logits ~1e4 stay finite (w0 %.7g, want 0.7310586)", w3[0]);
+}
+
+// ---- router backward --------------------------------------------------------------------------
+
+typedef struct RouterCtx {
+    float *lg, *probs, *tw, *stats;
+    int32_t *idx, *idx0;
+    const float *rw, *aux;
+    double zg;
+    int N, E, k, flipped;
+} RouterCtx;
+
+// L = Σ rw ∘ topk_w + Σ_n Σ_e aux_e p_ne + zg Σ_n lse(n)², the z part in double from the logits
+// (zsum's forward is checked in test_router_fwd).
+static double router_loss(void* c_) {
+    RouterCtx* c = c_;
+    float z = 0;
+    memset(c->stats, 0, sizeof(float) * 2 * c->E);
+    be->router_fwd(be, c->probs, c->idx, c->tw, c->stats, &z, c->lg, c->N, c->E, c->k);
+    c->flipped |= memcmp(c->idx, c->idx0, sizeof(int32_t) * c->N * c->k) != 0;
+    double L = c->rw ? dotd(c->rw, c->tw, (size_t)c->N * c->k) : 0;
+    for (int n = 0; n < c->N; n++) {
+        if (c->aux) L += dotd(c->aux, c->probs + (size_t)n * c->E, c->E);
+        if (c->zg != 0) {
+            const float* l = c->lg + (size_t)n * c->E;
+            double mx = -INFINITY, s = 0;
+            for (int e = 0; e < c->E; e++) mx = fmax(mx, l[e]);
+            for (int e = 0; e < c->E; e++) s += exp(l[e] - mx);
+            L += c->zg * (mx + log(s)) * (mx + log(s));
+        }
+    }
+    return L;
+}
+
+// Logits whose top k+1 entries per row are ≥ 0.05 apart, so ±EPS_ROUTER·u never reorders them.
+static float* separated_logits(int N, int E, int k) {
+    float* lg = xmalloc(sizeof(float) * N * E);
+    for (int n = 0; n < N; n++) {
+        int ok = 0;
+        while (!ok) {
+            float* l = lg + n * E;
+            for (int e = 0; e < E; e++) l[e] = 1.5f * rng_normal(&rng);
+            ok = 1;
+            for (int a = 0; a < E; a++)
+                for (int b = 0; b < E; b++) {
+                    if (a == b || fabsf(l[a] - l[b]) >= 0.05f) continue;
+                    int above = 0;  // rank of the larger one
+                    for (int e = 0; e < E; e++) above += l[e] > fmaxf(l[a], l[b]);
+                    if (above <= k) ok = 0;
+                }
+        }
+    }
+    return lg;
+}
+
+static void router_bwd_case(const char* what, int use_w, int use_aux, float zg) {
+    enum { N = 12, E = 6, k = 3 };
+    float* lg = separated_logits(N, E, k);
+    float *probs = fill(N * E, 0), *tw = fill(N * k, 0), stats[2 * E] = {0}, z = 0;
+    int32_t idx[N * k], idx0[N * k];
+    float *rw = rnd(N * k, 1), *aux = rnd(E, 0.5f), *dl = fill(N * E, NAN);
+    be->router_fwd(be, probs, idx0, tw, stats, &z, lg, N, E, k);
+    be->router_bwd(be, dl, use_w ? rw : NULL, use_aux ? aux : NULL, zg, probs, idx0, tw, lg, N, E, k);
+    if (use_w && !use_aux && zg == 0) {
+        int zero = 1;
+        for (int n = 0; n < N; n++)
+            for (int e = 0; e < E; e++) {
+                int sel = 0;
+                for (int j = 0; j < k; j++) sel |= idx0[n * k + j] == e;
+                if (!sel) zero &= dl[n * E + e] == 0;
+            }
+        EXPECT(zero, "router_bwd: the top-k path gives exactly 0 to unselected experts");
+    }
+    RouterCtx c = {lg, probs, tw, stats, idx, idx0, use_w ? rw : NULL, use_aux ? aux : NULL, zg, N, E, k, 0};
+    FdVar v = {"logits", lg, dl, (size_t)N * E};
+    FD_EXPECT(what, &v, router_loss, &c, EPS_ROUTER, TOL_ROUTER);
+    EXPECT(!c.flipped, "%s: no top-k choice flipped under ±ε", what);
+    free(lg), free(probs), free(tw), free(rw), free(aux), free(dl);
+}
+
+static void test_router_bwd(void) {
+    router_bwd_case("router_bwd (renormalised top-k)", 1, 0, 0.0f);
+    router_bwd_case("router_bwd (aux)", 0, 1, 0.0f);
+    router_bwd_case("router_bwd (z)", 0, 0, 0.05f);
+    router_bwd_case("router_bwd (all three)", 1, 1, 0.05f);
+}
+
+// ---- expert-major index and permutations ------------------------------------------------------
+
+enum { PN = 37, PK = 3, PE = 7, PH = 9 };
+
+// k distinct experts per token from [0, E-1): expert E-1 is never chosen (an empty group)
+static void random_topk(int32_t* topk) {
+    for (int n = 0; n < PN; n++)
+        for (int s = 0; s < PK; s++) {
+            int e, dupl;
+            do {
+                e = (int)(rng_u64(&rng) % (PE - 1));
+                dupl = 0;
+                for (int j = 0; j < s; j++) dupl |= topk[n * PK + j] == e;
+            } while (dupl);
+            topk[n * PK + s] = e;
+        }
+}
+
+static void test_moe_index(void) {
+    int32_t topk[PN * PK], dest[PN * PK], counts[PE];
+    random_topk(topk);
+    for (int e = 0; e < PE; e++) counts[e] = -5;  // overwritten
+    be->moe_index(be, counts, dest, topk, PN, PK, PE);
+    int hist[PE] = {0}, seen[PN * PK] = {0}, total = 0;
+    for (int i = 0; i < PN * PK; i++) hist[topk[i]]++;
+    int match = 1;
+    for (int e = 0; e < PE; e++) match &= counts[e] == hist[e], total += counts[e];
+    EXPECT(match && total == PN * PK && counts[PE - 1] == 0, "counts are the histogram, summing to N·k");
+    int perm = 1;
+    for (int i = 0; i < PN * PK; i++) perm &= dest[i] >= 0 && dest[i] < PN * PK && !seen[dest[i]]++;
+    EXPECT(perm, "dest is a permutation of [0, N·k)");
+    int major = 1, stable = 1, off[PE + 1] = {0};
+    for (int e = 0; e < PE; e++) off[e + 1] = off[e] + hist[e];
+    for (int i = 0; i < PN * PK; i++) {
+        major &= dest[i] >= off[topk[i]] && dest[i] < off[topk[i] + 1];
+        for (int j = 0; j < i; j++)
+            if (topk[j] == topk[i]) stable &= dest[j] < dest[i];
+    }
+    EXPECT(major, "rows of expert e lie in [off_e, off_e + counts_e): experts ascending");
+    EXPECT(stable, "within an expert, rows follow token n then slot");
+}
+
+// |<Px, y> − <x, Pᵀy>| relative to the Cauchy–Schwarz bound ‖Px‖·‖y‖
+static double adj_err(double a, double b, const float* px, size_t npx, const float* y, size_t ny) {
+    return fabs(a - b) / sqrt(dotd(px, px, npx) * dotd(y, y, ny));
+}
+
+static void test_permute(void) {
+    int32_t topk[PN * PK], dest[PN * PK], counts[PE];
+    random_topk(topk);
+    be->moe_index(be, counts, dest, topk, PN, PK, PE);
+    const size_t R = PN * PK;
+    float *x = rnd(PN * PH, 1), *y = rnd(R * PH, 1), *xp = fill(R * PH, NAN), *pty = fill(PN * PH, NAN);
+    be->permute_fwd(be, xp, x, dest, PN, PK, PH);
+    int exact = 1;
+    for (size_t i = 0; i < R; i++) exact &= memcmp(xp + dest[i] * PH, x + (i / PK) * PH, sizeof(float) * PH) == 0;
+    EXPECT(exact, "permute_fwd copies token rows to their expert-major rows exactly");
+    be->permute_bwd(be, pty, y, dest, PN, PK, PH);
+    const double ea = adj_err(dotd(xp, y, R * PH), dotd(x, pty, PN * PH), xp, R * PH, y, R * PH);
+    EXPECT(ea < TOL_ADJ, "permute: <P x, y> = <x, Pᵀ y> (%.3g)", ea);
+
+    float *u = fill(PN * PH, NAN), *ut = fill(R * PH, NAN);
+    be->unpermute_fwd(be, u, y, dest, PN, PK, PH, 0);
+    be->unpermute_bwd(be, ut, x, dest, PN, PK, PH);
+    const double eu = adj_err(dotd(u, x, PN * PH), dotd(y, ut, R * PH), u, PN * PH, x, PN * PH);
+    EXPECT(eu < TOL_ADJ, "unpermute: <U y, x> = <y, Uᵀ x> (%.3g)", eu);
+    EXPECT(memcmp(u, pty, sizeof(float) * PN * PH) == 0, "unpermute_fwd = permute_bwd (both sum a token's slots)");
+    float* acc = dup(x, PN * PH);
+    be->unpermute_fwd(be, acc, y, dest, PN, PK, PH, 1);
+    double e = 0;
+    for (int i = 0; i < PN * PH; i++) e = fmax(e, fabs(acc[i] - ((double)x[i] + u[i])));
+    EXPECT(e < 1e-5, "unpermute_fwd accumulate adds onto out (max error %.3g)", e);
+
+    float *w = rnd(R, 1), *wp = fill(R, NAN), *wb = fill(R, NAN);
+    be->gather_rows_f32(be, wp, w, dest, (int)R);
+    be->scatter_rows_f32(be, wb, wp, dest, (int)R);
+    int g_ok = 1;
+    for (size_t i = 0; i < R; i++) g_ok &= wp[dest[i]] == w[i];
+    EXPECT(g_ok && memcmp(wb, w, sizeof(float) * R) == 0, "gather_rows_f32 then scatter_rows_f32 is the identity");
+    free(x), free(y), free(xp), free(pty), free(u), free(ut), free(acc), free(w), free(wp), free(wb);
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+
+typedef struct SwiCtx {
+    float *gu, *h, *r;
+    const float* scale;
+    int n, F;
+} SwiCtx;
+static double swi_loss(void* c_) {
+    SwiCtx* c = c_;
+    be->swiglu_fwd(be, c->h, c->gu, c->scale, c->n, c->F);
+    return dotd(c->r, c->h, (size_t)c->n * c->F);
+}
+
+static void test_swiglu(void) {
+    enum { n = 11, F = 13 };
+    float *gu = rnd(n * 2 * F, 2), *sc = rnd(n, 1), *r = rnd(n * F, 1), *h = fill(n * F, NAN);
+    gu[0] = 60, gu[1] = -60;  // saturated sigmoid
+    for (int with = 0; with < 2; with++) {
+        const float* scale = with ? sc : NULL;
+        be->swiglu_fwd(be, h, gu, scale, n, F);
+        double* ref = xmalloc(sizeof(double) * n * F);
+        for (int i = 0; i < n; i++)
+            for (int f = 0; f < F; f++) {
+                const double g = gu[i * 2 * F + f], u = gu[i * 2 * F + F + f];
+                ref[i * F + f] = g / (1 + exp(-g)) * u * (with ? sc[i] : 1.0);
+            }
+        EXPECT(rel_l2d(h, ref, n * F) < TOL_FWD, "swiglu_fwd (scale %s) vs formula: %.3g", with ? "on" : "off",
+               rel_l2d(h, ref, n * F));
+        float *dgu = fill(n * 2 * F, NAN), *ds = fill(n, NAN), *dgu2 = fill(n * 2 * F, NAN);
+        be->swiglu_bwd(be, dgu, ds, r, gu, scale, n, F);
+        be->swiglu_bwd(be, dgu2, NULL, r, gu, scale, n, F);
+        EXPECT(memcmp(dgu, dgu2, sizeof(float) * n * 2 * F) == 0, "dscale = NULL gives the same dgu");
+        float* inpl = dup(gu, n * 2 * F);
+        be->swiglu_bwd(be, inpl, NULL, r, inpl, scale, n, F);
+        EXPECT(memcmp(inpl, dgu, sizeof(float) * n * 2 * F) == 0, "swiglu_bwd in place (dgu = gu)");
+        SwiCtx c = {gu, h, r, scale, n, F};
+        FdVar v = {"gu", gu, dgu, (size_t)n * 2 * F};
+        FD_EXPECT(with ? "swiglu (scale)" : "swiglu", &v, swi_loss, &c, EPS_SMOOTH, TOL_SMOOTH);
+        // dscale: the gradient w.r.t. the scale (at scale = 1 when there is none)
+        float* s1 = with ? sc : fill(n, 1.0f);
+        SwiCtx cs = {gu, h, r, s1, n, F};
+        FdVar vs = {"scale", s1, ds, n};
+        FD_EXPECT(with ? "swiglu (scale)" : "swiglu (dscale at scale 1)", &vs, swi_loss, &cs, EPS_SMOOTH, TOL_SMOOTH);
+        if (!with) free(s1);
+        free(ref), free(dgu), free(ds), free(dgu2), free(inpl);
+    }
+    free(gu), free(sc), free(r), free(h);
+}
+
+int main(void) {
+    be = cpu_backend_create();
+    rng_seed(&rng, 4242);
+    RUN(test_router_fwd);
+    RUN(test_router_ties);
+    RUN(test_router_bwd);
+    RUN(test_moe_index);
+    RUN(test_permute);
+    RUN(test_swiglu);
+    be->destroy(be);
+    TEST_END();
+}
