@@ -25,11 +25,13 @@ struct Comm {
     // In place: buf[n] = Σ over group (fp32).
     void (*all_reduce_sum)(Comm*, GroupId, float* buf, size_t n);
     // in[n·size] → out[n] = Σ over group of chunk rank of in (fp32). n per rank.
+    // In place when out == in + rank·n (NCCL's rule; MPI copies through scratch).
     void (*reduce_scatter_sum)(Comm*, GroupId, float* out, const float* in, size_t n);
     // in[n] from every rank → out[n·size], rank-major. Raw bytes (n in bytes).
+    // In place when in == out + rank·n.
     void (*all_gather)(Comm*, GroupId, void* out, const void* in, size_t nbytes);
     // Variable all-to-all of bytes: send_counts/displs, recv_counts/displs are host arrays
-    // [size] in bytes.
+    // [size] in bytes. send and recv must not overlap; zero counts are fine.
     void (*all_to_all_v)(Comm*, GroupId, const void* send, const size_t* send_counts,
                          const size_t* send_displs, void* recv, const size_t* recv_counts,
                          const size_t* recv_displs);
@@ -46,7 +48,9 @@ struct Comm {
 // MPI: call after MPI_Init (dist_init). ep must divide the world size.
 Comm* comm_mpi_create(int ep);
 // NCCL over the same layout; built only with CUDA (returns NULL otherwise). `stream` is the
-// CUDA backend's stream (cudaStream_t passed as void*).
+// CUDA backend's stream (cudaStream_t passed as void*). Call it after cudaSetDevice(local
+// rank); collective over the world (builds world, ep, edp NCCL communicators). Its barrier
+// waits for the stream, then meets the group over MPI.
 Comm* comm_nccl_create(int ep, void* stream);
 
 // Process-wide MPI start/stop. dist_init installs an abort hook so that FATAL on any rank
@@ -55,9 +59,12 @@ int dist_init(int* argc, char*** argv, int* world);
 void dist_finalize(void);
 // Called when a recoverable error (bad config) happened on some ranks: every rank calls it with
 // its own status; returns the max over ranks (so all ranks exit together, nothing hangs).
+// A negative status counts as 2.
 int dist_agree_status(int status);
 // Like dist_agree_status, and the lowest failing rank's message is copied into e on every
-// rank (so rank 0 can print it). Returns 0 when no rank failed.
+// rank (so rank 0 can print it). Returns 0 when no rank failed. When that rank is not rank 0,
+// the message is prefixed with "rank R: " (rank 0 prints "moetrain: error: rank 3: ...").
 int dist_agree_error(int status, Err* e);
-// Rank among the processes of this node (the GPU to use).
+// Rank among the processes of this node (the GPU to use): MPI_Comm_split_type(SHARED), or
+// OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID before MPI is up. The caller does cudaSetDevice.
 int dist_local_rank(void);

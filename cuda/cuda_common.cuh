@@ -1,0 +1,164 @@
+// cuda_common.cuh — internals shared by the CUDA backend's .cu files: the check macros, the
+// backend's private state (CudaImpl), dtype helpers and the launchers each file defines.
+//
+// Conventions: every op runs on impl->stream (one cudaStreamNonBlocking stream per backend),
+// never allocates (workspace is made once in cuda_backend_create), and checks every launch
+// with LAUNCH_CK (cudaGetLastError; with MOETRAIN_CUDA_SYNC=1 also a stream sync, so an
+// asynchronous fault is reported at the op that caused it).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+#include "util.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+// ---- checks ----------------------------------------------------------------------------------
+// Fatal: "moetrain: rank R: file:line: CUDA error: <statement>: <message> (device D)".
+void cuda_fail(const char* what, const char* lib, const char* msg, const char* file, int line)
+    __attribute__((noreturn));
+#define CUDA_CK(call)                                                                         \
+    do {                                                                                      \
+        cudaError_t ck_e_ = (call);                                                           \
+        if (ck_e_ != cudaSuccess) cuda_fail(#call, "CUDA", cudaGetErrorString(ck_e_), __FILE__, __LINE__); \
+    } while (0)
+#define CUBLAS_CK(call)                                                                       \
+    do {                                                                                      \
+        cublasStatus_t ck_s_ = (call);                                                        \
+        if (ck_s_ != CUBLAS_STATUS_SUCCESS)                                                   \
+            cuda_fail(#call, "cuBLASLt", cublasLt_status_name(ck_s_), __FILE__, __LINE__);    \
+    } while (0)
+const char* cublasLt_status_name(cublasStatus_t s);
+// After every kernel launch.
+#define LAUNCH_CK(impl) cuda_launch_check((impl), __FILE__, __LINE__)
+
+// ---- the backend's private state -------------------------------------------------------------
+struct GemmCache;  // cuda_gemm.cu
+
+// Pointer → size of live allocations (host-side open-addressing table), for peak_bytes.
+typedef struct AllocMap {
+    uintptr_t* key;  // [cap], 0 = empty, 1 = deleted
+    size_t* val;     // [cap]
+    size_t cap, used;
+} AllocMap;
+
+typedef struct CudaImpl {
+    int device;
+    int sms;                 // multiprocessor count
+    int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
+    cudaStream_t stream;     // the one stream every op runs on
+    cublasLtHandle_t lt;
+    void* lt_ws;             // cuBLASLt workspace [lt_ws_bytes]
+    size_t lt_ws_bytes;
+    void* scratch;           // op workspace [scratch_bytes]: reduction partials, index tiles
+    size_t scratch_bytes;
+    struct GemmCache* gemm;  // cuBLASLt plans by shape
+    size_t live, peak;       // bytes allocated through be->alloc
+    AllocMap allocs;
+} CudaImpl;
+
+static inline CudaImpl* CI(Backend* be) { return (CudaImpl*)be->impl; }
+static inline cudaStream_t ST(Backend* be) { return CI(be)->stream; }
+static inline int is_bf16(Backend* be) { return be->act_dtype == DTYPE_BF16; }
+
+void cuda_launch_check(CudaImpl* c, const char* file, int line);
+
+// Grid size for a grid-stride loop over n items with `threads` per block.
+static inline unsigned grid_for(const CudaImpl* c, size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    const size_t cap = (size_t)c->sms * 32;
+    if (b > cap) b = cap;
+    return b ? (unsigned)b : 1u;
+}
+
+// ---- dtype helpers (device) ------------------------------------------------------------------
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// Warp and block reductions (fixed order: deterministic).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
+// `sh` is __shared__ float[32]. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // sh may still be read from a previous call
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.f;
+    return warp_sum(t);
+}
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+// ---- launchers (one op family per file) ------------------------------------------------------
+// cuda_gemm.cu
+struct GemmCache* gemm_cache_create(void);
+void gemm_cache_destroy(struct GemmCache*);
+void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
+void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
+void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB);
+// cuda_norm.cu: embedding and RMSNorm
+void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
+void cuda_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+void cuda_rmsnorm_fwd(Backend*, void* y, float* rstd, const void* x, const void* w, int N, int H, float eps);
+void cuda_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* x, const void* w,
+                      const float* rstd, int N, int H, int accumulate);
+// cuda_rope.cu
+void cuda_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+// cuda_attn.cu, cuda_attn_bwd.cu
+void cuda_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
+                   int Hq, int Hkv, int D);
+void cuda_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
+                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D);
+// cuda_router.cu
+void cuda_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,
+                     const float* logits, int N, int E, int k);
+void cuda_router_bwd(Backend*, float* dlogits, const float* dtopk_w, const float* aux_dprob, float z_grad,
+                     const float* probs, const int32_t* topk_idx, const float* topk_w, const float* logits,
+                     int N, int E, int k);
+// cuda_moe.cu: index, permutes, SwiGLU
+void cuda_moe_index(Backend*, int32_t* counts, int32_t* dest, const int32_t* topk_idx, int N, int k, int E);
+void cuda_permute_fwd(Backend*, void* xp, const void* x, const int32_t* dest, int N, int k, int H);
+void cuda_permute_bwd(Backend*, void* dx, const void* dxp, const int32_t* dest, int N, int k, int H);
+void cuda_gather_rows_f32(Backend*, float* outp, const float* in, const int32_t* dest, int n);
+void cuda_scatter_rows_f32(Backend*, float* out, const float* inp, const int32_t* dest, int n);
+void cuda_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H,
+                        int accumulate);
+void cuda_unpermute_bwd(Backend*, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H);
+void cuda_swiglu_fwd(Backend*, void* h, const void* gu, const float* scale, int n, int F);
+void cuda_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale,
+                     int n, int F);
+// cuda_loss.cu
+void cuda_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targets, int n, int V,
+                        float grad_scale);
+// cuda_optim.cu
+void cuda_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
+                float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+// cuda_backend.cu: C = beta·C on a [M, N] matrix with row stride ldc (the K = 0 / alpha = 0 GEMM)
+void cuda_scale_matrix(Backend*, void* C, int c_f32, int M, int N, int ldc, float beta);

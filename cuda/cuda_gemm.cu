@@ -1,0 +1,248 @@
+// cuda_gemm.cu — the GEMMs through cuBLASLt: C = alpha · op(A) · op(B) + beta · C (GemmDesc in
+// backend.h), the grouped expert GEMM and the grouped weight gradient.
+//
+// Row-major ↔ column-major: a row-major [r, c] matrix with row stride ld is a column-major
+// [c, r] matrix with leading dimension ld, so C = op(A) op(B) row-major is Cᵀ = op(B)ᵀ op(A)ᵀ
+// column-major: cuBLASLt's "A" is our B, its "B" our A, and m = N, n = M, k = K.
+//
+// Types: bf16 act → A/B CUDA_R_16BF, C bf16 or fp32 (c_f32); fp32 act → everything CUDA_R_32F.
+// Compute is CUBLAS_COMPUTE_32F always (no TF32), scale type fp32, alpha/beta on the host.
+//
+// Plans (matmul descriptor, three layouts, the heuristic's algorithm) are cached by shape in a
+// small open-addressing table and built once per shape. The expert GEMMs have a row count that
+// changes every step, so their plans are keyed by that dimension rounded up to a power of two
+// (the heuristic runs at the rounded size; each call sets the exact rows/cols on the cached
+// layouts, which is a host-side attribute write). Should cuBLASLt refuse the cached algorithm
+// at the exact size, an exact-size plan is built and cached instead.
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+enum { CACHE_CAP = 1024 };  // plans; a run uses a few dozen
+
+typedef struct GemmKey {
+    int M, N, K;          // the plan's dims (a dynamic one rounded up)
+    int ta, tb;
+    int lda, ldb, ldc;
+    int c_f32, bf16;      // output fp32; inputs bf16
+    int align;            // min pointer alignment of A, B, C in bytes (≤ 16)
+    int dyn;              // 0 exact, 1 = M rounded, 2 = K rounded
+} GemmKey;
+
+typedef struct GemmPlan {
+    GemmKey key;
+    int used;
+    int cur_M, cur_K;     // dims the layouts currently describe
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;  // cuBLASLt's A (our B), B (our A), C/D
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
+
+struct GemmCache {
+    GemmPlan slot[CACHE_CAP];
+    int used;
+};
+
+struct GemmCache* gemm_cache_create(void) { return (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache)); }
+
+void gemm_cache_destroy(struct GemmCache* g) {
+    if (!g) return;
+    for (int i = 0; i < CACHE_CAP; i++) {
+        GemmPlan* p = &g->slot[i];
+        if (!p->used) continue;
+        cublasLtMatrixLayoutDestroy(p->la);
+        cublasLtMatrixLayoutDestroy(p->lb);
+        cublasLtMatrixLayoutDestroy(p->lc);
+        cublasLtMatmulDescDestroy(p->op);
+    }
+    free(g);
+}
+
+static uint64_t key_hash(const GemmKey* k) {
+    const unsigned char* p = (const unsigned char*)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static int ptr_align(const void* p) {
+    const uintptr_t a = (uintptr_t)p;
+    int al = 16;
+    while (al > 1 && (a % al)) al >>= 1;
+    return al;
+}
+
+static int round_pow2(int x) {
+    int r = 1;
+    while (r < x) r <<= 1;
+    return r;
+}
+
+// Layout dims for the current M, K (N never changes within a plan).
+static void set_dims(GemmPlan* p, int M, int K) {
+    const GemmKey* k = &p->key;
+    uint64_t ar = k->tb ? K : k->N, ac = k->tb ? k->N : K;  // our B as cuBLASLt's A
+    uint64_t br = k->ta ? M : K, bc = k->ta ? K : M;        // our A as cuBLASLt's B
+    uint64_t cr = k->N, cc = M;
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_ROWS, &ar, sizeof ar));
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_COLS, &ac, sizeof ac));
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_ROWS, &br, sizeof br));
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &bc, sizeof bc));
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_ROWS, &cr, sizeof cr));
+    CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cc, sizeof cc));
+    p->cur_M = M;
+    p->cur_K = K;
+}
+
+static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    p->used = 1;
+    const cudaDataType_t ab = k->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t ct = (k->bf16 && !k->c_f32) ? CUDA_R_16BF : CUDA_R_32F;
+    CUBLAS_CK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A = our B
+    const cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B = our A
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    const int M = k->M, N = k->N, K = k->K;
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->la, ab, k->tb ? K : N, k->tb ? N : K, k->ldb));
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lb, ab, k->ta ? M : K, k->ta ? K : M, k->lda));
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lc, ct, N, M, k->ldc));
+    p->cur_M = M;
+    p->cur_K = K;
+
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = c->lt_ws_bytes;
+    const uint32_t al = (uint32_t)k->align;
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || nres == 0)
+        FATAL("cuBLASLt has no algorithm for the GEMM M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d "
+              "(%s inputs, %s output, %d-byte aligned): %s; check the model dimensions (multiples of 8 are safest)",
+              M, N, K, k->ta, k->tb, k->lda, k->ldb, k->ldc, k->bf16 ? "bf16" : "fp32",
+              ct == CUDA_R_16BF ? "bf16" : "fp32", k->align, cublasLt_status_name(s));
+    p->algo = res.algo;
+}
+
+static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
+    struct GemmCache* g = c->gemm;
+    uint64_t h = key_hash(k);
+    for (int probe = 0; probe < CACHE_CAP; probe++) {
+        GemmPlan* p = &g->slot[(h + probe) % CACHE_CAP];
+        if (!p->used) {
+            CHECK(g->used < CACHE_CAP * 3 / 4, "cuda gemm: more than %d distinct GEMM shapes", CACHE_CAP * 3 / 4);
+            plan_build(c, p, k);
+            g->used++;
+            return p;
+        }
+        if (!memcmp(&p->key, k, sizeof *k)) return p;
+    }
+    FATAL("cuda gemm: plan cache full");
+}
+
+// One GEMM with explicit strides (already defaulted). dyn: which dim to round for the plan.
+static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
+                     void* C, int dyn) {
+    CudaImpl* c = CI(be);
+    const int M = d->M, N = d->N, K = d->K;
+    if (M == 0 || N == 0) return;
+    if (K == 0 || d->alpha == 0.f) {
+        cuda_scale_matrix(be, C, d->c_f32, M, N, ldc, d->beta);
+        return;
+    }
+    GemmKey k;
+    memset(&k, 0, sizeof k);  // padding bytes take part in the hash
+    k.M = dyn == 1 ? round_pow2(M) : M;
+    k.N = N;
+    k.K = dyn == 2 ? round_pow2(K) : K;
+    k.ta = d->trans_a != 0;
+    k.tb = d->trans_b != 0;
+    k.lda = lda;
+    k.ldb = ldb;
+    k.ldc = ldc;
+    k.bf16 = is_bf16(be);
+    k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1;
+    int al = ptr_align(A), t;
+    if ((t = ptr_align(B)) < al) al = t;
+    if ((t = ptr_align(C)) < al) al = t;
+    k.align = al;
+    k.dyn = dyn;
+    GemmPlan* p = plan_get(c, &k);
+    if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);
+    const float alpha = d->alpha, beta = d->beta;
+    cublasStatus_t s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                                      &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && dyn) {  // the rounded plan's algorithm refused this size
+        k.M = M;
+        k.K = K;
+        k.dyn = 0;
+        p = plan_get(c, &k);
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                           c->lt_ws, c->lt_ws_bytes, c->stream);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS)
+        FATAL("cuBLASLt matmul failed (M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d): %s", M, N, K,
+              d->trans_a, d->trans_b, lda, ldb, ldc, cublasLt_status_name(s));
+    LAUNCH_CK(c);
+}
+
+void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
+    const int M = d->M, N = d->N, K = d->K;
+    CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%d N=%d K=%d", M, N, K);
+    const int lda = d->lda ? d->lda : (d->trans_a ? M : K);
+    const int ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
+    const int ldc = d->ldc ? d->ldc : N;
+    CHECK(lda >= (d->trans_a ? M : K) && ldb >= (d->trans_b ? K : N) && ldc >= N,
+          "gemm: row stride smaller than the row (lda=%d ldb=%d ldc=%d, M=%d N=%d K=%d)", lda, ldb, ldc, M, N, K);
+    // cuBLASLt needs leading dimensions ≥ 1 even for empty dims
+    gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
+}
+
+// One cuBLASLt call per non-empty group (a grouped/batched kernel is the next step).
+void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
+    CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
+    CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
+    const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
+    const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
+    const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
+        if (rows == 0) continue;
+        GemmDesc x = *d;
+        x.M = rows;
+        gemm_run(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea,
+                 (const char*)B + g->b_stride * i * ea, (char*)C + (size_t)r0 * ldc * ec, 1);
+    }
+}
+
+// Per group g: dB_g[N, K] += dY[rows g]ᵀ · X[rows g], dY packed [rows, N], X packed [rows, K].
+void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
+                             float* dB) {
+    CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
+    const size_t ea = dtype_size(be->act_dtype);
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
+        if (rows == 0) continue;  // += 0
+        GemmDesc x = {};
+        x.M = N;
+        x.N = K;
+        x.K = rows;
+        x.trans_a = 1;
+        x.alpha = 1;
+        x.beta = 1;
+        x.c_f32 = 1;
+        gemm_run(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
+                 dB + g->b_stride * i, 2);
+    }
+}

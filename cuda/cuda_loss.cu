@@ -1,0 +1,79 @@
+// cuda_loss.cu — cross-entropy over rows of logits [n, V] (act dtype) with targets (< 0 =
+// ignored): loss[0] += Σ_rows −log softmax(row)[target]; if grad_scale != 0 the logits are
+// overwritten by (softmax − onehot) · grad_scale (ignored rows → 0).
+//
+// One block per row: each thread keeps an online (max, sum) over its strided elements, the block
+// combines them (fp32, fixed order), a second pass writes the gradient in place. Row losses go to
+// scratch and one block adds them in row order (double), so the loss is the same on every run.
+#include <stdio.h>
+
+#include "cuda_common.cuh"
+
+enum { CE_THREADS = 512 };
+
+template <typename T>
+__global__ void __launch_bounds__(CE_THREADS) k_ce_rows(T* logits, float* rowloss, const int32_t* tgt, int V,
+                                                        float gs) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    T* x = logits + r * V;
+    const int t = tgt[r];
+    if (t < 0) {  // ignored row
+        if (gs != 0.f)
+            for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = from_f<T>(0.f);
+        if (threadIdx.x == 0) rowloss[r] = 0.f;
+        return;
+    }
+    if (t >= V) {
+        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
+        __trap();
+    }
+    float m = -INFINITY, s = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float v = to_f(x[j]);
+        if (v > m) {
+            s = s * expf(m - v) + 1.f;  // expf(−inf) = 0 on the first element
+            m = v;
+        } else {
+            s += expf(v - m);
+        }
+    }
+    const float M = block_max(m, sh);
+    s = m == -INFINITY ? 0.f : s * expf(m - M);
+    const float S = block_sum(s, sh);
+    const float lse = M + logf(S);
+    if (threadIdx.x == 0) rowloss[r] = lse - to_f(x[t]);
+    __syncthreads();  // x[t] is read before any thread overwrites it
+    if (gs != 0.f)
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            x[j] = from_f<T>((expf(to_f(x[j]) - lse) - (j == t ? 1.f : 0.f)) * gs);
+}
+
+__global__ void k_ce_sum(float* loss, const float* rowloss, int n) {
+    __shared__ double sh[256];
+    double s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += rowloss[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) loss[0] = (float)((double)loss[0] + sh[0]);
+}
+
+void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* targets, int n, int V,
+                        float grad_scale) {
+    // logits [n, V] act (overwritten by the gradient when grad_scale != 0); targets [n]; loss [1] (+=)
+    if (n == 0) return;
+    CudaImpl* c = CI(be);
+    CHECK((size_t)n * sizeof(float) <= c->scratch_bytes, "cross_entropy: %d rows exceed the scratch buffer", n);
+    float* rowloss = (float*)c->scratch;  // [n]
+    if (is_bf16(be))
+        k_ce_rows<bf16><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else
+        k_ce_rows<float><<<n, CE_THREADS, 0, c->stream>>>((float*)logits, rowloss, targets, V, grad_scale);
+    LAUNCH_CK(c);
+    k_ce_sum<<<1, 256, 0, c->stream>>>(loss, rowloss, n);
+    LAUNCH_CK(c);
+}

@@ -1,0 +1,250 @@
+// cuda_moe.cu — the expert-major index, permute / unpermute, per-row gathers and SwiGLU with the
+// routing scale (backend.h gives the semantics; the CPU backend is the spec).
+//
+// moe_index is a stable counting sort of the N·k (token, slot) entries by expert, in three
+// launches over tiles of IDX_TILE entries: (1) per-tile expert histograms; (2) one block turns
+// them into per-(tile, expert) starting rows (exclusive scan over experts, then over tiles) and
+// writes counts; (3) each tile ranks its entries within an expert (warp match + popc, then a scan
+// over the warps) and writes dest. The order is exactly experts ascending, then n, then slot.
+// Every gather writes each output row from one thread: no atomics.
+#include <stdio.h>
+
+#include "cuda_common.cuh"
+
+enum { IDX_TILE = 1024, IDX_WARPS = IDX_TILE / 32, MOE_MAX_E = 256 };
+
+// ---- moe_index -------------------------------------------------------------------------------
+
+__global__ void k_idx_count(int32_t* tilecnt, const int32_t* topk, int nk, int E) {
+    __shared__ int cnt[MOE_MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    const int i = blockIdx.x * IDX_TILE + threadIdx.x;
+    if (i < nk) {
+        const int e = topk[i];
+        if (e < 0 || e >= E) {
+            printf("moe_index: expert id %d at row %d is outside [0, %d)\n", e, i, E);
+            __trap();
+        }
+        atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) tilecnt[(size_t)blockIdx.x * E + e] = cnt[e];
+}
+
+// tilecnt[t, e] → first row of (tile t, expert e); counts[e] = rows of expert e.
+__global__ void k_idx_scan(int32_t* counts, int32_t* tilecnt, int tiles, int E) {
+    __shared__ int tot[MOE_MAX_E], off[MOE_MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int t = 0; t < tiles; t++) {
+            const int c = tilecnt[(size_t)t * E + e];
+            tilecnt[(size_t)t * E + e] = run;
+            run += c;
+        }
+        tot[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < E; e++) off[e] = run, run += tot[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        counts[e] = tot[e];
+        for (int t = 0; t < tiles; t++) tilecnt[(size_t)t * E + e] += off[e];
+    }
+}
+
+__global__ void __launch_bounds__(IDX_TILE) k_idx_dest(int32_t* dest, const int32_t* tilecnt, const int32_t* topk,
+                                                       int nk, int E) {
+    __shared__ int wc[IDX_WARPS][MOE_MAX_E];  // per-warp counts → per-warp starting rank
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < IDX_WARPS * E; j += blockDim.x) wc[j / E][j % E] = 0;
+    __syncthreads();
+    const int i = blockIdx.x * IDX_TILE + threadIdx.x;
+    const int e = i < nk ? topk[i] : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(same & ((1u << lane) - 1));
+    if (e >= 0 && rank == 0) wc[w][e] = __popc(same);
+    __syncthreads();
+    for (int x = threadIdx.x; x < E; x += blockDim.x) {
+        int run = 0;
+        for (int v = 0; v < IDX_WARPS; v++) {
+            const int c = wc[v][x];
+            wc[v][x] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    if (e >= 0) dest[i] = tilecnt[(size_t)blockIdx.x * E + e] + wc[w][e] + rank;
+}
+
+void cuda_moe_index(Backend* be, int32_t* counts, int32_t* dest, const int32_t* topk, int N, int k, int E) {
+    // counts [E]; dest, topk [N·k]
+    CHECK(E >= 1 && E <= MOE_MAX_E, "moe_index: the CUDA backend supports 1..%d experts (got %d)", MOE_MAX_E, E);
+    CudaImpl* c = CI(be);
+    const int nk = N * k, tiles = (nk + IDX_TILE - 1) / IDX_TILE;
+    if (nk == 0) {
+        CUDA_CK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * E, c->stream));
+        return;
+    }
+    CHECK((size_t)tiles * E * sizeof(int32_t) <= c->scratch_bytes, "moe_index: %d rows × %d experts exceed the "
+          "scratch buffer; use a smaller micro-batch", nk, E);
+    int32_t* tilecnt = (int32_t*)c->scratch;  // [tiles, E]
+    k_idx_count<<<tiles, IDX_TILE, 0, c->stream>>>(tilecnt, topk, nk, E);
+    LAUNCH_CK(c);
+    k_idx_scan<<<1, 256, 0, c->stream>>>(counts, tilecnt, tiles, E);
+    LAUNCH_CK(c);
+    k_idx_dest<<<tiles, IDX_TILE, 0, c->stream>>>(dest, tilecnt, topk, nk, E);
+    LAUNCH_CK(c);
+}
+
+// ---- row gathers -----------------------------------------------------------------------------
+
+// dst[dest[i], :] = src[i / k, :] for i in [0, rows); rows of W units of V.
+template <typename V>
+__global__ void k_rows_to_dest(V* dst, const V* src, const int32_t* dest, int rows, int k, int W) {
+    const size_t n = (size_t)rows * W;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = j / W, c = j % W;
+        dst[(size_t)dest[i] * W + c] = src[(i / k) * W + c];
+    }
+}
+
+// Row copy xp[dest[i]] = x[i / k] (permute_fwd, unpermute_bwd): 16-byte units when possible.
+static void rows_to_dest(Backend* be, void* dst, const void* src, const int32_t* dest, int N, int k, int H) {
+    const int rows = N * k;
+    if (rows == 0 || H == 0) return;
+    CudaImpl* c = CI(be);
+    const size_t rb = (size_t)H * dtype_size(be->act_dtype);
+    if (rb % 16 == 0 && (uintptr_t)dst % 16 == 0 && (uintptr_t)src % 16 == 0) {
+        const int W = (int)(rb / 16);
+        k_rows_to_dest<uint4><<<grid_for(c, (size_t)rows * W, 256), 256, 0, c->stream>>>(
+            (uint4*)dst, (const uint4*)src, dest, rows, k, W);
+    } else {
+        const int W = (int)(rb / 2);
+        k_rows_to_dest<uint16_t><<<grid_for(c, (size_t)rows * W, 256), 256, 0, c->stream>>>(
+            (uint16_t*)dst, (const uint16_t*)src, dest, rows, k, W);
+    }
+    LAUNCH_CK(c);
+}
+
+void cuda_permute_fwd(Backend* be, void* xp, const void* x, const int32_t* dest, int N, int k, int H) {
+    rows_to_dest(be, xp, x, dest, N, k, H);  // xp [N·k, H], x [N, H]
+}
+
+void cuda_unpermute_bwd(Backend* be, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H) {
+    rows_to_dest(be, dyp, dout, dest, N, k, H);  // dyp [N·k, H], dout [N, H]
+}
+
+// out[n, h] = (acc ? out[n, h] : 0) + Σ_slot src[dest[n·k + slot], h], fp32 sum in slot order.
+template <typename T>
+__global__ void k_sum_from_dest(T* out, const T* src, const int32_t* dest, int N, int k, int H, int acc) {
+    const size_t n_all = (size_t)N * H;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n_all; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t n = j / H, h = j % H;
+        float s = acc ? to_f(out[j]) : 0.f;
+        for (int q = 0; q < k; q++) s += to_f(src[(size_t)dest[n * k + q] * H + h]);
+        out[j] = from_f<T>(s);
+    }
+}
+
+static void sum_from_dest(Backend* be, void* out, const void* src, const int32_t* dest, int N, int k, int H, int acc) {
+    if (N == 0 || H == 0) return;
+    CudaImpl* c = CI(be);
+    const unsigned g = grid_for(c, (size_t)N * H, 256);
+    if (is_bf16(be)) k_sum_from_dest<bf16><<<g, 256, 0, c->stream>>>((bf16*)out, (const bf16*)src, dest, N, k, H, acc);
+    else k_sum_from_dest<float><<<g, 256, 0, c->stream>>>((float*)out, (const float*)src, dest, N, k, H, acc);
+    LAUNCH_CK(c);
+}
+
+void cuda_permute_bwd(Backend* be, void* dx, const void* dxp, const int32_t* dest, int N, int k, int H) {
+    sum_from_dest(be, dx, dxp, dest, N, k, H, 0);  // dx [N, H], dxp [N·k, H]
+}
+
+void cuda_unpermute_fwd(Backend* be, void* out, const void* yp, const int32_t* dest, int N, int k, int H, int acc) {
+    sum_from_dest(be, out, yp, dest, N, k, H, acc);  // out [N, H], yp [N·k, H]
+}
+
+__global__ void k_gather_f32(float* outp, const float* in, const int32_t* dest, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) outp[dest[i]] = in[i];
+}
+
+__global__ void k_scatter_f32(float* out, const float* inp, const int32_t* dest, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = inp[dest[i]];
+}
+
+void cuda_gather_rows_f32(Backend* be, float* outp, const float* in, const int32_t* dest, int n) {
+    if (n == 0) return;
+    k_gather_f32<<<grid_for(CI(be), n, 256), 256, 0, ST(be)>>>(outp, in, dest, n);
+    LAUNCH_CK(CI(be));
+}
+
+void cuda_scatter_rows_f32(Backend* be, float* out, const float* inp, const int32_t* dest, int n) {
+    if (n == 0) return;
+    k_scatter_f32<<<grid_for(CI(be), n, 256), 256, 0, ST(be)>>>(out, inp, dest, n);
+    LAUNCH_CK(CI(be));
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+
+// silu(g) = g / (1 + e^−g), as torch (and the CPU backend) write it
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+
+template <typename T>
+__global__ void k_swiglu_fwd(T* h, const T* gu, const float* scale, int n, int F) {
+    const size_t n_all = (size_t)n * F;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n_all; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = j / F, f = j % F;
+        const float g = to_f(gu[r * 2 * F + f]), u = to_f(gu[r * 2 * F + F + f]);
+        float v = silu_f(g) * u;
+        if (scale) v *= scale[r];
+        h[j] = from_f<T>(v);
+    }
+}
+
+void cuda_swiglu_fwd(Backend* be, void* h, const void* gu, const float* scale, int n, int F) {
+    // h [n, F]; gu [n, 2F] = [gate | up]; scale [n] or NULL
+    if (n == 0 || F == 0) return;
+    CudaImpl* c = CI(be);
+    const unsigned g = grid_for(c, (size_t)n * F, 256);
+    if (is_bf16(be)) k_swiglu_fwd<bf16><<<g, 256, 0, c->stream>>>((bf16*)h, (const bf16*)gu, scale, n, F);
+    else k_swiglu_fwd<float><<<g, 256, 0, c->stream>>>((float*)h, (const float*)gu, scale, n, F);
+    LAUNCH_CK(c);
+}
+
+// One block per row. du = dh·s·silu(g), dg = dh·s·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))),
+// dscale = Σ_f dh·silu(g)·u. Each (g, u) pair is read and written by one thread: dgu may alias gu.
+template <typename T>
+__global__ void k_swiglu_bwd(T* dgu, float* dscale, const T* dh, const T* gu, const float* scale, int F) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    const float s = scale ? scale[r] : 1.0f;
+    float ds = 0.f;
+    for (int f = threadIdx.x; f < F; f += blockDim.x) {
+        const float g = to_f(gu[r * 2 * F + f]), u = to_f(gu[r * 2 * F + F + f]), d = to_f(dh[r * F + f]);
+        const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
+        ds += d * (si * u);
+        const float da = d * s;
+        dgu[r * 2 * F + F + f] = from_f<T>(da * si);
+        dgu[r * 2 * F + f] = from_f<T>(da * u * (sg * (1.0f + g * (1.0f - sg))));
+    }
+    if (dscale) {
+        ds = block_sum(ds, sh);
+        if (threadIdx.x == 0) dscale[r] = ds;
+    }
+}
+
+void cuda_swiglu_bwd(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
+                     int F) {
+    // dgu [n, 2F]; dh [n, F]; gu [n, 2F]; scale, dscale [n] or NULL
+    if (n == 0) return;
+    CudaImpl* c = CI(be);
+    if (is_bf16(be))
+        k_swiglu_bwd<bf16><<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
+    else
+        k_swiglu_bwd<float><<<n, 256, 0, c->stream>>>((float*)dgu, dscale, (const float*)dh, (const float*)gu, scale,
+                                                      F);
+    LAUNCH_CK(c);
+}

@@ -1,0 +1,41 @@
+// cuda_rope.cu — rotary position embedding, Hugging Face rotate_half convention: the pair
+// (i, i + D/2) at position t rotates by angle t · theta^(−2i/D):
+//   x1' = x1 cos − x2 sin,  x2' = x2 cos + x1 sin   (inverse = 1: by −angle, the backward).
+// In place on x [B, T, nh, D]. One block per position t: the block computes cos/sin of its
+// D/2 angles once in double (as the CPU does: accurate at positions ~32k with theta 1e6),
+// rounds them to fp32 and applies them to every batch row and head; the rotation is fp32.
+#include "cuda_common.cuh"
+
+enum { ROPE_MAX_D = 1024 };
+
+template <typename T>
+__global__ void k_rope(T* x, int B, int T_, int nh, int D, double log_theta, int inverse) {
+    __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
+    const int t = blockIdx.x, half = D / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double inv_freq = exp(-2.0 * i / D * log_theta);  // theta^(−2i/D)
+        double s, c;
+        sincos((double)t * inv_freq, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)(inverse ? -s : s);
+    }
+    __syncthreads();
+    const int pairs = B * nh * half;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int i = p % half, bh = p / half, h = bh % nh, b = bh / nh;
+        T* v = x + (((size_t)b * T_ + t) * nh + h) * D;
+        const float x1 = to_f(v[i]), x2 = to_f(v[i + half]);
+        v[i] = from_f<T>(x1 * cs[i] - x2 * sn[i]);
+        v[i + half] = from_f<T>(x2 * cs[i] + x1 * sn[i]);
+    }
+}
+
+void cuda_rope(Backend* be, void* x, int B, int T, int nh, int D, float theta, int inverse) {
+    CHECK(D % 2 == 0 && D <= ROPE_MAX_D, "rope: head dim %d must be even and at most %d", D, ROPE_MAX_D);
+    if (B == 0 || T == 0 || nh == 0) return;
+    CudaImpl* c = CI(be);
+    const double lt = log((double)theta);
+    if (is_bf16(be)) k_rope<bf16><<<T, 256, 0, c->stream>>>((bf16*)x, B, T, nh, D, lt, inverse);
+    else k_rope<float><<<T, 256, 0, c->stream>>>((float*)x, B, T, nh, D, lt, inverse);
+    LAUNCH_CK(c);
+}

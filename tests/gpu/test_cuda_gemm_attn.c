@@ -1,0 +1,285 @@
+// test_cuda_gemm_attn.c — the CUDA backend's GEMMs (cuBLASLt: every transpose, strides, beta,
+// fp32 outputs, grouped with empty groups, grouped weight gradients) and causal GQA attention
+// (tensor-core and simple paths, T not a multiple of the 64-row tile) against the CPU backend,
+// in fp32 and bf16 modes. Tolerances: gpu_check.h.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_check.h"
+
+// ---- GEMM ------------------------------------------------------------------------------------
+
+typedef struct GemmCase {
+    int M, N, K, ta, tb, lda, ldb, ldc;
+    float alpha, beta;
+    int c_f32;
+} GemmCase;
+
+// The [rows, cols] block of a matrix with row stride ld.
+static float* block_of(const float* x, int rows, int cols, int ld) {
+    float* y = xmalloc(sizeof(float) * ((size_t)rows * cols + 1));
+    for (int r = 0; r < rows; r++) memcpy(y + (size_t)r * cols, x + (size_t)r * ld, sizeof(float) * cols);
+    return y;
+}
+
+static void test_gemm(void) {
+    const GemmCase cs[] = {
+        {37, 53, 70, 0, 0, 0, 0, 0, 1.f, 0.f, 0},      // odd sizes, every transpose
+        {37, 53, 70, 0, 1, 0, 0, 0, 1.f, 0.f, 0},
+        {37, 53, 70, 1, 0, 0, 0, 0, 1.f, 0.5f, 0},
+        {37, 53, 70, 1, 1, 0, 0, 0, 0.7f, 1.f, 0},
+        {64, 96, 128, 0, 1, 136, 136, 104, 1.f, 0.f, 1},  // padded strides, fp32 C
+        {128, 64, 256, 1, 0, 0, 0, 0, 1.f, 1.f, 1},   // a weight gradient: C += Aᵀ B
+        {300, 8, 64, 0, 1, 0, 0, 0, 1.f, 0.f, 1},     // router logits: N = experts
+        {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0},     // K = 0: C = beta·C
+        {256, 512, 384, 0, 1, 0, 0, 0, 1.f, 0.f, 0},  // a tensor-core sized one
+    };
+    const int nc = (int)(sizeof cs / sizeof cs[0]);
+    FOR_MODES for (int c = 0; c < nc; c++) {
+        Backend* be = m->gpu;
+        GemmCase g = cs[c];
+        const int ar = g.ta ? g.K : g.M, ac = g.ta ? g.M : g.K, br = g.tb ? g.N : g.K, bc = g.tb ? g.K : g.N;
+        const int lda = g.lda ? g.lda : ac, ldb = g.ldb ? g.ldb : bc, ldc = g.ldc ? g.ldc : g.N;
+        const size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, ncc = (size_t)g.M * ldc;
+        const int cf = g.c_f32 || !m->bf16;  // C is fp32
+        float* A = act_in(m, randn(na, 1.f), na);
+        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* C0 = randn(ncc, 1.f);
+        if (!cf) {
+            float* t = act_in(m, C0, ncc);
+            free(C0);
+            C0 = t;
+        }
+        float* C = dupf(C0, ncc);
+        GemmDesc d = {g.M, g.N, g.K, g.ta, g.tb, g.lda, g.ldb, g.ldc, g.alpha, g.beta, g.c_f32};
+        g_cpu->gemm(g_cpu, &d, A, B, C);
+        void* dC;
+        if (g.beta == 0.f) dC = cf ? poison(be, 4 * ncc) : poison_act(be, ncc);  // not read when beta = 0
+        else dC = cf ? (void*)up_f32(be, C0, ncc) : up_act(be, C0, ncc);
+        be->gemm(be, &d, up_act(be, A, na), up_act(be, B, nb), dC);
+        float* got = cf ? down_f32(be, dC, ncc) : down_act(be, dC, ncc);
+        char label[64];
+        snprintf(label, sizeof label, "gemm %dx%dx%d t%d%d%s%s", g.M, g.N, g.K, g.ta, g.tb, g.beta != 0 ? " beta" : "",
+                 g.c_f32 ? " c_f32" : "");
+        float *gb = block_of(got, g.M, g.N, ldc), *rb = block_of(C, g.M, g.N, ldc);
+        cmp(m, label, gb, rb, (size_t)g.M * g.N, m->bf16 ? (g.c_f32 ? TOL_FP32_OUT : TOL_BF16_SUM) : TOL_F32);
+        free(rb), free(got), free(A), free(B), free(C0), free(C);
+        dev_free_all();
+    }
+}
+
+static void test_gemm_grouped(void) {
+    const int offs[][5] = {{0, 13, 13, 40, 57}, {0, 0, 21, 33, 33}};  // empty groups inside and at the ends
+    const int G = 4, N = 48, K = 40;
+    FOR_MODES for (int c = 0; c < 2; c++) for (int tb = 0; tb < 2; tb++) {
+        Backend* be = m->gpu;
+        const int* off = offs[c];
+        const int R = off[G];
+        const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
+        float* A = act_in(m, randn(na, 1.f), na);
+        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* C = xmalloc(4 * ncc);
+        GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .beta = 0};
+        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+        g_cpu->gemm_grouped(g_cpu, &d, &gd, A, B, C);
+        void* dC = poison_act(be, ncc);
+        be->gemm_grouped(be, &d, &gd, up_act(be, A, na), up_act(be, B, nb), dC);
+        cmp(m, tb ? "gemm_grouped trans_b" : "gemm_grouped", down_act(be, dC, ncc), C, ncc,
+            TOL(TOL_F32, TOL_BF16_SUM));
+
+        // weight gradient: dB_g[N, K] += dY_gᵀ X_g
+        float* dY = act_in(m, randn(ncc, 1.f), ncc);
+        float* dB = randn(nb, 1.f);
+        float* ddB = up_f32(be, dB, nb);
+        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB);
+        be->gemm_grouped_wgrad(be, &gd, N, K, up_act(be, dY, ncc), up_act(be, A, na), ddB);
+        cmp(m, "gemm_grouped_wgrad", down_f32(be, ddB, nb), dB, nb, TOL(TOL_F32, TOL_FP32_OUT));
+        free(A), free(B), free(C), free(dY), free(dB);
+        dev_free_all();
+    }
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+static void test_attention(void) {
+    const struct { int B, T, Hq, Hkv, D; float qs; } cs[] = {
+        {2, 100, 4, 2, 64, 1.f},   // T not a multiple of 64, GQA 2:1
+        {1, 130, 4, 1, 128, 1.5f}, // Mixtral's head dim, multi-query
+        {1, 77, 2, 2, 16, 1.f},    // L0_sanity's head dim
+        {1, 50, 3, 1, 40, 1.f},    // a head dim without a tensor-core kernel: the simple path
+        {1, 520, 2, 1, 128, 1.f},  // many key tiles: the online softmax across tiles
+        {1, 64, 8, 8, 32, 2.f},    // exactly one tile, sharp softmax
+        {1, 2048, 4, 1, 128, 1.f}, // long: MOETRAIN_GPU_LONG=1 only (slow under the sanitizers)
+    };
+    const char* lg = getenv("MOETRAIN_GPU_LONG");
+    const int nc = (int)(sizeof cs / sizeof cs[0]) - !(lg && lg[0] == '1');
+    FOR_MODES for (int c = 0; c < nc; c++) {
+        Backend* be = m->gpu;
+        const int B = cs[c].B, T = cs[c].T, Hq = cs[c].Hq, Hkv = cs[c].Hkv, D = cs[c].D;
+        const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
+        float* q = act_in(m, randn(nq, cs[c].qs), nq);
+        float* k = act_in(m, randn(nk, 1.f), nk);
+        float* v = act_in(m, randn(nk, 1.f), nk);
+        float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);
+        g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D);
+        void *dq_ = up_act(be, q, nq), *dk_ = up_act(be, k, nk), *dv_ = up_act(be, v, nk);
+        void* dO = poison_act(be, nq);
+        float* dL = poison(be, 4 * nl);
+        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
+        char lab[64];
+        snprintf(lab, sizeof lab, "attn_fwd out D=%d", D);
+        cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
+        snprintf(lab, sizeof lab, "attn_fwd lse D=%d", D);
+        cmp(m, lab, down_f32(be, dL, nl), l, nl, TOL(TOL_F32, TOL_FP32_OUT));
+
+        // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
+        float* orr = act_in(m, o, nq);
+        float* g = act_in(m, randn(nq, 1.f), nq);
+        float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
+        g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D);
+        void *gq = poison_act(be, nq), *gk = poison_act(be, nk), *gv = poison_act(be, nk);
+        void *d_g = up_act(be, g, nq), *d_o = up_act(be, orr, nq);
+        float* d_l = up_f32(be, l, nl);
+        be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
+        snprintf(lab, sizeof lab, "attn_bwd dq D=%d", D);
+        float* got_q = down_act(be, gq, nq);
+        float* got_q_copy = dupf(got_q, nq);
+        cmp(m, lab, got_q, rq, nq, TOL(TOL_F32, TOL_ATTN_BWD));
+        snprintf(lab, sizeof lab, "attn_bwd dk D=%d", D);
+        cmp(m, lab, down_act(be, gk, nk), rk, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+        snprintf(lab, sizeof lab, "attn_bwd dv D=%d", D);
+        cmp(m, lab, down_act(be, gv, nk), rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+        // again: bit-identical (no atomics anywhere)
+        be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
+        cmp_bits(m, "attn_bwd deterministic", got_q_copy, down_act(be, gq, nq), nq);
+        free(q), free(k), free(v), free(o), free(l), free(orr), free(g), free(rq), free(rk), free(rv);
+        dev_free_all();
+    }
+}
+
+
+// ---- timings (MOETRAIN_GPU_BENCH=1; a measurement, not a test) --------------------------------
+
+static double time_ms(Backend* be, void (*fn)(void*), void* ctx, int reps) {
+    fn(ctx);  // warm-up: plans, attributes, caches
+    be->sync(be);
+    const double t0 = now_sec();
+    for (int i = 0; i < reps; i++) fn(ctx);
+    be->sync(be);
+    return (now_sec() - t0) * 1e3 / reps;
+}
+
+typedef struct BenchCtx {
+    Backend* be;
+    int B, T, Hq, Hkv, D, M, N, K, G;
+    void *q, *k, *v, *o, *dq, *dk, *dv, *g, *A, *Bm, *C, *x, *y, *w;
+    float *lse, *rstd, *f0, *f1, *f2, *f3;
+    int32_t* tgt;
+    int off[9];
+} BenchCtx;
+
+static void b_attn_fwd(void* c_) {
+    BenchCtx* c = c_;
+    c->be->attn_fwd(c->be, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D);
+}
+static void b_attn_bwd(void* c_) {
+    BenchCtx* c = c_;
+    c->be->attn_bwd(c->be, c->dq, c->dk, c->dv, c->g, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv,
+                    c->D);
+}
+static void b_gemm(void* c_) {
+    BenchCtx* c = c_;
+    GemmDesc d = {.M = c->M, .N = c->N, .K = c->K, .trans_b = 1, .alpha = 1};
+    c->be->gemm(c->be, &d, c->A, c->Bm, c->C);
+}
+static void b_grouped(void* c_) {
+    BenchCtx* c = c_;
+    GemmDesc d = {.N = c->N, .K = c->K, .trans_b = 1, .alpha = 1};
+    GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
+    c->be->gemm_grouped(c->be, &d, &g, c->A, c->Bm, c->C);
+}
+static void b_rms(void* c_) {
+    BenchCtx* c = c_;
+    c->be->rmsnorm_fwd(c->be, c->y, c->rstd, c->x, c->w, c->M, c->K, 1e-5f);
+}
+static void b_ce(void* c_) {
+    BenchCtx* c = c_;
+    c->be->cross_entropy(c->be, c->C, c->f0, c->tgt, c->M, c->N, 0.f);
+}
+static void b_adam(void* c_) {
+    BenchCtx* c = c_;
+    c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+}
+
+static void bench(void) {
+    Backend* be = g_modes[1].gpu;  // bf16
+    BenchCtx c = {.be = be, .B = 1, .T = 4096, .Hq = 32, .Hkv = 8, .D = 128};
+    const size_t nq = (size_t)c.B * c.T * c.Hq * c.D, nk = (size_t)c.B * c.T * c.Hkv * c.D;
+    float* r = randn(nq, 1.f);
+    c.q = up_act(be, r, nq), c.k = up_act(be, r, nk), c.v = up_act(be, r + nk, nk), c.g = up_act(be, r, nq);
+    c.o = dev_alloc(be, 2 * nq), c.dq = dev_alloc(be, 2 * nq), c.dk = dev_alloc(be, 2 * nk);
+    c.dv = dev_alloc(be, 2 * nk), c.lse = dev_alloc(be, 4 * (size_t)c.B * c.Hq * c.T);
+    const double fl_attn = 4.0 * c.B * c.Hq * (double)c.T * c.T * c.D / 2;  // causal: half the square
+    printf("\nbench (bf16, H200 as found)                       ms     TFLOP/s or GB/s\n");
+    double t = time_ms(be, b_attn_fwd, &c, 10);
+    printf("attn_fwd B1 T4096 Hq32 Hkv8 D128          %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
+    t = time_ms(be, b_attn_bwd, &c, 5);
+    printf("attn_bwd (same)                           %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
+           2.5 * fl_attn / t / 1e9);
+    free(r);
+    dev_free_all();
+
+    c.M = 4096, c.N = 14336, c.K = 4096;
+    r = randn((size_t)c.N * c.K, 1.f);
+    c.A = up_act(be, r, (size_t)c.M * c.K), c.Bm = up_act(be, r, (size_t)c.N * c.K);
+    c.C = dev_alloc(be, 2 * (size_t)c.M * c.N);
+    t = time_ms(be, b_gemm, &c, 10);
+    printf("gemm 4096x14336x4096 (x·Wᵀ)                %9.3f   %7.1f TFLOP/s\n", t, 2.0 * c.M * c.N * c.K / t / 1e9);
+    c.G = 8, c.N = 2 * 1792, c.M = 8192;  // 8 experts, uneven rows, one empty
+    const int rows[8] = {1500, 700, 0, 1200, 1300, 900, 1400, 1192};
+    c.off[0] = 0;
+    for (int i = 0; i < 8; i++) c.off[i + 1] = c.off[i] + rows[i];
+    free(r);
+    dev_free_all();
+    r = randn((size_t)c.G * c.N * c.K, 1.f);
+    c.A = up_act(be, r, (size_t)c.M * c.K), c.Bm = up_act(be, r, (size_t)c.G * c.N * c.K);
+    c.C = dev_alloc(be, 2 * (size_t)c.M * c.N);
+    t = time_ms(be, b_grouped, &c, 10);
+    printf("gemm_grouped 8 groups 8192x3584x4096       %9.3f   %7.1f TFLOP/s\n", t, 2.0 * c.M * c.N * c.K / t / 1e9);
+    free(r);
+    dev_free_all();
+
+    c.M = 16384, c.K = 4096;
+    r = randn((size_t)c.M * c.K, 1.f);
+    c.x = up_act(be, r, (size_t)c.M * c.K), c.w = up_act(be, r, c.K), c.y = dev_alloc(be, 2 * (size_t)c.M * c.K);
+    c.rstd = dev_alloc(be, 4 * (size_t)c.M);
+    t = time_ms(be, b_rms, &c, 20);
+    printf("rmsnorm_fwd 16384x4096                    %9.3f   %7.1f GB/s\n", t, 4.0 * c.M * c.K / t / 1e6);
+    c.f0 = up_f32(be, r, (size_t)c.M * c.K), c.f1 = up_f32(be, r, (size_t)c.M * c.K);
+    c.f2 = up_f32(be, r, (size_t)c.M * c.K), c.f3 = dev_alloc(be, 4 * (size_t)c.M * c.K);
+    t = time_ms(be, b_adam, &c, 20);
+    printf("adamw 67M params (bf16 copy)              %9.3f   %7.1f GB/s\n", t, 30.0 * c.M * c.K / t / 1e6);
+    dev_free_all();
+    c.M = 2048, c.N = 32000;  // 65.5M logits: fits in r (16384 × 4096)
+    c.C = up_act(be, r, (size_t)c.M * c.N);
+    int32_t* tg = xmalloc(4 * (size_t)c.M);
+    for (int i = 0; i < c.M; i++) tg[i] = i % c.N;
+    c.tgt = up_i32(be, tg, c.M);
+    c.f0 = dev_alloc(be, 4);
+    t = time_ms(be, b_ce, &c, 20);
+    printf("cross_entropy 2048x32000 (loss only)      %9.3f   %7.1f GB/s\n", t, 2.0 * c.M * c.N / t / 1e6);
+    free(tg), free(r);
+    dev_free_all();
+}
+
+int main(void) {
+    if (gpu_setup("test_cuda_gemm_attn")) return 1;
+    RUN(test_gemm);
+    RUN(test_gemm_grouped);
+    RUN(test_attention);
+    const char* b = getenv("MOETRAIN_GPU_BENCH");
+    if (b && b[0] == '1') bench();
+    gpu_teardown();
+    TEST_END();
+}
