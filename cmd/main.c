@@ -13,6 +13,8 @@ static void usage(FILE* f) {
             "  moetrain plan --config NAME|PATH [overrides] [--world N] [--gpu-mem GiB]\n"
             "  moetrain inspect DIR                        what a checkpoint holds; checksums\n"
             "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]\n"
+            "  moetrain eval --ckpt DIR [--config NAME|PATH] [section.key=value ...]\n"
+            "                                              validation loss / bits per token of a checkpoint\n"
             "  moetrain --help | --version\n\n"
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
             "the install prefix. Every key is in README.md; e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
@@ -44,7 +46,8 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (argv[1][0] == '-' || strchr(argv[1], '=')) return cmd_train(argc, argv);
-    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan, inspect, export; see --help)\n", argv[1]);
+    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan, inspect, export, eval; see --help)\n", argv[1]);
     return 2;
 }

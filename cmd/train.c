@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "prof.h"
 #include "comm.h"
 #include "train.h"
 
@@ -44,7 +45,9 @@ int cmd_train(int argc, char** argv) {
         dist_finalize();
         return 2;
     }
+    prof_init(t.be);  // MOETRAIN_PROFILE=1: per-stage times after the run
     int rc = trainer_run(&t);
+    if (rank == 0) prof_report(stdout);
     trainer_free(&t);
     dist_finalize();
     return rc;

@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_check.sh [BUILD_DIR]     BUILD_DIR holds tests/gpu/test_* (default: build)
 #   RACECHECK=0 scripts/gpu_check.sh     skip the (slow) racecheck pass
+#   SANITIZE=0 scripts/gpu_check.sh      skip compute-sanitizer altogether
 #   BENCH=1 scripts/gpu_check.sh         also time attention, GEMMs, RMSNorm, AdamW, CE at Mixtral sizes
 #
 # The binaries are built where the toolkit and libyaml are (`make CUDA=1 test-gpu` builds them
@@ -49,13 +50,21 @@ for t in $tests; do
   sed -n '/^check /,$p' "$OUT/$n.log"
 done
 
+# the Hugging Face golden fixture on the GPU (fp32 mode, the CPU test's tolerances)
+if [ -x "$BUILD/tests/test_golden" ]; then
+  step golden_cuda 120 env MOETRAIN_TEST_DEVICE=cuda "$BUILD/tests/test_golden"
+  grep -E 'rel L2|loss' "$OUT/golden_cuda.log" | head -20
+fi
+
 # timings at Mixtral sizes (bf16): BENCH=1
 if [ "${BENCH:-0}" = 1 ]; then
   step bench 120 env MOETRAIN_GPU_BENCH=1 "$BUILD/tests/gpu/test_cuda_gemm_attn"
   sed -n '/^bench/,/^$/p' "$OUT/bench.log"
 fi
 
-if command -v compute-sanitizer >/dev/null; then
+if [ "${SANITIZE:-1}" != 1 ]; then
+  echo "SANITIZE=0: compute-sanitizer skipped" | tee -a "$SUM"
+elif command -v compute-sanitizer >/dev/null; then
   for t in $tests; do
     n=$(basename "$t")
     step "$n.memcheck" 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$t"

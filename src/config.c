@@ -433,9 +433,9 @@ int config_validate_run(const Config* c, Err* e) {
                        "checkpoint.dir=/path/to/checkpoints on the command line", src);
     if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir=/path/to/checkpoints", src);
-    if (c->checkpoint.dir[0])  // the lead's interim rule (02286c5), kept as is
-        return err_set(e, "checkpoint.dir=%s: this version cannot write checkpoints yet (they arrive next); "
-                          "leave checkpoint.dir empty", c->checkpoint.dir);
+    if (c->checkpoint.every > 0 && !c->checkpoint.dir[0])
+        return err_set(e, "%s: checkpoint.every=%d has nowhere to write: add checkpoint.dir=/path/to/checkpoints "
+                       "(or checkpoint.every=0)", src, c->checkpoint.every);
     return 0;
 }
 

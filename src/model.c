@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "moe.h"
+#include "prof.h"
 #include "util.h"
 
 // Pointer to element `off` of an act buffer.
@@ -177,18 +178,26 @@ static void layer_forward(Model* m, int l, void* x_out) {
     const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
 
     be->rmsnorm_fwd(be, s->ln1, s->rstd1, s->x_in, W(m, 0, o->ln1), N, H, c->rms_eps);
+    prof_mark("fwd.norm");
     linear(m, s->q, s->ln1, W(m, 0, o->qkv), N, QD, H, 0);
     linear(m, s->k, s->ln1, W(m, 0, o->qkv + qn), N, KD, H, 0);
     linear(m, s->v, s->ln1, W(m, 0, o->qkv + qn + kn), N, KD, H, 0);
+    prof_mark("fwd.qkv_gemm");
     be->rope(be, s->q, m->B, m->T, c->heads, D, c->rope_theta, 0);
     be->rope(be, s->k, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
+    prof_mark("fwd.rope");
     be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
+    prof_mark("fwd.attn");
     // x_mid = x_in + att · Woᵀ
     be->copy(be, s->x_mid, s->x_in, (size_t)N * H * dtype_size(be->act_dtype));
+    prof_mark("fwd.residual_copy");
     linear(m, s->x_mid, s->att, W(m, 0, o->o), N, H, QD, 1);
+    prof_mark("fwd.o_gemm");
     be->rmsnorm_fwd(be, s->ln2, s->rstd2, s->x_mid, W(m, 0, o->ln2), N, H, c->rms_eps);
+    prof_mark("fwd.norm");
     // x_out = x_mid + moe(ln2)
     be->copy(be, x_out, s->x_mid, (size_t)N * H * dtype_size(be->act_dtype));
+    prof_mark("fwd.residual_copy");
     moe_forward(m, l, s->ln2, x_out);
 }
 
@@ -205,23 +214,31 @@ static void layer_backward(Model* m, int l) {
     // MoE: dln2 into s_a, then through RMSNorm 2 into the residual gradient.
     moe_backward(m, l, m->s_dx, m->s_a);
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln2), m->s_a, s->x_mid, W(m, 0, o->ln2), s->rstd2, N, H, 1);
+    prof_mark("bwd.norm");
 
     // attention output projection
     void* datt = m->s_a;  // [N, QD]
     linear_dx(m, datt, m->s_dx, W(m, 0, o->o), N, H, QD, 0);
+    prof_mark("bwd.o_gemm");
     linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD);
+    prof_mark("bwd.o_wgrad");
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
                  c->heads, c->kv_heads, D);
+    prof_mark("bwd.attn");
     be->rope(be, m->s_q, m->B, m->T, c->heads, D, c->rope_theta, 1);
     be->rope(be, m->s_k, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
+    prof_mark("bwd.rope");
     linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H);
     linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H);
     linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H);
+    prof_mark("bwd.qkv_wgrad");
     void* dln1 = m->s_b;  // [N, H]
     linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
     linear_dx(m, dln1, m->s_k, W(m, 0, o->qkv + qn), N, KD, H, 1);
     linear_dx(m, dln1, m->s_v, W(m, 0, o->qkv + qn + kn), N, KD, H, 1);
+    prof_mark("bwd.qkv_gemm");
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln1), dln1, s->x_in, W(m, 0, o->ln1), s->rstd1, N, H, 1);
+    prof_mark("bwd.norm");
 }
 
 // After the forward: global router statistics → aux / z losses and their gradient.
@@ -264,34 +281,45 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     be->zero(be, m->zsum, sizeof(float));
     be->zero(be, m->loss_acc, sizeof(float));
     bump_reset(&m->bump);
+    prof_mark("fwd.host_inputs");
 
     be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
+    prof_mark("fwd.embed");
     for (int l = 0; l < L; l++) layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
     router_losses(m, a, &out);
+    prof_mark("fwd.router_losses");
 
     // Final norm and lm_head + cross-entropy in token chunks; the backward of each chunk runs
     // right away, so the logits never exist for all tokens at once.
     be->rmsnorm_fwd(be, m->lnf, m->rstdf, m->x_final, W(m, 0, m->pl.final_norm), N, H, c->rms_eps);
+    prof_mark("fwd.norm");
     void* dlnf = m->s_a;  // [N, H]
     for (int t0 = 0; t0 < N; t0 += m->head_chunk) {
         int n = N - t0 < m->head_chunk ? N - t0 : m->head_chunk;
         const void* xc = act_at(m, m->lnf, (size_t)t0 * H);
         linear(m, m->s_logits, xc, W(m, 0, m->pl.lm_head), n, V, H, 0);
+        prof_mark("head.gemm");
         be->cross_entropy(be, m->s_logits, m->loss_acc, m->tgt + t0, n, V, a->backward ? a->ce_scale : 0.0f);
+        prof_mark("head.ce");
         if (a->backward) {
             linear_dx(m, act_at(m, dlnf, (size_t)t0 * H), m->s_logits, W(m, 0, m->pl.lm_head), n, V, H, 0);
+            prof_mark("head.dgemm");
             linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H);
+            prof_mark("head.wgrad");
         }
     }
     float ce = 0;
     be->to_host(be, &ce, m->loss_acc, sizeof(float));
+    prof_mark("head.loss_sync");
     out.ce_sum = ce;
     if (!a->backward) return out;
 
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, m->pl.final_norm), dlnf, m->x_final, W(m, 0, m->pl.final_norm),
                     m->rstdf, N, H, 0);
+    prof_mark("bwd.norm");
     for (int l = L - 1; l >= 0; l--) layer_backward(m, l);
     be->embed_bwd(be, G(m, 0, m->pl.embed), m->s_dx, m->tok, N, H);
+    prof_mark("bwd.embed");
     return out;
 }
 

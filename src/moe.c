@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prof.h"
 #include "util.h"
 
 static inline size_t esz(const Model* m) { return dtype_size(m->be->act_dtype); }
@@ -125,10 +126,12 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     // router
     GemmDesc gd = {.M = N, .N = E, .K = H, .trans_b = 1, .alpha = 1, .c_f32 = 1};
     be->gemm(be, &gd, x, at(m, m->w[0], o->gate), s->logits);
+    prof_mark("fwd.router_gemm");
     be->router_fwd(be, s->probs, s->topk, s->topk_w, m->stats, m->zsum, s->logits, N, E, K);
     be->moe_index(be, m->counts, s->dest, s->topk, N, K, E);
     be->to_host(be, m->h_counts, m->counts, sizeof(int32_t) * (size_t)E);  // the sync
     for (int e = 0; e < E; e++) s->load[e] = m->h_counts[e];
+    prof_mark("fwd.route_sync");
 
     // exchange counts: rank r sends to rank j the counts of j's experts
     if (P > 1) {
@@ -148,6 +151,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     s->xe = bump_alloc(&m->bump, (size_t)R * H * esz(m));
     s->scale_e = bump_alloc(&m->bump, (size_t)R * sizeof(float));
     s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
+    prof_mark("fwd.exchange_counts");
 
     if (P == 1) {
         be->permute_fwd(be, s->xe, x, s->dest, N, K, H);
@@ -162,6 +166,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
         reorder_blocks(m, s, s->xe, xr, (size_t)H * esz(m), 1);
         reorder_blocks(m, s, s->scale_e, wr, sizeof(float), 1);
     }
+    prof_mark("fwd.dispatch");
 
     // experts
     int off[65];
@@ -169,8 +174,11 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     grouped(m, s, off, s->gu, s->xe, at(m, m->w[1], o->w13), 2 * F, H, 1, (size_t)2 * F * H);
+    prof_mark("fwd.w13");
     be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
+    prof_mark("fwd.swiglu");
     grouped(m, s, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F);
+    prof_mark("fwd.w2");
 
     // combine
     if (P == 1) {
@@ -181,6 +189,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
         exchange(m, s, ys, m->s_xp, (size_t)H * esz(m), 0);
         be->unpermute_fwd(be, out, m->s_xp, s->dest, N, K, H, 1);
     }
+    prof_mark("fwd.combine");
 }
 
 void moe_backward(Model* m, int l, const void* dout, void* dx) {
@@ -205,6 +214,7 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
         exchange(m, s, m->s_xp, dyr, (size_t)H * esz(m), 1);
         reorder_blocks(m, s, dye, dyr, (size_t)H * esz(m), 1);
     }
+    prof_mark("bwd.dispatch");
 
     // experts: recompute h, then w2, swiglu, w13 backward
     void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
@@ -214,13 +224,19 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     GroupDesc g = {.groups = m->e_local, .host_off = off};
     be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
+    prof_mark("bwd.swiglu_recompute");
     g.b_stride = (size_t)H * F;
     be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2);
+    prof_mark("bwd.w2_wgrad");
     grouped(m, s, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F);
+    prof_mark("bwd.w2_dgrad");
     be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
+    prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
     be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, m->grad[1] + o->w13);
+    prof_mark("bwd.w13_wgrad");
     grouped(m, s, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H);
+    prof_mark("bwd.w13_dgrad");
 
     // back to this rank's (n, slot) rows
     const void* dxp = dxe;
@@ -237,13 +253,36 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     }
     be->permute_bwd(be, dx, dxp, s->dest, N, K, H);
     be->scatter_rows_f32(be, m->s_dw, dwp, s->dest, N * K);
+    prof_mark("bwd.combine");
 
     // router
     be->router_bwd(be, m->s_dlog, m->s_dw, m->aux_dprob, m->z_grad, s->probs, s->topk, s->topk_w,
                    s->logits, N, E, K);
     be->f32_to_act(be, m->s_dlog_act, m->s_dlog, (size_t)N * E);
+    prof_mark("bwd.router");
     GemmDesc dw = {.M = E, .N = H, .K = N, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1};
     be->gemm(be, &dw, m->s_dlog_act, m->ls[l].ln2, m->grad[0] + o->gate);
     GemmDesc dxd = {.M = N, .N = H, .K = E, .alpha = 1, .beta = 1};
     be->gemm(be, &dxd, m->s_dlog_act, at(m, m->w[0], o->gate), dx);
+    prof_mark("bwd.router_gemm");
+}
+
+// The row exchange of moe_forward / moe_backward on its own, for tests (moe.h). The same static
+// steps the layer runs: exchange then reorder to expert-major; reorder back then reverse exchange.
+void moe_dispatch_rows(Model* m, const MoeSaved* s, void* dst, const void* send, void* scratch, size_t w) {
+    if (m->ep == 1) {
+        if (s->R) m->be->copy(m->be, dst, send, (size_t)s->R * w);
+        return;
+    }
+    exchange(m, s, send, scratch, w, 1);
+    reorder_blocks(m, s, dst, scratch, w, 1);
+}
+
+void moe_combine_rows(Model* m, const MoeSaved* s, void* recv, const void* src, void* scratch, size_t w) {
+    if (m->ep == 1) {
+        if (s->R) m->be->copy(m->be, recv, src, (size_t)s->R * w);
+        return;
+    }
+    reorder_blocks(m, s, scratch, src, w, 0);
+    exchange(m, s, scratch, recv, w, 0);
 }

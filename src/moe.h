@@ -11,3 +11,11 @@ void moe_plan_bumps(Model* m);
 void moe_forward(Model* m, int l, const void* x, void* out);
 // dout[N,H] = dL/d out; writes dx[N,H] = dL/dx (overwrites). Accumulates weight gradients.
 void moe_backward(Model* m, int l, const void* dout, void* dx);
+
+// The token exchange alone (tests), with the routing of the last moe_forward saved in s. Rows are
+// w bytes wide. Dispatch: send [N·k rows, the expert-major order of moe_index over all E experts]
+// → dst [s->R rows, expert-major over this rank's experts, source EP rank ascending within one].
+// Combine is its inverse: src [s->R rows] → recv [N·k rows]. scratch: [s->R rows]. Collective
+// over the EP group; with ep = 1 both are copies.
+void moe_dispatch_rows(Model* m, const MoeSaved* s, void* dst, const void* send, void* scratch, size_t w);
+void moe_combine_rows(Model* m, const MoeSaved* s, void* recv, const void* src, void* scratch, size_t w);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prof.h"
 #include "util.h"
 
 static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
@@ -133,6 +134,7 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
         else
             cm->all_reduce_sum(cm, s->group, m->grad[a], m->padded[a]);
     }
+    prof_mark("optim.reduce");
     // 2. global norm, every element counted once
     be->zero(be, o->d_norm, sizeof(float));
     for (int a = 0; a < 2; a++) {
@@ -144,6 +146,7 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
     double sq = h;
     cm->host_all_reduce_f64(cm, GROUP_WORLD, &sq, 1);
     st.grad_norm = sqrt(sq);
+    prof_mark("optim.grad_norm");
     if (!isfinite(st.grad_norm)) {
         st.skipped = 1;
     } else {
@@ -161,6 +164,9 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
                 cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);
         }
     }
+    prof_mark("optim.adamw");
     for (int a = 0; a < 2; a++) be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
+    prof_mark("optim.zero_grad");
+    prof_step_done();
     return st;
 }

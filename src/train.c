@@ -30,6 +30,39 @@ static int mkdir_p(const char* path) {
     return 0;
 }
 
+// On resume: drop the lines of metrics.jsonl for steps after the checkpoint (a run that died
+// after its last save logged steps that the resumed run repeats), so the trace joins without
+// duplicates. Rewritten through a temporary file and rename.
+static void metrics_trim(const char* path, int step) {
+    FILE* f = fopen(path, "r");
+    if (!f) return;
+    char tmp[CFG_STR + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE* o = fopen(tmp, "w");
+    if (!o) {
+        fclose(f);
+        return;
+    }
+    char* line = NULL;
+    size_t cap = 0;
+    int dropped = 0;
+    while (getline(&line, &cap, f) > 0) {
+        const char* s = strstr(line, "\"step\": ");
+        if (s && atoi(s + 8) > step) {
+            dropped++;
+            continue;
+        }
+        fputs(line, o);
+    }
+    free(line);
+    fclose(f);
+    if (fclose(o) == 0 && rename(tmp, path) == 0) {
+        if (dropped) log_info("log: dropped %d line(s) of %s after step %d (resumed from there)\n", dropped, path, step);
+    } else {
+        remove(tmp);
+    }
+}
+
 static Backend* make_backend(const Config* cfg, Err* e) {
     DeviceKind dev = cfg->train.device;
     if (dev == DEVICE_CUDA || dev == DEVICE_AUTO) {
@@ -86,6 +119,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
             fclose(f);
         }
         snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
+        if (t->step > 0) metrics_trim(p, t->step);
         t->metrics = fopen(p, t->step > 0 ? "a" : "w");
         if (!t->metrics) return err_set(e, "log.dir: cannot write %s (%s)", p, strerror(errno));
     }
@@ -188,6 +222,9 @@ int trainer_run(Trainer* t) {
     // Fault injection for the tests: MOETRAIN_FAIL_RANK=r makes rank r fail at its second step.
     const char* fail_env = getenv("MOETRAIN_FAIL_RANK");
     const int fail_rank = fail_env ? atoi(fail_env) : -1;
+    if (t->step >= tc->steps)
+        log_info("train: the run is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
+                 t->step, tc->steps);
     for (; t->step < tc->steps; t->step++) {
         const int s = t->step;
         if (s == 1 && t->rank == fail_rank) FATAL("injected failure (MOETRAIN_FAIL_RANK=%d)", fail_rank);
@@ -214,6 +251,7 @@ int trainer_run(Trainer* t) {
         t->be->sync(t->be);
         double dt = now_sec() - t0;
         t->tokens += (int64_t)gtok;
+        t->last_loss = loss;
         if (st.skipped) {
             t->skipped++;
             t->bad_in_row++;
@@ -240,6 +278,7 @@ int trainer_run(Trainer* t) {
         }
         // preemption: every rank agrees on the signal, saves, and stops
         int32_t sig = g_stop_signal;
+        if (t->stop_at > 0 && s + 1 == t->stop_at) sig = SIGTERM;  // tests
         t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &sig, 1);
         const int last = s + 1 == tc->steps;
         const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;

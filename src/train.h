@@ -34,6 +34,9 @@ typedef struct Trainer {
     int64_t skipped;      // non-finite steps skipped in total
     int bad_in_row;
     int64_t tokens;       // tokens trained on (global)
+    double last_loss;     // loss of the last step run (saved in trainer_state.yaml)
+    int stop_at;          // tests: behave as if signalled after this many steps (0 = off)
+    char resumed_from[CFG_STR + 64];  // the step directory resumed from ("" = none)
     int32_t* h_tok;       // host [N] micro-batch inputs
     int32_t* h_tgt;       // host [N] targets
     int32_t* h_win;       // host [seq_len + 1] one window
@@ -60,6 +63,14 @@ EvalResult trainer_eval(Trainer* t, int batches);
 // [0, B) → inputs t->h_tok, targets t->h_tgt.
 void trainer_fill_batch(Trainer* t, int split, uint64_t first);
 
-// Checkpoint glue (train_ckpt.c): full save of the current state; resume or init_from.
+// Checkpoint glue (train_ckpt.c). trainer_save: collective; writes checkpoint.dir/step_<t->step>
+// (the number of steps done): every rank the fp32 masters and Adam moments of the tensors it
+// owns under their Hugging Face names (optim.exp_avg.NAME, optim.exp_avg_sq.NAME), rank 0 the
+// trainer state (counters, data position, layout, the resolved config). trainer_restore:
+// checkpoint.resume = auto (newest complete checkpoint under checkpoint.dir; a corrupt newest
+// one is skipped with a note) | a path | none; without a checkpoint to resume,
+// checkpoint.init_from (a Hugging Face directory: weights only, fresh optimizer), else random
+// init. Loading goes by name, so any layout loads any other. Errors name the file; every rank
+// returns the same status.
 int trainer_save(Trainer* t, Err* e);
-int trainer_restore(Trainer* t, Err* e);  // per checkpoint.resume / init_from, else random init
+int trainer_restore(Trainer* t, Err* e);

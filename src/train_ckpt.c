@@ -1,17 +1,53 @@
-// train_ckpt.c — where the trainer's state comes from and goes to: random init now;
-// checkpoints (save / resume / init_from) are the next piece of work (issue 5).
+// train_ckpt.c — where the trainer's state comes from and goes to (see train.h):
+//
+//   trainer_save     every rank writes the tensors it owns (fp32 master, Adam m and v) under
+//                    their global Hugging Face names through ckpt_save; rank 0 adds
+//                    trainer_state.yaml (counters, data position, layout, the resolved config).
+//   trainer_restore  checkpoint.resume (none | auto | a path) → load by name; else
+//                    checkpoint.init_from (a Hugging Face directory) → masters only, fresh Adam;
+//                    else the random init by name.
+//
+// Ownership: a tensor of arena a is written by the rank of a's ZeRO group (world for dense,
+// edp for experts) whose equal slice of the padded arena holds the tensor's first element
+// (the same rule with ZeRO-1 off), so every name is written exactly once and the writing is
+// spread over the ranks. The values come from optim_gather, which stages the full fp32 arena
+// in the model's gradient buffer (zero between steps; zeroed again afterwards).
+//
+// Loading goes by name into this rank's own layout (params_build for its EP rank), then
+// optim_load_from_staging / optim_scatter put each rank's slice in place. So a checkpoint
+// saved at any EP / EDP / world / zero1 loads at any other.
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
+#include "hf.h"
 #include "train.h"
 #include "util.h"
+
+static const char* const OPT_PREFIX[3] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
+
+static void state_name(char* out, size_t n, int which, const char* name) {
+    snprintf(out, n, "%s%s", OPT_PREFIX[which], name);
+}
+
+static size_t max_numel(const Model* m) {
+    size_t max = 1;
+    for (int i = 0; i < m->pl.n; i++) max = m->pl.p[i].numel > max ? m->pl.p[i].numel : max;
+    return max;
+}
+
+static void zero_grads(Model* m) {
+    for (int a = 0; a < 2; a++) m->be->zero(m->be, m->grad[a], sizeof(float) * m->padded[a]);
+}
 
 // Random init by tensor name (layout-independent), staged through the fp32 gradient arenas.
 static void init_random(Trainer* t) {
     Model* m = &t->model;
-    size_t max = 0;
-    for (int i = 0; i < m->pl.n; i++) max = m->pl.p[i].numel > max ? m->pl.p[i].numel : max;
-    float* host = xmalloc(sizeof(float) * max);
+    float* host = xmalloc(sizeof(float) * max_numel(m));
+    zero_grads(m);
     for (int i = 0; i < m->pl.n; i++) {
         const ParamInfo* p = &m->pl.p[i];
         model_init_tensor(&m->c, p, t->cfg.train.seed, host);
@@ -21,16 +57,302 @@ static void init_random(Trainer* t) {
     optim_load_from_staging(&t->opt, m);
 }
 
-int trainer_restore(Trainer* t, Err* e) {
-    const CheckpointConfig* c = &t->cfg.checkpoint;
-    if (strcmp(c->resume, "none") != 0 || c->init_from[0])
-        return err_set(e, "checkpoint.resume / checkpoint.init_from: this version cannot read checkpoints yet; "
-                          "set checkpoint.resume=none and checkpoint.init_from=\"\"");
-    init_random(t);
-    return 0;
+// ---- save -------------------------------------------------------------------------------------
+
+static int owns(const Trainer* t, const ParamInfo* p) {
+    const OptShard* s = &t->opt.sh[p->arena];
+    const size_t part = t->model.padded[p->arena] / (size_t)s->gsize;
+    return (int)(p->offset / part) == s->grank;
+}
+
+// The resolved config as text (config_print).
+static char* config_text(const Config* c) {
+    char* buf = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&buf, &len);
+    CHECK(f, "open_memstream: %s", strerror(errno));
+    config_print(c, f);
+    fclose(f);
+    return buf;
+}
+
+static char* state_text(const Trainer* t) {
+    const Config* c = &t->cfg;
+    const uint64_t pos = (uint64_t)t->step * (uint64_t)c->train.global_batch;
+    const uint64_t nwin = data_num_windows(t->data, 0);
+    char extra[2048];
+    snprintf(extra, sizeof extra,
+             "# the train split's sequence i of step s, micro-batch j, rank r is s*global_batch + j*micro_batch*world + r*micro_batch\n"
+             "updates: %lld\nskipped: %lld\nbad_in_row: %d\nedp: %d\nzero1: %s\nglobal_batch: %d\nmicro_batch: %d\n"
+             "seq_len: %d\ndata_position: %llu\ndata_epoch: %llu\nsteps_total: %d\nschedule: %s\nlr_next: %.9g\n",
+             (long long)t->updates, (long long)t->skipped, t->bad_in_row, t->model.edp, c->parallel.zero1 ? "true" : "false",
+             c->train.global_batch, c->train.micro_batch, c->train.seq_len, (unsigned long long)pos,
+             (unsigned long long)(nwin ? pos / nwin : 0), c->train.steps, schedule_name(c->optim.schedule),
+             (double)optim_lr(&c->optim, c->train.steps, t->step));
+    char* cfg = config_text(c);
+    TrainerState ts = {.step = t->step, .tokens = t->tokens, .world = t->world, .ep = t->model.ep,
+                       .seed = c->train.seed, .rng = 0,  // no random stream advances after init
+                       .bad_steps = t->skipped, .loss_ema = t->last_loss, .config_yaml = cfg, .extra_yaml = extra};
+    int n = trainer_state_format(NULL, 0, &ts);
+    char* text = xmalloc((size_t)n + 1);
+    trainer_state_format(text, (size_t)n + 1, &ts);
+    free(cfg);
+    return text;
 }
 
 int trainer_save(Trainer* t, Err* e) {
-    (void)t;
-    return err_set(e, "this version cannot write checkpoints yet; leave checkpoint.dir empty");
+    Model* m = &t->model;
+    Backend* be = m->be;
+    int n_own = 0;
+    size_t total = 0;
+    for (int i = 0; i < m->pl.n; i++)
+        if (owns(t, &m->pl.p[i])) n_own++, total += m->pl.p[i].numel;
+    CkptTensor* ct = xcalloc((size_t)(3 * n_own) + 1, sizeof *ct);
+    char(*names)[128] = xcalloc((size_t)(3 * n_own) + 1, sizeof *names);
+    float* host = xmalloc(sizeof(float) * (3 * total + 1));
+    float* dst = host;
+    int k = 0;
+    for (int which = 0; which < 3; which++)
+        for (int a = 0; a < 2; a++) {
+            optim_gather(&t->opt, m, a, which);  // collective over the arena's group
+            for (int i = 0; i < m->pl.n; i++) {
+                const ParamInfo* p = &m->pl.p[i];
+                if ((int)p->arena != a || !owns(t, p)) continue;
+                be->to_host(be, dst, m->grad[a] + p->offset, sizeof(float) * p->numel);
+                state_name(names[k], sizeof names[k], which, p->name);
+                ct[k] = (CkptTensor){.name = names[k], .ndim = p->ndim, .data = dst};
+                for (int d = 0; d < p->ndim; d++) ct[k].shape[d] = p->shape[d];
+                dst += p->numel;
+                k++;
+            }
+        }
+    zero_grads(m);  // the staging held masters / moments; the next step accumulates from zero
+    char* state = t->rank == 0 ? state_text(t) : NULL;
+    double t0 = now_sec();
+    int rc = ckpt_save(t->comm, t->cfg.checkpoint.dir, t->step, ct, k, state, t->cfg.checkpoint.keep, e);
+    if (!rc) {
+        char sn[64];
+        snprintf(sn, sizeof sn, "step_%08d", t->step);
+        log_info("checkpoint: saved %s/%s (%d tensors on rank 0, %.2f s)\n", t->cfg.checkpoint.dir, sn, k, now_sec() - t0);
+    }
+    free(state);
+    free(host);
+    free(names);
+    free(ct);
+    return rc;
+}
+
+// ---- restore ----------------------------------------------------------------------------------
+
+// Compares the model section of a checkpoint's config with this run's.
+static int check_model(const ModelConfig* ck, const ModelConfig* run, const char* where, Err* e) {
+#define CMPI(f, key)                                                                                                   \
+    if (ck->f != run->f)                                                                                               \
+        return err_set(e, "%s: the checkpoint holds a different model: " key "=%d there, %d in this run's config "      \
+                          "(a checkpoint loads only into the model it was saved for: set the model.* keys to match it, "  \
+                          "or start a new model without resume / init_from)", where, ck->f, run->f);
+    CMPI(vocab_size, "model.vocab_size")
+    CMPI(hidden, "model.hidden")
+    CMPI(ffn, "model.ffn")
+    CMPI(layers, "model.layers")
+    CMPI(heads, "model.heads")
+    CMPI(kv_heads, "model.kv_heads")
+    CMPI(experts, "model.experts")
+    CMPI(top_k, "model.top_k")
+#undef CMPI
+    return 0;
+}
+
+// Reads tensors `which` of every parameter of this rank into the staging arenas.
+typedef int (*ReadFn)(const void* src, const char* name, float* dst, int ndim, const int64_t* shape, Err* e);
+static int rd_ckpt(const void* src, const char* name, float* dst, int ndim, const int64_t* shape, Err* e) {
+    return ckpt_read(src, name, dst, ndim, shape, e);
+}
+static int rd_hf(const void* src, const char* name, float* dst, int ndim, const int64_t* shape, Err* e) {
+    return hf_read(src, name, dst, ndim, shape, e);
+}
+
+static int stage(Trainer* t, ReadFn rd, const void* src, int which, const char* where, float* host, Err* e) {
+    Model* m = &t->model;
+    zero_grads(m);  // padding stays zero
+    for (int i = 0; i < m->pl.n; i++) {
+        const ParamInfo* p = &m->pl.p[i];
+        char nm[128];
+        state_name(nm, sizeof nm, which, p->name);
+        Err re = {{0}};
+        if (rd(src, nm, host, p->ndim, p->shape, &re)) return err_set(e, "%s: %s", where, re.msg);
+        m->be->to_device(m->be, m->grad[p->arena] + p->offset, host, sizeof(float) * p->numel);
+    }
+    return 0;
+}
+
+static int get_i64(const char* text, const char* key, int64_t* out, int64_t def) {
+    char v[64];
+    Err e = {{0}};
+    *out = def;
+    if (trainer_state_get(text, key, v, sizeof v, &e) != 1) return 0;
+    char* end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end) return -1;
+    *out = x;
+    return 0;
+}
+
+static int load_ckpt(Trainer* t, const char* path, Err* e) {
+    Model* m = &t->model;
+    Ckpt* ck = NULL;
+    if (ckpt_open_comm(t->comm, &ck, path, e)) return -1;
+    const char* dir = ckpt_dir(ck);
+    const char* text = ckpt_trainer_state(ck);
+    char where[CFG_STR + 64];
+    snprintf(where, sizeof where, "%s/trainer_state.yaml", dir);
+    size_t cn = strlen(text) + 1;
+    char* cfg_text = xmalloc(cn);
+    TrainerState ts;
+    Config* cc = xcalloc(1, sizeof *cc);
+    config_defaults(cc);
+    int rc = 0;
+    Err le = {{0}};
+    if (trainer_state_parse(text, &ts, cfg_text, cn, &le)) rc = err_set(e, "%s: %s", dir, le.msg);
+    else if (!cfg_text[0]) rc = err_set(e, "%s has no config: block; cannot check the model it holds", where);
+    else if (config_load_string(cc, cfg_text, strlen(cfg_text), where, &le)) rc = err_set(e, "%s", le.msg);
+    else if (check_model(&cc->model, &t->cfg.model, where, e)) rc = -1;
+    int64_t updates = 0, skipped = 0, bad = 0, gb = 0, sl = 0;
+    if (!rc && (get_i64(text, "updates", &updates, ts.step) || get_i64(text, "skipped", &skipped, ts.bad_steps) ||
+                get_i64(text, "bad_in_row", &bad, 0) || get_i64(text, "global_batch", &gb, 0) ||
+                get_i64(text, "seq_len", &sl, 0)))
+        rc = err_set(e, "%s: updates / skipped / bad_in_row / global_batch / seq_len must be integers", where);
+    if (!rc && ts.step != ckpt_step(ck))
+        rc = err_set(e, "%s: step %lld, but the manifest says %lld", where, (long long)ts.step, (long long)ckpt_step(ck));
+    if (!rc && ts.step > (int64_t)1 << 30) rc = err_set(e, "%s: step %lld is out of range", where, (long long)ts.step);
+    char ckwhere[CFG_STR + 32];
+    snprintf(ckwhere, sizeof ckwhere, "checkpoint %s", dir);
+    float* host = xmalloc(sizeof(float) * max_numel(m));
+    if (!rc) rc = stage(t, rd_ckpt, ck, 0, ckwhere, host, e);
+    if (!rc) {
+        optim_load_from_staging(&t->opt, m);  // masters, compute weights; zeroes m, v, grads
+        for (int which = 1; which < 3 && !rc; which++) {
+            rc = stage(t, rd_ckpt, ck, which, ckwhere, host, e);
+            for (int a = 0; a < 2 && !rc; a++) optim_scatter(&t->opt, m, a, which);
+        }
+        zero_grads(m);
+    }
+    free(host);
+    if (!rc) {
+        t->step = (int)ts.step;
+        t->tokens = ts.tokens;
+        t->updates = updates;
+        t->skipped = skipped;
+        t->bad_in_row = (int)bad;
+        t->last_loss = ts.loss_ema;
+        snprintf(t->resumed_from, sizeof t->resumed_from, "%s", dir);
+        log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d)\n",
+                 dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep);
+        if ((gb && gb != t->cfg.train.global_batch) || (sl && sl != t->cfg.train.seq_len))
+            log_info("checkpoint: note: saved with train.global_batch=%lld, seq_len=%lld; this run uses %d, %d: the data "
+                     "position continues as step x global_batch, so the order differs from an uninterrupted run\n",
+                     (long long)gb, (long long)sl, t->cfg.train.global_batch, t->cfg.train.seq_len);
+        if (ts.seed != t->cfg.train.seed)
+            log_info("checkpoint: note: saved with train.seed=%llu; this run uses %llu (the data order changes)\n",
+                     (unsigned long long)ts.seed, (unsigned long long)t->cfg.train.seed);
+    }
+    free(cc);
+    free(cfg_text);
+    ckpt_close(ck);
+    return rc;
+}
+
+static int load_hf(Trainer* t, const char* dir, Err* e) {
+    ModelConfig hc;
+    Config* d = xcalloc(1, sizeof *d);
+    config_defaults(d);
+    hc = d->model;
+    free(d);
+    Err le = {{0}};
+    char where[CFG_STR + 64];
+    snprintf(where, sizeof where, "checkpoint.init_from %s", dir);
+    // config.json, when present, is checked against the config for a clear message first
+    char cj[CFG_STR + 32];
+    snprintf(cj, sizeof cj, "%s/config.json", dir);
+    FILE* f = fopen(cj, "r");
+    if (f) {
+        fclose(f);
+        if (hf_read_config(dir, &hc, &le)) return err_set(e, "%s: %s", where, le.msg);
+        char w2[CFG_STR + 64];
+        snprintf(w2, sizeof w2, "checkpoint.init_from %s/config.json", dir);
+        if (check_model(&hc, &t->cfg.model, w2, e)) return -1;
+    }
+    HfDir* h = NULL;
+    if (hf_open(&h, dir, &le)) return err_set(e, "%s: %s", where, le.msg);
+    float* host = xmalloc(sizeof(float) * max_numel(&t->model));
+    int rc = stage(t, rd_hf, h, 0, where, host, e);
+    free(host);
+    hf_close(h);
+    if (rc) return -1;
+    optim_load_from_staging(&t->opt, &t->model);
+    log_info("checkpoint: initialized from the Hugging Face directory %s (%d tensors on this rank); optimizer state fresh\n", dir,
+             t->model.pl.n);
+    return 0;
+}
+
+// resume=auto: rank 0 looks (it reads every file once to verify); the verdict is broadcast.
+static int find_auto(Trainer* t, char* step_dir, size_t n, Err* e) {
+    struct {
+        int32_t rc;
+        char dir[CFG_STR + 64];
+        char note[2048];
+        char msg[sizeof e->msg];
+    } r;
+    memset(&r, 0, sizeof r);
+    if (t->rank == 0) {
+        Err le = {{0}};
+        r.rc = ckpt_find_resume(t->cfg.checkpoint.dir, r.dir, sizeof r.dir, r.note, sizeof r.note, &le);
+        snprintf(r.msg, sizeof r.msg, "%s", le.msg);
+    }
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, &r, sizeof r, 0);
+    if (r.rc < 0) return err_set(e, "checkpoint.resume=auto: %s", r.msg);
+    if (r.note[0]) log_info("checkpoint: resume=auto: %s\n", r.note);
+    if (r.rc == 0) {
+        log_info("checkpoint: resume=auto: no checkpoint under %s yet; starting from step 0\n", t->cfg.checkpoint.dir);
+        return 0;
+    }
+    snprintf(step_dir, n, "%s", r.dir);
+    return 1;
+}
+
+int trainer_restore(Trainer* t, Err* e) {
+    const CheckpointConfig* c = &t->cfg.checkpoint;
+    char path[CFG_STR + 64] = "";
+    int rc = 0;
+    if (!strcmp(c->resume, "auto")) {
+        int f = find_auto(t, path, sizeof path, e);
+        if (f < 0) rc = -1;
+    } else if (strcmp(c->resume, "none") != 0) {
+        snprintf(path, sizeof path, "%s", c->resume);
+    }
+    if (!rc) {
+        if (path[0]) rc = load_ckpt(t, path, e);
+        else if (c->init_from[0]) rc = load_hf(t, c->init_from, e);
+        else init_random(t);
+    }
+    // Expert tensors differ per rank, so one rank may fail where another did not: agree.
+    int32_t bad = rc != 0;
+    t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &bad, 1);
+    if (bad && !rc) {
+        rc = -1;
+        err_set(e, "loading the checkpoint failed on another rank (see its message)");
+    }
+    if (bad) {  // rank 0 should carry the first failing rank's message
+        int32_t me = rc ? t->rank : t->world, first = me;
+        int32_t neg = -me;
+        t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &neg, 1);
+        first = -neg;
+        char msg[sizeof e->msg];
+        memcpy(msg, e->msg, sizeof msg);
+        t->comm->host_broadcast(t->comm, GROUP_WORLD, msg, sizeof msg, first);
+        if (first != t->rank && first != 0) snprintf(e->msg, sizeof e->msg, "rank %d: %s", first, msg);
+        else memcpy(e->msg, msg, sizeof msg);
+        return -1;
+    }
+    return 0;
 }

@@ -2,6 +2,9 @@
 // made by scripts/make_golden.py with transformers 5.17 / torch 2.11 on the CPU in fp32):
 // logits, CE and aux losses, every gradient, and 5 AdamW steps.
 //
+// MOETRAIN_TEST_DEVICE=cuda runs the same checks on the CUDA backend in fp32 mode (TF32 off) with
+// the same tolerances (scripts/gpu_check.sh does; the binary needs a GPU then).
+//
 // Tolerances (relative L2 / relative error), and why:
 //   TOL_LOGITS 1e-5  fp32 forward, different summation order than torch: ~1e-6 expected
 //   TOL_LOSS   1e-5  scalar losses in fp32
@@ -78,6 +81,17 @@ static const float* getf(const char* name, size_t numel) {
 
 static Backend* be;
 static Comm* comm;
+static int on_gpu;
+
+// A backend fp32 buffer as a host pointer (copied to a reused host buffer on the GPU).
+static const float* host(const void* p, size_t n) {
+    static float* buf;
+    static size_t cap;
+    if (!on_gpu) return (const float*)p;
+    if (n > cap) buf = realloc(buf, sizeof(float) * n), cap = n;
+    be->to_host(be, buf, p, sizeof(float) * n);
+    return buf;
+}
 static ModelConfig mc;
 static Model m;
 static int32_t tok[64], tgt[64];
@@ -104,7 +118,7 @@ static int stage(const char* prefix) {
         snprintf(n, sizeof n, "%s%s", prefix, p->name);
         const float* w = getf(n, p->numel);
         if (!w) return -1;
-        memcpy(m.grad[p->arena] + p->offset, w, sizeof(float) * p->numel);
+        be->to_device(be, m.grad[p->arena] + p->offset, w, sizeof(float) * p->numel);
     }
     return 0;
 }
@@ -122,7 +136,7 @@ static void test_forward(void) {
     const float* ref = getf("logits", (size_t)B * T * 256);
     EXPECT(ref != NULL, "logits in fixture");
     if (ref) {
-        double e = rel_l2(m.s_logits, ref, (size_t)B * T * 256);
+        double e = rel_l2(host(m.s_logits, (size_t)B * T * 256), ref, (size_t)B * T * 256);
         EXPECT(e < TOL_LOGITS, "logits rel L2 %.3g", e);
         printf("     logits rel L2 %.3g\n", e);
     }
@@ -153,7 +167,7 @@ static void test_gradients(void) {
         const float* g = getf(n, p->numel);
         EXPECT(g != NULL, "fixture has %s", n);
         if (!g) continue;
-        double e = rel_l2(m.grad[p->arena] + p->offset, g, p->numel);
+        double e = rel_l2(host(m.grad[p->arena] + p->offset, p->numel), g, p->numel);
         EXPECT(e < TOL_GRAD, "%s: rel L2 %.3g", n, e);
         if (e > worst) worst = e, wn = p->name;
     }
@@ -185,7 +199,7 @@ static void test_adamw_steps(void) {
         snprintf(n, sizeof n, "after5.%s", p->name);
         const float* w = getf(n, p->numel);
         if (!w) continue;
-        double e = rel_l2(m.grad[p->arena] + p->offset, w, p->numel);
+        double e = rel_l2(host(m.grad[p->arena] + p->offset, p->numel), w, p->numel);
         EXPECT(e < TOL_ADAM, "%s after 5 steps: rel L2 %.3g", p->name, e);
         if (e > worst) worst = e;
     }
@@ -200,8 +214,25 @@ int main(int argc, char** argv) {
         printf("cannot read %s\n0 passed, 1 failed\n", FIXTURE);
         return 1;
     }
-    be = cpu_backend_create();
-    comm = comm_mpi_create(1);
+    const char* dev = getenv("MOETRAIN_TEST_DEVICE");
+    on_gpu = dev && !strcmp(dev, "cuda");
+    if (on_gpu) {
+        Err e = {{0}};
+        be = cuda_backend_create(DTYPE_F32, 0, &e);
+        if (!be) {
+            printf("MOETRAIN_TEST_DEVICE=cuda: %s\n0 passed, 1 failed\n", e.msg);
+            return 1;
+        }
+        comm = comm_nccl_create(1, cuda_backend_stream(be));
+        if (!comm) {
+            printf("MOETRAIN_TEST_DEVICE=cuda: no NCCL communicator\n0 passed, 1 failed\n");
+            return 1;
+        }
+        printf("backend: cuda (fp32)\n");
+    } else {
+        be = cpu_backend_create();
+        comm = comm_mpi_create(1);
+    }
     setup_model();
     RUN(test_forward);
     RUN(test_gradients);

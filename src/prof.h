@@ -1,0 +1,22 @@
+// prof.h — where a training step's time goes, stage by stage (MOETRAIN_PROFILE=1).
+//
+// The graph calls prof_mark("stage") after each stage; with profiling on, the mark waits for
+// the backend (sync) and books the wall time since the previous mark to that stage. The syncs
+// serialise the host and the device, so a profiled step is a little slower than a plain one
+// (a launch latency per stage, ~10 µs), and the sum of the stages is that slower step; the
+// shares are what to read. With profiling off a mark is one predictable branch.
+//
+// Steps before the third are not counted (warm-up: cuBLASLt plans, arena growth).
+#pragma once
+#include <stdio.h>
+
+#include "backend.h"
+
+// Reads MOETRAIN_PROFILE; on when it is set and not "0".
+void prof_init(Backend* be);
+int prof_on(void);
+void prof_mark(const char* stage);
+// Ends an optimizer step (counting starts at the third).
+void prof_step_done(void);
+// Prints the table: ms per step per stage, its share, sorted by time. Nothing when off.
+void prof_report(FILE* f);

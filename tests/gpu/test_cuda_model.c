@@ -1,0 +1,192 @@
+// test_cuda_model.c — the whole model on the CUDA backend against the CPU backend (the spec):
+// the same parameters and tokens through both, then the loss, every gradient and three AdamW
+// steps compared. fp32 mode (TF32 off) is held tight; bf16 loose. The CUDA side runs over the
+// NCCL communicator with one rank (the same dispatcher code path as EP > 1: all_to_all_v of
+// size 1), so this is also the NCCL Comm's one-GPU check.
+//
+// The shapes are deliberately awkward: T = 77 (not a multiple of the 64-query attention tile),
+// vocab 300, head dim 32. The router weights are drawn 50x wider than the other weights so that
+// each token's top-2 experts are decided by clear margins: otherwise bf16 rounding flips
+// near-ties in the routing and the expert gradients differ for reasons that are not errors.
+//
+// Tolerances (relative, and why):
+//   fp32 loss 1e-5, gradients (rel L2 per tensor) 1e-5, masters after 3 steps 1e-5: only the
+//        summation order and expf/logf ulps differ (the op tests see ≤ 5e-7 per op).
+//   bf16 loss 1e-2: weights and activations are rounded to bf16 (2^-9 relative) at every op
+//        boundary, ~25 of them between the input and the loss.
+//   bf16 gradients 5e-2 rel L2 over each arena (dense, experts), with the worst tensor printed:
+//        backward roundings compound through two layers; ~1-2e-2 is expected.
+#define _DEFAULT_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "model.h"
+#include "optim.h"
+#include "test.h"
+#include "util.h"
+
+enum { B = 2, T = 77, STEPS = 3 };
+#define SEED 4242
+
+typedef struct Side {
+    Backend* be;
+    Comm* comm;
+    Model m;
+    Optim o;
+} Side;
+
+static ModelConfig mc;
+static OptimConfig oc;
+static int32_t tok[B * T], tgt[B * T];
+
+static void side_init(Side* s) {
+    model_create(&s->m, &mc, B, T, s->be, s->comm);
+    optim_create(&s->o, &oc, 1, 10, &s->m);
+    size_t max = 0;
+    for (int i = 0; i < s->m.pl.n; i++) max = s->m.pl.p[i].numel > max ? s->m.pl.p[i].numel : max;
+    float* h = xmalloc(sizeof(float) * max);
+    for (int i = 0; i < s->m.pl.n; i++) {
+        const ParamInfo* p = &s->m.pl.p[i];
+        model_init_tensor(&mc, p, SEED, h);
+        if (strstr(p->name, "mlp.gate.weight"))
+            for (size_t j = 0; j < p->numel; j++) h[j] *= 50.f;
+        s->be->to_device(s->be, s->m.grad[p->arena] + p->offset, h, sizeof(float) * p->numel);
+    }
+    free(h);
+    optim_load_from_staging(&s->o, &s->m);
+}
+
+static void side_free(Side* s) {
+    optim_free(&s->o, &s->m);
+    model_free(&s->m);
+}
+
+static double step_loss(Side* s, int backward) {
+    MicroArgs a = {.tokens = tok, .targets = tgt, .backward = backward, .ce_scale = 1.0f / (B * T),
+                   .aux_scale = mc.aux_coef, .z_scale = mc.z_coef};
+    StepLoss l = model_step(&s->m, &a);
+    return l.ce_sum / (B * T) + mc.aux_coef * l.aux + mc.z_coef * l.z;
+}
+
+static float* arena_host(Side* s, int a) {
+    float* h = xmalloc(sizeof(float) * s->m.numel[a]);
+    s->be->to_host(s->be, h, s->m.grad[a], sizeof(float) * s->m.numel[a]);
+    return h;
+}
+
+static Side cpu;
+static Backend* g_gpu[2];  // fp32, bf16
+static Comm* g_nccl[2];
+
+// One forward+backward on both; loss and gradients compared.
+static void compare_grads(int bf16) {
+    Side g = {.be = g_gpu[bf16], .comm = g_nccl[bf16]};
+    side_init(&cpu);
+    side_init(&g);
+    const double lc = step_loss(&cpu, 1), lg = step_loss(&g, 1);
+    const double tol_loss = bf16 ? 1e-2 : 1e-5;
+    EXPECT(isfinite(lg) && fabs(lg - lc) <= tol_loss * fabs(lc), "loss cuda %.7f vs cpu %.7f", lg, lc);
+    printf("     %s: loss cuda %.7f cpu %.7f (rel %.2g)\n", bf16 ? "bf16" : "fp32", lg, lc, fabs(lg - lc) / fabs(lc));
+    double worst = 0;
+    const char* wn = "";
+    for (int a = 0; a < 2; a++) {
+        float* hc = arena_host(&cpu, a);
+        float* hg = arena_host(&g, a);
+        const double ea = rel_l2(hg, hc, cpu.m.numel[a]);
+        if (bf16) EXPECT(ea < 5e-2, "arena %d gradient rel L2 %.3g", a, ea);
+        printf("     %s: %s-arena gradient rel L2 %.3g\n", bf16 ? "bf16" : "fp32", a ? "expert" : "dense", ea);
+        for (int i = 0; i < cpu.m.pl.n; i++) {
+            const ParamInfo* p = &cpu.m.pl.p[i];
+            if ((int)p->arena != a) continue;
+            const double e = rel_l2(hg + p->offset, hc + p->offset, p->numel);
+            if (!bf16) EXPECT(e < 1e-5, "%s: gradient rel L2 %.3g", p->name, e);
+            if (!(e <= worst)) worst = e, wn = p->name;
+        }
+        free(hc);
+        free(hg);
+    }
+    printf("     %s: worst tensor gradient rel L2 %.3g (%s)\n", bf16 ? "bf16" : "fp32", worst, wn);
+    side_free(&g);
+    side_free(&cpu);
+}
+
+// STEPS AdamW steps on both: the loss trace, and (fp32) the masters afterwards.
+static void compare_steps(int bf16) {
+    Side g = {.be = g_gpu[bf16], .comm = g_nccl[bf16]};
+    side_init(&cpu);
+    side_init(&g);
+    const double tol = bf16 ? 2e-2 : 1e-5;
+    double first = 0, last = 0;
+    for (int s = 0; s < STEPS; s++) {
+        const double lc = step_loss(&cpu, 1), lg = step_loss(&g, 1);
+        EXPECT(isfinite(lg) && fabs(lg - lc) <= tol * fabs(lc), "step %d loss cuda %.7f vs cpu %.7f", s, lg, lc);
+        printf("     %s step %d: loss cuda %.7f cpu %.7f\n", bf16 ? "bf16" : "fp32", s, lg, lc);
+        if (s == 0) first = lg;
+        last = lg;
+        StepStats sc = optim_step(&cpu.o, &cpu.m, s, s + 1), sg = optim_step(&g.o, &g.m, s, s + 1);
+        EXPECT(!sg.skipped && fabs(sg.grad_norm - sc.grad_norm) <= (bf16 ? 5e-2 : 1e-5) * sc.grad_norm,
+               "step %d grad norm cuda %.6g vs cpu %.6g", s, sg.grad_norm, sc.grad_norm);
+    }
+    EXPECT(last < first, "the loss falls on the GPU: %.5f -> %.5f", first, last);
+    if (!bf16)
+        for (int a = 0; a < 2; a++) {
+            optim_gather(&cpu.o, &cpu.m, a, 0);
+            optim_gather(&g.o, &g.m, a, 0);
+            float* hc = arena_host(&cpu, a);
+            float* hg = arena_host(&g, a);
+            const double e = rel_l2(hg, hc, cpu.m.numel[a]);
+            EXPECT(e < 1e-5, "arena %d masters after %d steps rel L2 %.3g", a, STEPS, e);
+            printf("     fp32: %s masters after %d steps rel L2 %.3g\n", a ? "expert" : "dense", STEPS, e);
+            free(hc);
+            free(hg);
+        }
+    side_free(&g);
+    side_free(&cpu);
+}
+
+static void test_fp32_grads(void) { compare_grads(0); }
+static void test_bf16_grads(void) { compare_grads(1); }
+static void test_fp32_steps(void) { compare_steps(0); }
+static void test_bf16_steps(void) { compare_steps(1); }
+
+int main(int argc, char** argv) {
+    int world;
+    dist_init(&argc, &argv, &world);
+    mc = (ModelConfig){.vocab_size = 300, .hidden = 128, .ffn = 160, .layers = 2, .heads = 4, .kv_heads = 2,
+                       .experts = 4, .top_k = 2, .max_seq = 128, .rope_theta = 10000, .rms_eps = 1e-5f,
+                       .init_std = 0.02f, .aux_coef = 0.02f, .z_coef = 1e-3f};
+    oc = (OptimConfig){.lr = 1e-3f, .min_lr_ratio = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                       .weight_decay = 0.1f, .clip = 1.0f, .schedule = SCHED_CONSTANT};
+    Rng r;
+    rng_seed(&r, 99);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(rng_u64(&r) % (uint64_t)mc.vocab_size);
+    for (int i = 0; i < B * T; i++) tgt[i] = (int32_t)(rng_u64(&r) % (uint64_t)mc.vocab_size);
+    cpu.be = cpu_backend_create();
+    cpu.comm = comm_mpi_create(1);
+    for (int d = 0; d < 2; d++) {
+        Err e = {{0}};
+        g_gpu[d] = cuda_backend_create(d ? DTYPE_BF16 : DTYPE_F32, 0, &e);
+        if (!g_gpu[d]) {
+            printf("no CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
+            return 1;
+        }
+        g_nccl[d] = comm_nccl_create(1, cuda_backend_stream(g_gpu[d]));
+        if (!g_nccl[d]) {
+            printf("no NCCL communicator\n0 passed, 1 failed\n");
+            return 1;
+        }
+    }
+    RUN(test_fp32_grads);
+    RUN(test_bf16_grads);
+    RUN(test_fp32_steps);
+    RUN(test_bf16_steps);
+    for (int d = 0; d < 2; d++) g_nccl[d]->destroy(g_nccl[d]), g_gpu[d]->destroy(g_gpu[d]);
+    cpu.comm->destroy(cpu.comm);
+    cpu.be->destroy(cpu.be);
+    dist_finalize();
+    TEST_END();
+}

@@ -1,0 +1,346 @@
+// test_resume.c — the trainer's checkpoints in one process (world 1, CPU, random tokens, a
+// tiny model with 2 micro-batches of gradient accumulation):
+//   exact resume      6 steps straight == 3 steps, stop (as on SIGTERM, exit 3), resume=auto,
+//                     3 more: the metrics trace, the last loss, masters, Adam m and v, the
+//                     compute weights and the final checkpoint files are bit for bit equal
+//   bad checkpoints   corrupt, truncated, mismatched model, missing: each refused with its own
+//                     message naming the file; resume=auto falls back to the newest complete one;
+//                     all corrupt → refused (not silently restarted)
+//   export/init_from  fp32 export then init_from gives every tensor bit for bit; bf16 gives the
+//                     bf16 rounding of every tensor; a different model in config.json / in the
+//                     shapes is refused with a message naming it
+//   keep / every      checkpoint.every and checkpoint.keep: older ones pruned, latest newest
+//   eval              `moetrain eval --ckpt` prints the final validation loss of training
+//                     (checkpoint and exported Hugging Face directory)
+#define _GNU_SOURCE
+#include <limits.h>
+#include <sys/stat.h>
+
+#include "comm.h"
+#include "hf.h"
+#include "test_resume_util.h"
+#include "train.h"
+
+static char g_dir[256];
+static char g_bin[PATH_MAX];
+
+static int init(Trainer* t, const char* const* extra, int n, Err* e) {
+    Config c;
+    if (tiny_config(&c, extra, n, e)) return -1;
+    return trainer_init(t, &c, e);
+}
+
+static int arena_eq(const Trainer* a, const Trainer* b, const char** what) {
+    for (int r = 0; r < 2; r++) {
+        const OptShard *x = &a->opt.sh[r], *y = &b->opt.sh[r];
+        if (x->n != y->n) return *what = "shard size", 0;
+        if (memcmp(x->master, y->master, sizeof(float) * x->n)) return *what = "fp32 masters", 0;
+        if (memcmp(x->m, y->m, sizeof(float) * x->n)) return *what = "Adam m", 0;
+        if (memcmp(x->v, y->v, sizeof(float) * x->n)) return *what = "Adam v", 0;
+        if (memcmp(a->model.w[r], b->model.w[r], sizeof(float) * a->model.padded[r])) return *what = "compute weights", 0;
+    }
+    return 1;
+}
+
+static int nonzero(const float* x, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += x[i] != 0;
+    return k > n / 2;
+}
+
+static void test_exact_resume(void) {
+    char a1[300], a2[300], b1[300], b2[300];
+    snprintf(a1, sizeof a1, "checkpoint.dir=%s/a", g_dir);
+    snprintf(a2, sizeof a2, "log.dir=%s/la", g_dir);
+    snprintf(b1, sizeof b1, "checkpoint.dir=%s/b", g_dir);
+    snprintf(b2, sizeof b2, "log.dir=%s/lb", g_dir);
+    Err e = {{0}};
+    Trainer A, B, C;
+    const char* ea[] = {a1, a2};
+    EXPECT(init(&A, ea, 2, &e) == 0, "init A: %s", e.msg);
+    EXPECT(trainer_run(&A) == EXIT_OK && A.step == 6 && A.updates == 6, "A runs 6 steps (step %d)", A.step);
+
+    const char* eb[] = {b1, b2};
+    EXPECT(init(&B, eb, 2, &e) == 0, "init B: %s", e.msg);
+    B.stop_at = 3;
+    int rc = trainer_run(&B);
+    EXPECT(rc == EXIT_PREEMPTED && B.step == 3, "B stops after step 3 with exit %d (got %d, step %d)", EXIT_PREEMPTED, rc, B.step);
+    trainer_free(&B);
+    char p[400];
+    snprintf(p, sizeof p, "%s/b/step_00000003/manifest.txt", g_dir);
+    EXPECT(access(p, F_OK) == 0, "the stop wrote step 3");
+
+    const char* ec[] = {b1, b2, "checkpoint.resume=auto"};
+    EXPECT(init(&C, ec, 3, &e) == 0, "init C: %s", e.msg);
+    EXPECT(C.step == 3 && C.updates == 3 && C.tokens == 3 * 8 * 16 && strstr(C.resumed_from, "step_00000003"),
+           "C resumes at step 3 (step %d, updates %lld, tokens %lld, from '%s')", C.step, (long long)C.updates,
+           (long long)C.tokens, C.resumed_from);
+    EXPECT(trainer_run(&C) == EXIT_OK && C.step == 6, "C finishes");
+
+    EXPECT(isfinite(A.last_loss) && memcmp(&A.last_loss, &C.last_loss, sizeof(double)) == 0, "last loss %.17g vs %.17g",
+           C.last_loss, A.last_loss);
+    const char* what = "";
+    EXPECT(arena_eq(&A, &C, &what), "final %s differ", what);
+    EXPECT(nonzero(A.opt.sh[0].master, A.opt.sh[0].n / 2) && nonzero(A.opt.sh[1].v, A.opt.sh[1].n / 2), "state is not zeros");
+    EXPECT(A.tokens == C.tokens && A.updates == C.updates && A.skipped == C.skipped, "counters");
+
+    char *ta[16], *tc[16];
+    snprintf(p, sizeof p, "%s/la/metrics.jsonl", g_dir);
+    int na = read_trace(p, ta, 16);
+    snprintf(p, sizeof p, "%s/lb/metrics.jsonl", g_dir);
+    int nc = read_trace(p, tc, 16);
+    EXPECT(na == 6 && nc == 6, "6 metrics lines each (%d, %d)", na, nc);
+    for (int i = 0; i < na && i < nc; i++) EXPECT(strcmp(ta[i], tc[i]) == 0, "trace line %d:\n%s%s", i + 1, ta[i], tc[i]);
+    EXPECT(na > 1 && strcmp(ta[0], ta[na - 1]) != 0, "the trace moves");
+    free_trace(ta, na > 0 ? na : 0);
+    free_trace(tc, nc > 0 ? nc : 0);
+
+    char da[300], db[300], msg[1100];
+    snprintf(da, sizeof da, "%s/a/step_00000006", g_dir);
+    snprintf(db, sizeof db, "%s/b/step_00000006", g_dir);
+    int d = ckpt_diff(da, db, msg, sizeof msg);
+    EXPECT(d == 0, "final checkpoints differ: %d (%s)", d, msg);
+    trainer_free(&A);
+    trainer_free(&C);
+}
+
+// A copy of checkpoint root b (from test_exact_resume: step 3 and step 6) as `name`.
+static void copy_b(const char* name) { sh("rm -rf '%s/%s' && cp -r '%s/b' '%s/%s'", g_dir, name, g_dir, g_dir, name); }
+
+static int try_resume(const char* resume, const char* dir, const char* more, Trainer* t, Err* e) {
+    char r[400], d[400];
+    snprintf(r, sizeof r, "checkpoint.resume=%s", resume);
+    snprintf(d, sizeof d, "checkpoint.dir=%s", dir ? dir : "");
+    const char* ex[] = {r, d, more};
+    return init(t, ex, 3, e);
+}
+
+static void test_bad_checkpoints(void) {
+    char root[300], step6[400], file[500];
+    Err e = {{0}};
+    Trainer t;
+    // corrupt: one byte of rank 0's tensor data
+    copy_b("corrupt");
+    snprintf(root, sizeof root, "%s/corrupt", g_dir);
+    snprintf(step6, sizeof step6, "%s/step_00000006", root);
+    snprintf(file, sizeof file, "%s/rank_00000.safetensors", step6);
+    EXPECT(flip_byte(file, -100) == 0, "damage %s", file);
+    EXPECT(try_resume(step6, NULL, NULL, &t, &e) == -1 && strstr(e.msg, file) && strstr(e.msg, "crc32"),
+           "corrupt file named: %s", e.msg);
+    trainer_free(&t);
+    EXPECT(try_resume("auto", root, NULL, &t, &e) == 0 && t.step == 3 && strstr(t.resumed_from, "step_00000003"),
+           "auto falls back to step 3: %s (step %d)", e.msg, t.step);
+    trainer_free(&t);
+
+    // truncated
+    copy_b("trunc");
+    snprintf(root, sizeof root, "%s/trunc", g_dir);
+    snprintf(step6, sizeof step6, "%s/step_00000006", root);
+    snprintf(file, sizeof file, "%s/rank_00000.safetensors", step6);
+    struct stat st;
+    EXPECT(stat(file, &st) == 0 && truncate(file, st.st_size - 64) == 0, "truncate");
+    e.msg[0] = 0;
+    EXPECT(try_resume(step6, NULL, NULL, &t, &e) == -1 && strstr(e.msg, file) && strstr(e.msg, "truncated"),
+           "truncated file named: %s", e.msg);
+    trainer_free(&t);
+    EXPECT(try_resume("auto", root, NULL, &t, &e) == 0 && t.step == 3, "auto falls back to step 3: %s", e.msg);
+    trainer_free(&t);
+
+    // a damaged manifest
+    copy_b("manifest");
+    snprintf(step6, sizeof step6, "%s/manifest/step_00000006", g_dir);
+    snprintf(file, sizeof file, "%s/manifest.txt", step6);
+    EXPECT(flip_byte(file, 20) == 0, "damage manifest");
+    EXPECT(try_resume(step6, NULL, NULL, &t, &e) == -1 && strstr(e.msg, file), "manifest named: %s", e.msg);
+    trainer_free(&t);
+
+    // mismatched: another model width than the checkpoint's
+    snprintf(step6, sizeof step6, "%s/b/step_00000006", g_dir);
+    EXPECT(try_resume(step6, NULL, "model.hidden=16", &t, &e) == -1 && strstr(e.msg, "trainer_state.yaml") &&
+               strstr(e.msg, "model.hidden=32 there, 16 in this run"),
+           "mismatched model: %s", e.msg);
+    trainer_free(&t);
+
+    // every checkpoint corrupt: auto refuses instead of restarting from scratch
+    snprintf(root, sizeof root, "%s/corrupt", g_dir);
+    snprintf(file, sizeof file, "%s/step_00000003/rank_00000.safetensors", root);
+    EXPECT(flip_byte(file, -100) == 0, "damage step 3 too");
+    EXPECT(try_resume("auto", root, NULL, &t, &e) == -1 && strstr(e.msg, "no complete checkpoint") && strstr(e.msg, "step_00000003"),
+           "all corrupt: %s", e.msg);
+    trainer_free(&t);
+
+    // a path that is not a checkpoint
+    snprintf(root, sizeof root, "%s/nothing_here", g_dir);
+    EXPECT(try_resume(root, NULL, NULL, &t, &e) == -1 && strstr(e.msg, root), "missing: %s", e.msg);
+    trainer_free(&t);
+    // auto with an empty directory: a fresh start
+    snprintf(root, sizeof root, "%s/empty", g_dir);
+    EXPECT(try_resume("auto", root, NULL, &t, &e) == 0 && t.step == 0 && !t.resumed_from[0], "fresh start: %s", e.msg);
+    trainer_free(&t);
+}
+
+static void test_export_init_from(void) {
+    char step6[400], hf32[400], hf16[400], nocfg[400], arg[500];
+    snprintf(step6, sizeof step6, "%s/a/step_00000006", g_dir);
+    snprintf(hf32, sizeof hf32, "%s/hf32", g_dir);
+    snprintf(hf16, sizeof hf16, "%s/hf16", g_dir);
+    Err e = {{0}};
+    Ckpt* ck = NULL;
+    EXPECT(ckpt_open(&ck, step6, &e) == 0, "open: %s", e.msg);
+    if (!ck) return;
+    Config c;
+    tiny_config(&c, NULL, 0, &e);
+    EXPECT(hf_export(ck, &c.model, hf32, DTYPE_F32, &e) == 0, "export fp32: %s", e.msg);
+    EXPECT(hf_export(ck, &c.model, hf16, DTYPE_BF16, &e) == 0, "export bf16: %s", e.msg);
+    for (int pass = 0; pass < 2; pass++) {
+        snprintf(arg, sizeof arg, "checkpoint.init_from=%s", pass ? hf16 : hf32);
+        const char* ex[] = {arg};
+        Trainer t;
+        EXPECT(init(&t, ex, 1, &e) == 0, "init_from: %s", e.msg);
+        int bad = 0, n = 0;
+        for (int i = 0; i < t.model.pl.n; i++) {
+            const ParamInfo* p = &t.model.pl.p[i];
+            float* x = xmalloc(sizeof(float) * p->numel);
+            if (ckpt_read(ck, p->name, x, p->ndim, p->shape, &e)) bad++;
+            const float* w = t.opt.sh[p->arena].master + p->offset;  // world 1: the whole arena
+            const float* cw = (const float*)t.model.w[p->arena] + p->offset;
+            for (size_t k = 0; k < p->numel; k++) {
+                float want = pass ? bf16_to_f32(f32_to_bf16(x[k])) : x[k];
+                bad += memcmp(&w[k], &want, 4) != 0 || memcmp(&cw[k], &want, 4) != 0;
+            }
+            free(x);
+            n++;
+        }
+        EXPECT(bad == 0 && n == 41, "%s: %d tensors, %d values differ", pass ? "bf16" : "fp32", n, bad);
+        EXPECT(t.step == 0 && !nonzero(t.opt.sh[0].m, t.opt.sh[0].n) && !nonzero(t.opt.sh[1].v, t.opt.sh[1].n),
+               "fresh optimizer at step 0");
+        EXPECT(nonzero(t.opt.sh[1].master, t.model.numel[1]), "experts loaded");
+        trainer_free(&t);
+    }
+    ckpt_close(ck);
+
+    // another model than config.json's
+    Trainer t;
+    snprintf(arg, sizeof arg, "checkpoint.init_from=%s", hf32);
+    const char* ex[] = {arg, "model.ffn=40"};
+    EXPECT(init(&t, ex, 2, &e) == -1 && strstr(e.msg, "config.json") && strstr(e.msg, "model.ffn=48 there, 40"),
+           "config.json mismatch: %s", e.msg);
+    trainer_free(&t);
+    // without config.json the shapes are checked tensor by tensor
+    snprintf(nocfg, sizeof nocfg, "%s/hf_nocfg", g_dir);
+    sh("cp -r '%s' '%s' && rm '%s/config.json'", hf32, nocfg, nocfg);
+    snprintf(arg, sizeof arg, "checkpoint.init_from=%s", nocfg);
+    EXPECT(init(&t, ex, 2, &e) == -1 && strstr(e.msg, nocfg) && strstr(e.msg, "experts.0.w1.weight") && strstr(e.msg, "shape"),
+           "shape mismatch: %s", e.msg);
+    trainer_free(&t);
+    // not a Hugging Face directory
+    snprintf(arg, sizeof arg, "checkpoint.init_from=%s/nothing_here", g_dir);
+    const char* ex2[] = {arg};
+    EXPECT(init(&t, ex2, 1, &e) == -1 && strstr(e.msg, "nothing_here"), "missing HF dir: %s", e.msg);
+    trainer_free(&t);
+}
+
+static void test_keep_every(void) {
+    char d[300], p[400];
+    snprintf(d, sizeof d, "checkpoint.dir=%s/k", g_dir);
+    const char* ex[] = {d, "train.steps=5", "checkpoint.every=2", "checkpoint.keep=2"};
+    Err e = {{0}};
+    Trainer t;
+    EXPECT(init(&t, ex, 4, &e) == 0, "init: %s", e.msg);
+    EXPECT(trainer_run(&t) == EXIT_OK, "run");
+    trainer_free(&t);
+    const int want[] = {0, 0, 0, 0, 1, 1};  // steps 2 and 4 saved by every, 5 at the end; keep 2
+    for (int s = 1; s <= 5; s++) {
+        snprintf(p, sizeof p, "%s/k/step_%08d", g_dir, s);
+        EXPECT((access(p, F_OK) == 0) == want[s], "step %d %s", s, want[s] ? "kept" : "absent");
+    }
+    snprintf(p, sizeof p, "%s/k/latest", g_dir);
+    FILE* f = fopen(p, "r");
+    char line[64] = "";
+    if (f) {
+        if (!fgets(line, sizeof line, f)) line[0] = 0;
+        fclose(f);
+    }
+    EXPECT(!strcmp(line, "step_00000005\n"), "latest: '%s'", line);
+}
+
+// The last val_loss value of a metrics.jsonl, as text.
+static void last_val(const char* path, char* out, size_t n) {
+    out[0] = 0;
+    FILE* f = fopen(path, "r");
+    if (!f) return;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        char* s = strstr(line, "\"val_loss\": ");
+        if (s) snprintf(out, n, "%.*s", (int)strcspn(s + 12, ",}"), s + 12);
+    }
+    fclose(f);
+}
+
+static int run_eval(const char* args, char* val, size_t n) {
+    char cmd[5000], out[400];
+    snprintf(out, sizeof out, "%s/eval.out", g_dir);
+    snprintf(cmd, sizeof cmd, "%s eval %s > %s 2>&1", g_bin, args, out);
+    int rc = sh("%s", cmd);
+    last_val(out, val, n);
+    if (rc) sh("cat %s >&2", out);
+    return rc;
+}
+
+static void test_eval_cmd(void) {
+    if (access(g_bin, X_OK)) {
+        EXPECT(0, "%s is not built", g_bin);
+        return;
+    }
+    char want[64], got[64], p[400], args[800];
+    snprintf(p, sizeof p, "%s/la/metrics.jsonl", g_dir);
+    last_val(p, want, sizeof want);
+    EXPECT(want[0] && atof(want) > 0, "training logged a final validation loss ('%s')", want);
+    snprintf(args, sizeof args, "--ckpt %s/a", g_dir);
+    EXPECT(run_eval(args, got, sizeof got) == 0 && !strcmp(got, want), "eval of the checkpoint: '%s', training: '%s'", got, want);
+    // the exported Hugging Face directory: the model from config.json, the data settings given
+    snprintf(args, sizeof args,
+             "--ckpt %s/hf32 data.format=random train.seed=77 train.seq_len=16 train.micro_batch=4 train.global_batch=8 "
+             "train.eval_batches=2 train.device=cpu", g_dir);
+    EXPECT(run_eval(args, got, sizeof got) == 0 && !strcmp(got, want), "eval of the HF export: '%s', training: '%s'", got, want);
+    // an earlier checkpoint gives a different (higher) loss: the command reads what it is given
+    snprintf(args, sizeof args, "--ckpt %s/b/step_00000003", g_dir);
+    EXPECT(run_eval(args, got, sizeof got) == 0 && got[0] && atof(got) > atof(want), "step 3: '%s' > '%s'", got, want);
+    snprintf(args, sizeof args, "--ckpt %s/nothing_here", g_dir);
+    EXPECT(run_eval(args, got, sizeof got) == 2, "eval of a missing checkpoint exits 2");
+}
+
+static void test_validate_run(void) {
+    Config c;
+    Err e = {{0}};
+    config_defaults(&c);
+    EXPECT(config_override(&c, "checkpoint.dir=/tmp/x", &e) == 0 && config_validate_run(&c, &e) == 0, "a dir is fine: %s", e.msg);
+    config_defaults(&c);
+    config_override(&c, "checkpoint.resume=auto", &e);
+    EXPECT(config_validate_run(&c, &e) == -1 && strstr(e.msg, "needs checkpoint.dir"), "auto without dir: %s", e.msg);
+    config_defaults(&c);
+    config_override(&c, "checkpoint.every=10", &e);
+    EXPECT(config_validate_run(&c, &e) == -1 && strstr(e.msg, "checkpoint.every=10"), "every without dir: %s", e.msg);
+    config_defaults(&c);
+    config_override(&c, "checkpoint.init_from=/some/hf", &e);
+    EXPECT(config_validate_run(&c, &e) == 0, "init_from alone is fine: %s", e.msg);
+}
+
+int main(int argc, char** argv) {
+    moetrain_path(argv[0], g_bin, sizeof g_bin);
+    int world;
+    dist_init(&argc, &argv, &world);
+    const char* tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/test_resume_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    CHECK(mkdtemp(g_dir), "mkdtemp failed");
+    RUN(test_validate_run);
+    RUN(test_exact_resume);
+    RUN(test_bad_checkpoints);
+    RUN(test_export_init_from);
+    RUN(test_keep_every);
+    RUN(test_eval_cmd);
+    if (!t_failed) sh("rm -rf '%s'", g_dir);
+    else fprintf(stderr, "test_resume: files kept in %s\n", g_dir);
+    dist_finalize();
+    TEST_END();
+}

@@ -1,0 +1,161 @@
+// test_resume_util.h — helpers shared by the resume / reshard tests (test_resume.c,
+// mpi_resume.c, test_reshard.c): a tiny config in code, metrics.jsonl traces without the
+// timing fields, bitwise comparison of two checkpoints, damaging files.
+#pragma once
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "config.h"
+#include "test.h"
+#include "util.h"
+
+// A tiny model on random tokens (fast, no data file), then `extra` overrides.
+static inline int tiny_config(Config* c, const char* const* extra, int n, Err* e) {
+    static const char* const base[] = {
+        "train.device=cpu", "data.format=random", "train.steps=6", "optim.warmup=2", "train.seq_len=16",
+        "train.micro_batch=4", "train.global_batch=8", "train.eval_batches=2", "train.eval_every=3", "log.every=1",
+        "model.hidden=32", "model.ffn=48", "model.heads=4", "model.kv_heads=2", "model.experts=4", "model.top_k=2",
+        "model.vocab_size=64", "train.seed=77", "log.dir=", "checkpoint.keep=0"};
+    config_defaults(c);
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        if (config_override(c, base[i], e)) return -1;
+    for (int i = 0; i < n; i++)
+        if (extra[i] && config_override(c, extra[i], e)) return -1;
+    return 0;
+}
+
+static inline void strip_field(char* buf, const char* key) {
+    char* s = strstr(buf, key);
+    char* end = s ? strstr(s, ", ") : NULL;
+    if (end) memmove(s, end + 2, strlen(end + 2) + 1);
+}
+
+// The lines of metrics.jsonl without "tokens_per_s" and "step_ms" (which depend on the clock).
+// Returns the number of lines (at most max, -1 when the file is missing); each is malloc'd.
+static inline int read_trace(const char* path, char** lines, int max) {
+    FILE* f = fopen(path, "r");
+    if (!f) return -1;
+    char buf[4096];
+    int n = 0;
+    while (n < max && fgets(buf, sizeof buf, f)) {
+        strip_field(buf, "\"tokens_per_s\": ");
+        strip_field(buf, "\"step_ms\": ");
+        lines[n++] = xstrdup(buf);
+    }
+    fclose(f);
+    return n;
+}
+
+static inline void free_trace(char** lines, int n) {
+    for (int i = 0; i < n; i++) free(lines[i]);
+}
+
+// Every tensor of checkpoint a is in b with the same shape and the same bits, and the counts
+// match. Returns the number of differences (-1 when one cannot be opened); msg says the first.
+static inline int ckpt_diff(const char* a, const char* b, char* msg, size_t mn) {
+    Ckpt *ca = NULL, *cb = NULL;
+    Err e = {{0}};
+    msg[0] = 0;
+    if (ckpt_open(&ca, a, &e) || ckpt_open(&cb, b, &e)) {
+        snprintf(msg, mn, "open: %s", e.msg);
+        if (ca) ckpt_close(ca);
+        return -1;
+    }
+    int bad = 0;
+    if (ckpt_num_tensors(ca) != ckpt_num_tensors(cb)) {
+        snprintf(msg, mn, "%d vs %d tensors", ckpt_num_tensors(ca), ckpt_num_tensors(cb));
+        bad++;
+    }
+    for (int i = 0; i < ckpt_num_tensors(ca); i++) {
+        const char* nm = ckpt_tensor_name(ca, i);
+        int nd = 0;
+        int64_t sh[8];
+        ckpt_tensor_shape(ca, nm, &nd, sh);
+        size_t numel = 1;
+        for (int d = 0; d < nd; d++) numel *= (size_t)sh[d];
+        float* x = xmalloc(sizeof(float) * numel);
+        float* y = xmalloc(sizeof(float) * numel);
+        if (ckpt_read(ca, nm, x, nd, sh, &e) || ckpt_read(cb, nm, y, nd, sh, &e)) {
+            if (!bad) snprintf(msg, mn, "%s", e.msg);
+            bad++;
+        } else if (memcmp(x, y, sizeof(float) * numel)) {
+            if (!bad) snprintf(msg, mn, "%s differs", nm);
+            bad++;
+        }
+        free(x);
+        free(y);
+    }
+    ckpt_close(ca);
+    ckpt_close(cb);
+    return bad;
+}
+
+// Flips one byte at offset (from the end when negative) of a file.
+static inline int flip_byte(const char* path, long off) {
+    FILE* f = fopen(path, "r+b");
+    if (!f) return -1;
+    if (fseek(f, off, off < 0 ? SEEK_END : SEEK_SET)) return fclose(f), -1;
+    int c = fgetc(f);
+    fseek(f, -1, SEEK_CUR);
+    fputc(c ^ 0x5A, f);
+    return fclose(f);
+}
+
+static inline int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int sh(const char* fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+// The "loss" of each line of metrics.jsonl (at most max). Returns the count, -1 without a file.
+static inline int read_losses(const char* path, double* loss, int max) {
+    FILE* f = fopen(path, "r");
+    if (!f) return -1;
+    char line[4096];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        char* s = strstr(line, "\"loss\": ");
+        if (s) loss[n++] = atof(s + 8);
+    }
+    fclose(f);
+    return n;
+}
+
+// BUILD/moetrain next to the directory of this test binary (BUILD/tests/NAME).
+static inline void moetrain_path(const char* argv0, char* out, size_t n) {
+    char self[4096];
+    if (!realpath(argv0, self)) {
+        snprintf(out, n, "build/moetrain");
+        return;
+    }
+    char* slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(out, n, "%.4000s/moetrain", self);
+}
+
+// Goes to the repository root (two levels above BUILD/tests/NAME), where scripts/ and configs/ are.
+static inline int chdir_repo(const char* bin) {
+    char d[4096];
+    snprintf(d, sizeof d, "%s", bin);
+    char* slash = strrchr(d, '/');
+    if (slash) *slash = 0;  // BUILD
+    slash = strrchr(d, '/');
+    if (slash) *slash = 0;  // repository
+    return chdir(d);
+}
