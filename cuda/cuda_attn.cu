@@ -16,9 +16,9 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
                                                              const bf16* v, int T, int Hq, int Hkv, float sl2) {
     constexpr int LD = D + ATTN_PAD, KS = D / 16, NT = FA_BC / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* Qs = (bf16*)smem_raw;  // [FA_BR][LD]
-    bf16* Ks = Qs + FA_BR * LD;  // [FA_BC][LD]
-    bf16* Vs = Ks + FA_BC * LD;  // [FA_BC][LD]
+    bf16* Qs = (bf16*)smem_raw;      // [FA_BR][LD]
+    bf16* Kb = Qs + FA_BR * LD;      // 2 × [FA_BC][LD]: tile kt in buffer kt & 1
+    bf16* Vb = Kb + 2 * FA_BC * LD;  // 2 × [FA_BC][LD]
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
     const int q0 = qt * FA_BR;
@@ -40,12 +40,24 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
     const int row0 = q0 + w * 16 + g;  // this thread's rows: row0, row0 + 8
     const int kt_end = (min(q0 + FA_BR, T) + FA_BC - 1) / FA_BC;
 
+    // K/V tiles are double-buffered: tile kt + 1 is in flight (cp.async) while tile kt computes.
+    load_tile_async<FA_BC, D, FA_THREADS>(Kb, kb, ks, 0, T);
+    load_tile_async<FA_BC, D, FA_THREADS>(Vb, vb, ks, 0, T);
+    cp_async_commit();
     for (int kt = 0; kt < kt_end; kt++) {
         const int k0 = kt * FA_BC;
-        __syncthreads();  // the previous tile's K/V are no longer read
-        load_tile<FA_BC, D, FA_THREADS>(Ks, kb, ks, k0, T);
-        load_tile<FA_BC, D, FA_THREADS>(Vs, vb, ks, k0, T);
-        __syncthreads();
+        if (kt + 1 < kt_end) {
+            const int nb = (kt + 1) & 1;
+            load_tile_async<FA_BC, D, FA_THREADS>(Kb + nb * FA_BC * LD, kb, ks, k0 + FA_BC, T);
+            load_tile_async<FA_BC, D, FA_THREADS>(Vb + nb * FA_BC * LD, vb, ks, k0 + FA_BC, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile kt has landed for every thread
+        const bf16* Ks = Kb + (kt & 1) * FA_BC * LD;
+        const bf16* Vs = Vb + (kt & 1) * FA_BC * LD;
 
         float s[NT][4];
 #pragma unroll
@@ -113,6 +125,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
                 mma_bf16(o[2 * dp + 1], a, bf + 2);
             }
         }
+        __syncthreads();  // every warp is done with buffer kt & 1 before iteration kt + 1 refills it
     }
 
 #pragma unroll
@@ -136,7 +149,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
 template <int D>
 static void launch_fwd_tc(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B,
                           int T, int Hq, int Hkv) {
-    const size_t smem = (size_t)(FA_BR + 2 * FA_BC) * (D + ATTN_PAD) * sizeof(bf16);
+    const size_t smem = (size_t)(FA_BR + 4 * FA_BC) * (D + ATTN_PAD) * sizeof(bf16);
     static bool attr = false;  // per instantiation
     if (!attr) {
         CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -74,6 +74,25 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, size_t str
     }
 }
 
+// The same tile load as load_tile, asynchronous (cp.async, 16 bytes per thread and step; rows
+// ≥ T are zero-filled by a source size of 0). The caller commits the group (cp_async_commit)
+// and waits for it (cp_async_wait<n>) and a __syncthreads before reading the tile.
+template <int R, int D, int NT>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, size_t stride, int r0, int T) {
+    constexpr int CPR = D / 8;
+    for (int i = threadIdx.x; i < R * CPR; i += NT) {
+        const int r = i / CPR, cc = i % CPR;
+        const bool ok = r0 + r < T;
+        const bf16* s = src + (size_t)(ok ? r0 + r : 0) * stride + cc * 8;  // a valid address either way
+        const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + r * (D + ATTN_PAD) + cc * 8);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(ok ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 // Argument checks (FATAL on bad head counts / dims).
 void attn_check(const char* op, int Hq, int Hkv, int D);
 // The tensor-core path applies: bf16, D ∈ {16, 32, 64, 128}, 16-byte aligned buffers.

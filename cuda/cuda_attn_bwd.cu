@@ -47,8 +47,8 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = (bf16*)smem_raw;   // [DQ_BR][LD]
     bf16* Os = Qs + DQ_BR * LD;   // dO [DQ_BR][LD]
-    bf16* Ks = Os + DQ_BR * LD;   // [DQ_BC][LD]
-    bf16* Vs = Ks + DQ_BC * LD;   // [DQ_BC][LD]
+    bf16* Kb = Os + DQ_BR * LD;      // 2 × [DQ_BC][LD]: tile kt in buffer kt & 1
+    bf16* Vb = Kb + 2 * DQ_BC * LD;  // 2 × [DQ_BC][LD]
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
     const int q0 = qt * DQ_BR;
@@ -72,12 +72,23 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
     for (int i = 0; i < DT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const int kt_end = (min(q0 + DQ_BR, T) + DQ_BC - 1) / DQ_BC;
 
+    load_tile_async<DQ_BC, D, BW_THREADS>(Kb, kb, ks, 0, T);
+    load_tile_async<DQ_BC, D, BW_THREADS>(Vb, vb, ks, 0, T);
+    cp_async_commit();
     for (int kt = 0; kt < kt_end; kt++) {
         const int k0 = kt * DQ_BC;
-        __syncthreads();
-        load_tile<DQ_BC, D, BW_THREADS>(Ks, kb, ks, k0, T);
-        load_tile<DQ_BC, D, BW_THREADS>(Vs, vb, ks, k0, T);
-        __syncthreads();
+        if (kt + 1 < kt_end) {  // prefetch tile kt + 1 while tile kt computes
+            const int nb = (kt + 1) & 1;
+            load_tile_async<DQ_BC, D, BW_THREADS>(Kb + nb * DQ_BC * LD, kb, ks, k0 + DQ_BC, T);
+            load_tile_async<DQ_BC, D, BW_THREADS>(Vb + nb * DQ_BC * LD, vb, ks, k0 + DQ_BC, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile kt (and, the first time, Q and dO) visible to every thread
+        const bf16* Ks = Kb + (kt & 1) * DQ_BC * LD;
+        const bf16* Vs = Vb + (kt & 1) * DQ_BC * LD;
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -126,6 +137,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
                 mma_bf16(acc[2 * dd + 1], a, bf + 2);
             }
         }
+        __syncthreads();  // buffer kt & 1 is refilled by iteration kt + 1
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -149,10 +161,10 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Ks = (bf16*)smem_raw;   // [KV_BC][LD]
     bf16* Vs = Ks + KV_BC * LD;   // [KV_BC][LD]
-    bf16* Qs = Vs + KV_BC * LD;   // [KV_BQ][LD]
-    bf16* Os = Qs + KV_BQ * LD;   // dO [KV_BQ][LD]
-    float* ls = (float*)(Os + KV_BQ * LD);  // [KV_BQ] lse · log2 e (+inf past T)
-    float* ds_ = ls + KV_BQ;                // [KV_BQ] Δ
+    bf16* Qb = Vs + KV_BC * LD;      // 2 × [KV_BQ][LD]: iteration it in buffer it & 1
+    bf16* Ob = Qb + 2 * KV_BQ * LD;  // dO, 2 × [KV_BQ][LD]
+    float* lb = (float*)(Ob + 2 * KV_BQ * LD);  // 2 × [KV_BQ] lse · log2 e (+inf past T)
+    float* db = lb + 2 * KV_BQ;                 // 2 × [KV_BQ] Δ
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const int kt = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, grp = Hq / Hkv;
     const int k0 = kt * KV_BC;
@@ -166,22 +178,37 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
     for (int i = 0; i < DT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
-    const int nqt = (T + KV_BQ - 1) / KV_BQ;
+    const int nqt = (T + KV_BQ - 1) / KV_BQ, qt0 = k0 / KV_BQ, per_h = nqt - qt0, n_it = grp * per_h;
 
-    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-        const size_t qoff = (size_t)b * T * qs + (size_t)h * D;
-        const size_t lrow = ((size_t)b * Hq + h) * T;
-        for (int qt = k0 / KV_BQ; qt < nqt; qt++) {
-            const int qq0 = qt * KV_BQ;
-            __syncthreads();
-            load_tile<KV_BQ, D, BW_THREADS>(Qs, q + qoff, qs, qq0, T);
-            load_tile<KV_BQ, D, BW_THREADS>(Os, dout + qoff, qs, qq0, T);
-            for (int i = threadIdx.x; i < KV_BQ; i += BW_THREADS) {
-                const int t = qq0 + i;
-                ls[i] = t < T ? lse[lrow + t] * LOG2E : INFINITY;
-                ds_[i] = t < T ? delta[lrow + t] : 0.f;
+    // Iteration it covers query head kh·grp + it / per_h, query tile qt0 + it % per_h. Its Q, dO,
+    // lse and Δ go to buffer it & 1; iteration it + 1's are in flight while it computes.
+    auto issue = [&](int it) {
+        const int h = kh * grp + it / per_h, qq0 = (qt0 + it % per_h) * KV_BQ, nb = it & 1;
+        const size_t qoff = (size_t)b * T * qs + (size_t)h * D, lrow = ((size_t)b * Hq + h) * T;
+        load_tile_async<KV_BQ, D, BW_THREADS>(Qb + nb * KV_BQ * LD, q + qoff, qs, qq0, T);
+        load_tile_async<KV_BQ, D, BW_THREADS>(Ob + nb * KV_BQ * LD, dout + qoff, qs, qq0, T);
+        cp_async_commit();
+        for (int i = threadIdx.x; i < KV_BQ; i += BW_THREADS) {
+            const int t = qq0 + i;
+            lb[nb * KV_BQ + i] = t < T ? lse[lrow + t] * LOG2E : INFINITY;
+            db[nb * KV_BQ + i] = t < T ? delta[lrow + t] : 0.f;
+        }
+    };
+    issue(0);
+    for (int it = 0; it < n_it; it++) {
+        {
+            const int qq0 = (qt0 + it % per_h) * KV_BQ;
+            if (it + 1 < n_it) {
+                issue(it + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
             }
-            __syncthreads();
+            __syncthreads();  // iteration it's tiles (and, the first time, K and V) visible
+            const bf16* Qs = Qb + (it & 1) * KV_BQ * LD;
+            const bf16* Os = Ob + (it & 1) * KV_BQ * LD;
+            const float* ls = lb + (it & 1) * KV_BQ;
+            const float* ds_ = db + (it & 1) * KV_BQ;
             float st[NQ][4], dpt[NQ][4];  // Sᵀ and dPᵀ: rows = keys, cols = queries
 #pragma unroll
             for (int i = 0; i < NQ; i++)
@@ -236,6 +263,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
                 }
             }
         }
+        __syncthreads();  // buffer it & 1 is refilled by iteration it + 1's issue
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -255,8 +283,8 @@ template <int D>
 static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse,
                           const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq,
                           int Hkv) {
-    const size_t sm_dq = (size_t)(2 * DQ_BR + 2 * DQ_BC) * (D + ATTN_PAD) * sizeof(bf16);
-    const size_t sm_kv = (size_t)(2 * KV_BC + 2 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 2 * KV_BQ * sizeof(float);
+    const size_t sm_dq = (size_t)(2 * DQ_BR + 4 * DQ_BC) * (D + ATTN_PAD) * sizeof(bf16);
+    const size_t sm_kv = (size_t)(2 * KV_BC + 4 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 4 * KV_BQ * sizeof(float);
     static bool attr = false;  // per instantiation
     if (!attr) {
         CUDA_CK(cudaFuncSetAttribute(k_attn_dq_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));

@@ -11,7 +11,7 @@
 
 enum { LT_WS_BYTES = 32 << 20 };     // cuBLASLt workspace
 enum { SCRATCH_BYTES = 64 << 20 };   // op workspace (see CudaImpl.scratch)
-enum { RED_BLOCKS = 256 };           // fixed partition of sumsq: deterministic on any GPU
+enum { RED_BLOCKS = 1024 };          // fixed partition of sumsq: deterministic on any GPU
 
 // ---- checks ----------------------------------------------------------------------------------
 
@@ -200,11 +200,31 @@ static void cu_scale_f32(Backend* be, float* x, float s, size_t n) {
 
 // Σ x² in double: RED_BLOCKS blocks each sum a fixed strided subset (partials in scratch), then
 // one block adds the partials in order. The same n gives the same bits on every run.
-__global__ void k_sumsq_part(double* part, const float* x, size_t n) {
-    __shared__ double sh[32];
+// Partial Σ x² per block in double. The grid is fixed (RED_BLOCKS × 256, any GPU), so each
+// thread's share and the order of every sum are too: deterministic. Aligned float4 loads, four in
+// flight per thread (the kernel reads the whole gradient once per step: it must run at HBM speed).
+__global__ void __launch_bounds__(256) k_sumsq_part(double* part, const float* __restrict__ x, size_t n) {
+    __shared__ double sh[8];
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t head = (size_t)((16 - ((uintptr_t)x & 15)) & 15) / sizeof(float);  // scalars before 16-byte alignment
+    if (head > n) head = n;
+    const size_t nv = (n - head) / 4, tail = head + 4 * nv;
+    const float4* v = (const float4*)(x + head);
     double s = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        s += (double)x[i] * x[i];
+    if (tid < head) s += (double)x[tid] * x[tid];
+    if (tail + tid < n) s += (double)x[tail + tid] * x[tail + tid];
+    size_t i = tid;
+    for (; i + 3 * stride < nv; i += 4 * stride) {
+        const float4 a = v[i], b = v[i + stride], c = v[i + 2 * stride], d = v[i + 3 * stride];
+        s += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+        s += (double)b.x * b.x + (double)b.y * b.y + (double)b.z * b.z + (double)b.w * b.w;
+        s += (double)c.x * c.x + (double)c.y * c.y + (double)c.z * c.z + (double)c.w * c.w;
+        s += (double)d.x * d.x + (double)d.y * d.y + (double)d.z * d.z + (double)d.w * d.w;
+    }
+    for (; i < nv; i += stride) {
+        const float4 a = v[i];
+        s += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
@@ -216,12 +236,13 @@ __global__ void k_sumsq_part(double* part, const float* x, size_t n) {
     }
 }
 
+// Σ of the partials: lane l sums partials l, l + 32, ... in order, then a fixed butterfly.
 __global__ void k_sumsq_final(float* out, const double* part, int np) {
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (int i = 0; i < np; i++) t += part[i];
-        out[0] = (float)((double)out[0] + t);
-    }
+    double t = 0;
+    for (int i = threadIdx.x; i < np; i += 32) t += part[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (threadIdx.x == 0) out[0] = (float)((double)out[0] + t);
 }
 
 static void cu_sumsq_f32(Backend* be, float* out, const float* x, size_t n) {

@@ -125,7 +125,7 @@ void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* 
 void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB);
 // cuda_norm.cu: embedding and RMSNorm
 void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
-void cuda_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+void cuda_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);
 void cuda_rmsnorm_fwd(Backend*, void* y, float* rstd, const void* x, const void* w, int N, int H, float eps);
 void cuda_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* x, const void* w,
                       const float* rstd, int N, int H, int accumulate);

@@ -1,8 +1,8 @@
 // cuda_norm.cu — embedding lookup and RMSNorm (Hugging Face MixtralRMSNorm semantics:
 // y = w · (x · rsqrt(mean(x²) + eps))), fp32 math on any act dtype.
 //
-// Determinism: no atomics. embed_bwd gives each thread one column of dtable and walks the tokens
-// in order n = 0..N-1 (repeated tokens sum in the CPU's order). rmsnorm_bwd's dw is summed per
+// Determinism: no atomics. embed_bwd gives each warp one row of dtable and adds its tokens
+// rows in order n = 0..N-1 (repeated tokens sum in the CPU's order). rmsnorm_bwd's dw is summed per
 // fixed chunk of rows into scratch partials, then the partials in chunk order.
 #include "cuda_common.cuh"
 
@@ -38,23 +38,42 @@ void cuda_embed_fwd(Backend* be, void* out, const void* table, const int32_t* to
     LAUNCH_CK(c);
 }
 
-// dtable[tok[n], h] += dout[n, h]: thread h owns column h and walks n in order.
+// dtable[v, :] += dout[n, :] for every n with tok[n] = v, n ascending. Warp w of a block owns
+// vocabulary row v = 8·block + w. The block stages 256 tokens at a time in shared memory; each
+// warp ballots over them and, for each match in order, adds that row of dout into its dtable
+// row. No atomics, no two warps on one element, the CPU's order of additions (the same bits).
+// Cost: every block reads all N tokens (V/8 · N · 4 bytes from L2) plus the matched rows.
+enum { EMB_WARPS = 8 };
 template <typename T>
-__global__ void k_embed_bwd(float* dtable, const T* dout, const int32_t* tok, int N, int H) {
-    const int h = blockIdx.x * blockDim.x + threadIdx.x;
-    if (h >= H) return;
-    for (int n = 0; n < N; n++) {
-        float* d = dtable + (size_t)tok[n] * H + h;
-        *d += to_f(dout[(size_t)n * H + h]);
+__global__ void __launch_bounds__(EMB_WARPS * 32) k_embed_bwd(float* __restrict__ dtable, const T* __restrict__ dout,
+                                                              const int32_t* __restrict__ tok, int N, int H, int V) {
+    __shared__ int32_t st[EMB_WARPS * 32];
+    const int lane = threadIdx.x & 31, v = blockIdx.x * EMB_WARPS + (threadIdx.x >> 5);
+    float* d = dtable + (size_t)(v < V ? v : 0) * H;
+    for (int n0 = 0; n0 < N; n0 += EMB_WARPS * 32) {
+        __syncthreads();
+        const int n = n0 + threadIdx.x;
+        st[threadIdx.x] = n < N ? tok[n] : -1;
+        __syncthreads();
+        if (v >= V) continue;
+        for (int c = 0; c < EMB_WARPS * 32 && n0 + c < N; c += 32) {
+            unsigned hit = __ballot_sync(0xffffffffu, st[c + lane] == v);
+            while (hit) {
+                const int j = __ffs(hit) - 1;
+                hit &= hit - 1;
+                const T* x = dout + (size_t)(n0 + c + j) * H;
+                for (int h = lane; h < H; h += 32) d[h] += to_f(x[h]);
+            }
+        }
     }
 }
 
-void cuda_embed_bwd(Backend* be, float* dtable, const void* dout, const int32_t* tok, int N, int H) {
-    if (N == 0 || H == 0) return;
+void cuda_embed_bwd(Backend* be, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V) {
+    if (N == 0 || H == 0 || V == 0) return;
     CudaImpl* c = CI(be);
-    const unsigned g = (unsigned)((H + 127) / 128);
-    if (is_bf16(be)) k_embed_bwd<bf16><<<g, 128, 0, c->stream>>>(dtable, (const bf16*)dout, tok, N, H);
-    else k_embed_bwd<float><<<g, 128, 0, c->stream>>>(dtable, (const float*)dout, tok, N, H);
+    const unsigned g = (unsigned)((V + EMB_WARPS - 1) / EMB_WARPS);  // a warp per vocabulary row
+    if (is_bf16(be)) k_embed_bwd<bf16><<<g, EMB_WARPS * 32, 0, c->stream>>>(dtable, (const bf16*)dout, tok, N, H, V);
+    else k_embed_bwd<float><<<g, EMB_WARPS * 32, 0, c->stream>>>(dtable, (const float*)dout, tok, N, H, V);
     LAUNCH_CK(c);
 }
 

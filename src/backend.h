@@ -71,8 +71,9 @@ struct Backend {
     // ---- embedding ---------------------------------------------------------------------------
     // out[N,H] = table[tok[n], :]
     void (*embed_fwd)(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
-    // dtable[tok[n], :] += dout[n, :]   (dtable fp32 [V,H])
-    void (*embed_bwd)(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+    // dtable[tok[n], :] += dout[n, :]   (dtable fp32 [V,H]), in order n = 0..N-1 for every element
+    // (so the result is the same bits on every backend). tok[n] in [0, V).
+    void (*embed_bwd)(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);
 
     // ---- RMSNorm -----------------------------------------------------------------------------
     // y = x / sqrt(mean(x²) + eps) · w ; rstd[N] saved (fp32)
@@ -117,7 +118,7 @@ struct Backend {
     // silu(g) = g · sigmoid(g) = g / (1 + e^−g).
     void (*swiglu_fwd)(Backend*, void* h, const void* gu, const float* scale, int n, int F);
     // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
-    // (dscale is the same formula whether or not scale is NULL.)
+    // (dscale is the same formula whether or not scale is NULL.) dgu may be gu itself (in place).
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
                        const float* scale, int n, int F);
 

@@ -318,7 +318,7 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
                     m->rstdf, N, H, 0);
     prof_mark("bwd.norm");
     for (int l = L - 1; l >= 0; l--) layer_backward(m, l);
-    be->embed_bwd(be, G(m, 0, m->pl.embed), m->s_dx, m->tok, N, H);
+    be->embed_bwd(be, G(m, 0, m->pl.embed), m->s_dx, m->tok, N, H, V);
     prof_mark("bwd.embed");
     return out;
 }

@@ -51,7 +51,10 @@ void moe_plan_bumps(Model* m) {
     const size_t R = (size_t)m->N * m->c.top_k;  // rows received with perfect balance
     const size_t H = m->c.hidden, F = m->c.ffn;
     const size_t saved = R * ((H + 2 * F) * esz(m) + sizeof(float)) + 3 * 256;
-    const size_t scratch = R * ((H + 3 * F + H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
+    // per-layer scratch, the larger of forward and backward: h [R,F] (dh reuses it; d(gate|up)
+    // overwrites the saved gu), expert out / dxe [R,H]; with EP > 1 also the received, reordered
+    // and returned rows (3 more [R,H]).
+    const size_t scratch = R * ((F + (m->ep > 1 ? 4 : 1) * H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
     // 25% slack for routing imbalance before the arenas grow.
     bump_init(&m->bump, m->be, (size_t)(1.25 * (double)saved * m->c.layers));
     bump_init(&m->tmp, m->be, (size_t)(1.25 * (double)scratch));
@@ -217,9 +220,11 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     prof_mark("bwd.dispatch");
 
     // experts: recompute h, then w2, swiglu, w13 backward
+    // Memory: dh overwrites h once w2's weight gradient has read it, and d(gate|up) overwrites
+    // the saved gu in place (swiglu_bwd allows it; gu is dead after this layer's backward).
     void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
-    void* dh = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
-    void* dgu = bump_alloc(&m->tmp, (size_t)R * 2 * F * esz(m));
+    void* dh = h;
+    void* dgu = s->gu;
     float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     GroupDesc g = {.groups = m->e_local, .host_off = off};

@@ -59,8 +59,9 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     //  scratch (reused by every layer):
     //    a·N·(2·max(H, Hq·D) + H + Hq·D + 2·Hkv·D + E + k·H) + 4·N·(E + 2k)
     //                                       dense scratch, dlogits, permuted send rows x [N·k, H]
-    //    1.25·(R·(2H + 3F)·a + 8R)          MoE per-layer scratch: h [R,F], expert out [R,H],
-    //                                       dh, d(gate|up) [R,2F], dxe [R,H], ...
+    //    1.25·(R·(F + c·H)·a + 8R)          MoE per-layer scratch: h [R,F] (dh reuses it), expert
+    //                                       out / dxe [R,H]; with EP > 1 (c = 4) the received,
+    //                                       reordered and returned rows [R,H] too (c = 1 without)
     //  logits chunk: min(N, 256 MiB / (V·a)) tokens × V × a
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
@@ -69,7 +70,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     m->act_saved = per_layer * mc->layers + a * N * 2 * H + f4 * 3 * N;
     const double wide = H > Hq * D ? H : Hq * D;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
-                     1.25 * (R * (2 * H + 3 * F) * a + 8 * R);
+                     1.25 * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
     double chunk = (double)(256u << 20) / (V * a);
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;

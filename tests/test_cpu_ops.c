@@ -101,8 +101,8 @@ static void test_embedding(void) {
     EXPECT(ok, "embed_fwd copies rows exactly");
 
     float *d0 = rnd(V * H, 1), *d = dup(d0, V * H), *g = fill(V * H, 0);
-    be->embed_bwd(be, d, r, tok, N, H);
-    be->embed_bwd(be, g, r, tok, N, H);
+    be->embed_bwd(be, d, r, tok, N, H, V);
+    be->embed_bwd(be, g, r, tok, N, H, V);
     double worst = 0;
     for (int v = 0; v < V; v++)
         for (int h = 0; h < H; h++) {
@@ -467,7 +467,7 @@ static float* run_mix(int threads, size_t* len) {
     int32_t et[4000];  // embedding backward with many repeated tokens
     for (int i = 0; i < 4000; i++) et[i] = (int32_t)(rng_u64(&rng) % 7);
     float* ed = rnd(4000 * 40, 1);
-    be->embed_bwd(be, p, ed, et, 4000, 40);
+    be->embed_bwd(be, p, ed, et, 4000, 40, 7);
     p += 7 * 40;
     CHECK((size_t)(p - o) == total, "run_mix layout");
     free(rl), free(ri), free(ed);

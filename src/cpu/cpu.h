@@ -28,7 +28,7 @@ void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void
 
 // ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
 void cpu_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
-void cpu_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H);
+void cpu_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);
 void cpu_rmsnorm_fwd(Backend*, void* y, float* rstd, const void* x, const void* w, int N, int H, float eps);
 void cpu_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* x, const void* w,
                      const float* rstd, int N, int H, int accumulate);

@@ -17,8 +17,10 @@ void cpu_embed_fwd(Backend* be, void* out_, const void* table_, const int32_t* t
 
 // Each thread owns a slice of columns of dtable, so no two threads touch one element and every
 // element sums its tokens in order n = 0..N-1 (deterministic with repeated tokens).
-void cpu_embed_bwd(Backend* be, float* dtable, const void* dout_, const int32_t* tok, int N, int H) {
+void cpu_embed_bwd(Backend* be, float* dtable, const void* dout_, const int32_t* tok, int N, int H, int V) {
     const float* dout = dout_;  // [N, H]; dtable [V, H]
+    for (int n = 0; n < N; n++)
+        CHECK(tok[n] >= 0 && tok[n] < V, "embed_bwd: token %d at row %d is outside [0, %d)", tok[n], n, V);
     enum { COLS = 64 };
     const int nb = (H + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static) if ((size_t)N * H >= 65536)
