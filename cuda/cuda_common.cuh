@@ -122,7 +122,8 @@ struct GemmCache* gemm_cache_create(void);
 void gemm_cache_destroy(struct GemmCache*);
 void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB);
+void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB,
+                             float beta);
 // cuda_norm.cu: embedding and RMSNorm
 void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
 void cuda_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);

@@ -225,22 +225,26 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     }
 }
 
-// Per group g: dB_g[N, K] += dY[rows g]ᵀ · X[rows g], dY packed [rows, N], X packed [rows, K].
+// Per group g: dB_g[N, K] = dY[rows g]ᵀ · X[rows g] + beta · dB_g, dY packed [rows, N], X packed [rows, K].
 void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
-                             float* dB) {
+                             float* dB, float beta) {
+    CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
     const size_t ea = dtype_size(be->act_dtype);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
-        if (rows == 0) continue;  // += 0
+        if (rows == 0) {  // += 0, or = 0
+            if (beta == 0.f) be->zero(be, dB + g->b_stride * i, sizeof(float) * (size_t)N * K);
+            continue;
+        }
         GemmDesc x = {};
         x.M = N;
         x.N = K;
         x.K = rows;
         x.trans_a = 1;
         x.alpha = 1;
-        x.beta = 1;
+        x.beta = beta;
         x.c_f32 = 1;
         gemm_run(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
                  dB + g->b_stride * i, 2);

@@ -107,11 +107,12 @@ struct Backend {
     // Forward/backward-data expert GEMM: C[rows of g] = A[rows of g] · op(B_g)  (+ beta·C).
     void (*gemm_grouped)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
                          const void* B, void* C);
-    // Weight gradient per group: dB_g[N,K] += dY[rows g]ᵀ[N, r] · X[rows g][r, K] (fp32 dB),
-    // dB_g = dB + g·b_stride. (N = dY width, K = X width; dY [rows, N] and X [rows, K] packed.)
-    // An empty group leaves its dB_g unchanged.
+    // Weight gradient per group: dB_g[N,K] = dY[rows g]ᵀ[N, r] · X[rows g][r, K] + beta · dB_g
+    // (fp32 dB), dB_g = dB + g·b_stride. (N = dY width, K = X width; dY [rows, N] and X [rows, K]
+    // packed.) beta is 1 (accumulate) or 0 (overwrite: an empty group then gets zeros, and old
+    // NaN in dB is ignored); with beta = 1 an empty group leaves its dB_g unchanged.
     void (*gemm_grouped_wgrad)(Backend*, const GroupDesc*, int N, int K, const void* dY,
-                               const void* X, float* dB);
+                               const void* X, float* dB, float beta);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)

@@ -30,9 +30,9 @@ static void linear_dx(Model* m, void* dX, const void* dY, const void* Wt, int M,
     GemmDesc d = {.M = M, .N = K, .K = N, .alpha = 1, .beta = beta};
     m->be->gemm(m->be, &d, dY, Wt, dX);
 }
-// dW[N,K] += dYᵀ · X  (dY [M,N], X [M,K]), fp32
-static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M, int N, int K) {
-    GemmDesc d = {.M = N, .N = K, .K = M, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1};
+// dW[N,K] (+)= dYᵀ · X  (dY [M,N], X [M,K]), fp32; overwrites on the first write of a fresh step
+static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M, int N, int K, int first) {
+    GemmDesc d = {.M = N, .N = K, .K = M, .trans_a = 1, .alpha = 1, .beta = (m->fresh && first) ? 0.f : 1.f, .c_f32 = 1};
     m->be->gemm(m->be, &d, dY, X, dW);
 }
 
@@ -220,7 +220,7 @@ static void layer_backward(Model* m, int l) {
     void* datt = m->s_a;  // [N, QD]
     linear_dx(m, datt, m->s_dx, W(m, 0, o->o), N, H, QD, 0);
     prof_mark("bwd.o_gemm");
-    linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD);
+    linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD, 1);
     prof_mark("bwd.o_wgrad");
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
                  c->heads, c->kv_heads, D);
@@ -228,9 +228,9 @@ static void layer_backward(Model* m, int l) {
     be->rope(be, m->s_q, m->B, m->T, c->heads, D, c->rope_theta, 1);
     be->rope(be, m->s_k, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
     prof_mark("bwd.rope");
-    linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H);
-    linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H);
-    linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H);
+    linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H, 1);
+    linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H, 1);
+    linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H, 1);
     prof_mark("bwd.qkv_wgrad");
     void* dln1 = m->s_b;  // [N, H]
     linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
@@ -281,6 +281,15 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     be->zero(be, m->zsum, sizeof(float));
     be->zero(be, m->loss_acc, sizeof(float));
     bump_reset(&m->bump);
+    m->fresh = a->backward && a->fresh;
+    if (m->fresh) {  // the gradients that ops add into (+=) start from zero; GEMMs overwrite theirs
+        be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)V * H);
+        be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);
+        for (int l = 0; l < L; l++) {
+            be->zero(be, G(m, 0, m->pl.layer[l].ln1), sizeof(float) * (size_t)H);
+            be->zero(be, G(m, 0, m->pl.layer[l].ln2), sizeof(float) * (size_t)H);
+        }
+    }
     prof_mark("fwd.host_inputs");
 
     be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
@@ -304,7 +313,7 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
         if (a->backward) {
             linear_dx(m, act_at(m, dlnf, (size_t)t0 * H), m->s_logits, W(m, 0, m->pl.lm_head), n, V, H, 0);
             prof_mark("head.dgemm");
-            linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H);
+            linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H, t0 == 0);
             prof_mark("head.wgrad");
         }
     }

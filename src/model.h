@@ -84,6 +84,7 @@ typedef struct Model {
     float* aux_dprob;   // [E] d(total loss)/d probs, same for every token and layer
     float* loss_acc;    // [1] CE sum of this micro-batch
     float z_grad;       // z-loss gradient scale per router row (router_bwd)
+    int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world
     // scratch (reused by every layer)
     void* s_a;          // [N, max(H, Hq·D)] act
@@ -125,6 +126,9 @@ typedef struct MicroArgs {
     float ce_scale;         // gradient scale of the CE sum (1 / global counted targets)
     float aux_scale;        // gradient scale of aux (aux_coef / n_micro)
     float z_scale;          // gradient scale of z (z_coef / n_micro)
+    int fresh;              // 1: the gradients overwrite m->grad instead of adding to it (the
+                            // first micro-batch of a step; old contents, even NaN, are ignored).
+                            // Saves zeroing the arenas and reading them in the weight GEMMs.
 } MicroArgs;
 StepLoss model_step(Model* m, const MicroArgs* a);
 

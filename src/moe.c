@@ -231,14 +231,14 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu_recompute");
     g.b_stride = (size_t)H * F;
-    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2);
+    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2, m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w2_wgrad");
     grouped(m, s, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F);
     prof_mark("bwd.w2_dgrad");
     be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
-    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, m->grad[1] + o->w13);
+    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, m->grad[1] + o->w13, m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w13_wgrad");
     grouped(m, s, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H);
     prof_mark("bwd.w13_dgrad");
@@ -265,7 +265,7 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
                    s->logits, N, E, K);
     be->f32_to_act(be, m->s_dlog_act, m->s_dlog, (size_t)N * E);
     prof_mark("bwd.router");
-    GemmDesc dw = {.M = E, .N = H, .K = N, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1};
+    GemmDesc dw = {.M = E, .N = H, .K = N, .trans_a = 1, .alpha = 1, .beta = m->fresh ? 0.f : 1.f, .c_f32 = 1};
     be->gemm(be, &dw, m->s_dlog_act, m->ls[l].ln2, m->grad[0] + o->gate);
     GemmDesc dxd = {.M = N, .N = H, .K = E, .alpha = 1, .beta = 1};
     be->gemm(be, &dxd, m->s_dlog_act, at(m, m->w[0], o->gate), dx);

@@ -50,6 +50,7 @@ void optim_create(Optim* o, const OptimConfig* c, int zero1, int steps_total, Mo
     memset(o, 0, sizeof *o);
     o->c = *c;
     o->zero1 = zero1;
+    o->zero_grads = 1;
     o->steps_total = steps_total;
     for (int a = 0; a < 2; a++) shard_init(o, m, a, c);
     o->d_norm = m->be->alloc(m->be, sizeof(float));
@@ -165,7 +166,8 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
         }
     }
     prof_mark("optim.adamw");
-    for (int a = 0; a < 2; a++) be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
+    if (o->zero_grads)
+        for (int a = 0; a < 2; a++) be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
     prof_mark("optim.zero_grad");
     prof_step_done();
     return st;

@@ -37,6 +37,8 @@ typedef struct Optim {
     OptShard sh[2];
     float* d_norm;       // [1] backend fp32
     float* d_bad;        // [1] backend fp32
+    int zero_grads;      // zero m->grad after the update (default 1); 0 when the next step's
+                         // first micro-batch overwrites them anyway (MicroArgs.fresh: the trainer)
 } Optim;
 
 void optim_create(Optim* o, const OptimConfig* c, int zero1, int steps_total, Model* m);
@@ -56,7 +58,7 @@ typedef struct StepStats {
 } StepStats;
 
 // Reduce, clip and update for 0-based step s (Adam's step count is s + 1 - skipped so far;
-// the caller passes the 1-based Adam step). Zeroes the gradients afterwards.
+// the caller passes the 1-based Adam step). Zeroes the gradients afterwards (if o->zero_grads).
 StepStats optim_step(Optim* o, Model* m, int s, int adam_step);
 
 // Gathers the full fp32 masters (which = 0), exp_avg (1) or exp_avg_sq (2) of arena a into

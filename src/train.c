@@ -102,6 +102,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 
     model_create(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, t->be, t->comm);
     optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, tc->steps, &t->model);
+    t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
     const int N = t->model.N;
     t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
@@ -233,6 +234,7 @@ int trainer_run(Trainer* t) {
         for (int j = 0; j < t->n_micro; j++) {
             uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
             trainer_fill_batch(t, 0, first);
+            a.fresh = j == 0;
             StepLoss l = model_step(&t->model, &a);
             ce += l.ce_sum;
             aux += l.aux / t->n_micro;

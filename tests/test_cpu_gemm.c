@@ -194,10 +194,20 @@ static void test_grouped_grad(void) {
         GroupDesc gd = {.groups = G, .host_off = OFF, .b_stride = bstride};
         GemmDesc bd = {.N = K, .K = N, .trans_b = !tb, .alpha = 1, .beta = 0};
         be->gemm_grouped(be, &bd, &gd, R, B, dA);
-        if (tb) be->gemm_grouped_wgrad(be, &gd, N, K, R, A, dB);  // dB_g [N, K] += R_gᵀ A_g
-        else be->gemm_grouped_wgrad(be, &gd, K, N, A, R, dB);     // dB_g [K, N] += A_gᵀ R_g
+        if (tb) be->gemm_grouped_wgrad(be, &gd, N, K, R, A, dB, 1.f);  // dB_g [N, K] += R_gᵀ A_g
+        else be->gemm_grouped_wgrad(be, &gd, K, N, A, R, dB, 1.f);     // dB_g [K, N] += A_gᵀ R_g
         EXPECT(memcmp(dB + 1 * bstride, dB0 + 1 * bstride, sizeof(float) * bstride) == 0,
                "wgrad leaves the empty group's dB unchanged");
+        // beta = 0 overwrites: NaN in dB is ignored, the empty group gets zeros, and the other
+        // groups get the product alone (the same bits as adding it to zeros)
+        float *dBo = fill(G * bstride, NAN), *dBz = fill(G * bstride, 0);
+        if (tb) be->gemm_grouped_wgrad(be, &gd, N, K, R, A, dBo, 0.f), be->gemm_grouped_wgrad(be, &gd, N, K, R, A, dBz, 1.f);
+        else be->gemm_grouped_wgrad(be, &gd, K, N, A, R, dBo, 0.f), be->gemm_grouped_wgrad(be, &gd, K, N, A, R, dBz, 1.f);
+        int same = 1, zero = 1;
+        for (size_t i = 0; i < G * bstride; i++) same &= dBo[i] == dBz[i];
+        for (size_t i = 0; i < bstride; i++) zero &= dBo[bstride + i] == 0.f;
+        EXPECT(same && zero, "wgrad beta = 0 overwrites (NaN ignored, empty group zeroed): same %d, zero %d", same, zero);
+        free(dBo), free(dBz);
         float* g = xmalloc(sizeof(float) * G * bstride);
         for (size_t i = 0; i < G * bstride; i++) g[i] = dB[i] - dB0[i];  // the += part
         GroupCtx c = {{.N = N, .K = K, .trans_b = tb, .alpha = 1, .beta = 0}, gd, A, B, C, R};

@@ -331,6 +331,48 @@ static void test_grad_accumulation(void) {
     free(g[0]), free(g[1]);
 }
 
+// MicroArgs.fresh: the first micro-batch of a step overwrites the gradients (the trainer does not
+// zero them between steps). Grad arenas full of NaN + fresh, then a second micro-batch with
+// accumulation, must equal zeroed arenas + two accumulating micro-batches, element for element,
+// in both arenas (every gradient element written by the first micro-batch).
+static void test_fresh_gradients(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    enum { B = 2, T = 8 };
+    int32_t tok[2 * B * T], tgt[2 * B * T];
+    for (int i = 0; i < 2 * B * T; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
+    float* g[2][2];
+    for (int v = 0; v < 2; v++) {
+        Model m;
+        model_create(&m, &c, B, T, be, g_comm);
+        for (int i = 0; i < m.pl.n; i++) {
+            const ParamInfo* p = &m.pl.p[i];
+            model_init_tensor(&c, p, 11, (float*)m.w[p->arena] + p->offset);
+        }
+        for (int a = 0; a < 2; a++)
+            for (size_t i = 0; i < m.numel[a]; i++) m.grad[a][i] = v ? NAN : 0.f;
+        for (int j = 0; j < 2; j++) {
+            MicroArgs a = {.tokens = tok + j * B * T, .targets = tgt + j * B * T, .backward = 1, .ce_scale = 1.0f / (2 * B * T),
+                           .aux_scale = c.aux_coef / 2, .z_scale = c.z_coef / 2, .fresh = v && j == 0};
+            model_step(&m, &a);
+        }
+        for (int a = 0; a < 2; a++) {
+            g[v][a] = xmalloc(sizeof(float) * m.numel[a]);
+            memcpy(g[v][a], m.grad[a], sizeof(float) * m.numel[a]);
+        }
+        if (v == 1)
+            for (int a = 0; a < 2; a++) {
+                size_t diff = 0, nz = 0;
+                for (size_t i = 0; i < m.numel[a]; i++) diff += !(g[1][a][i] == g[0][a][i]), nz += g[0][a][i] != 0.f;
+                EXPECT(diff == 0, "arena %d: %zu of %zu gradient elements differ (fresh vs zeroed)", a, diff, m.numel[a]);
+                EXPECT(nz > m.numel[a] / 2, "arena %d: gradients are mostly non-zero (%zu of %zu)", a, nz, m.numel[a]);
+            }
+        model_free(&m);
+    }
+    for (int v = 0; v < 2; v++) free(g[v][0]), free(g[v][1]);
+}
+
 int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
@@ -349,6 +391,7 @@ int main(int argc, char** argv) {
     RUN(test_schedule);
     RUN(test_model_grad);
     RUN(test_grad_accumulation);
+    RUN(test_fresh_gradients);
     g_comm->destroy(g_comm);
     be->destroy(be);
     dist_finalize();

@@ -24,7 +24,8 @@ double cpu_sum_chunks(size_t n, size_t min_chunk, double (*f)(const void* ctx, s
 // ---- cpu_gemm.c ---------------------------------------------------------------------------
 void cpu_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cpu_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB);
+void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB,
+                            float beta);
 
 // ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
 void cpu_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);

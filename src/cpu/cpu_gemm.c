@@ -181,14 +181,19 @@ void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const 
 }
 
 // Per group g: dB_g[N, K] += dY[rows g]ᵀ · X[rows g], dY packed [rows, N], X packed [rows, K].
-void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, float* dB) {
+void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, float* dB,
+                            float beta) {
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
+    CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
-        if (rows == 0) continue;  // += 0
+        if (rows == 0) {  // += 0, or = 0
+            if (beta == 0.f) memset(dB + (size_t)i * g->b_stride, 0, sizeof(float) * (size_t)N * K);
+            continue;
+        }
         GemmDesc x = {.M = N, .N = K, .K = rows, .trans_a = 1, .lda = N, .ldb = K, .ldc = K,
-                      .alpha = 1, .beta = 1, .c_f32 = 1};
+                      .alpha = 1, .beta = beta, .c_f32 = 1};
         gemm_f32(be->impl, &x, (const float*)dY + (size_t)r0 * N, (const float*)X + (size_t)r0 * K,
                  dB + (size_t)i * g->b_stride);
     }

@@ -92,8 +92,8 @@ static void test_gemm_grouped(void) {
         float* dY = act_in(m, randn(ncc, 1.f), ncc);
         float* dB = randn(nb, 1.f);
         float* ddB = up_f32(be, dB, nb);
-        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB);
-        be->gemm_grouped_wgrad(be, &gd, N, K, up_act(be, dY, ncc), up_act(be, A, na), ddB);
+        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB, 1.f);
+        be->gemm_grouped_wgrad(be, &gd, N, K, up_act(be, dY, ncc), up_act(be, A, na), ddB, 1.f);
         cmp(m, "gemm_grouped_wgrad", down_f32(be, ddB, nb), dB, nb, TOL(TOL_F32, TOL_FP32_OUT));
         free(A), free(B), free(C), free(dY), free(dB);
         dev_free_all();

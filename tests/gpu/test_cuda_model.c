@@ -65,9 +65,9 @@ static void side_free(Side* s) {
     model_free(&s->m);
 }
 
-static double step_loss(Side* s, int backward) {
+static double step_loss(Side* s, int backward, int fresh) {
     MicroArgs a = {.tokens = tok, .targets = tgt, .backward = backward, .ce_scale = 1.0f / (B * T),
-                   .aux_scale = mc.aux_coef, .z_scale = mc.z_coef};
+                   .aux_scale = mc.aux_coef, .z_scale = mc.z_coef, .fresh = fresh};
     StepLoss l = model_step(&s->m, &a);
     return l.ce_sum / (B * T) + mc.aux_coef * l.aux + mc.z_coef * l.z;
 }
@@ -87,7 +87,7 @@ static void compare_grads(int bf16) {
     Side g = {.be = g_gpu[bf16], .comm = g_nccl[bf16]};
     side_init(&cpu);
     side_init(&g);
-    const double lc = step_loss(&cpu, 1), lg = step_loss(&g, 1);
+    const double lc = step_loss(&cpu, 1, 0), lg = step_loss(&g, 1, 0);
     const double tol_loss = bf16 ? 1e-2 : 1e-5;
     EXPECT(isfinite(lg) && fabs(lg - lc) <= tol_loss * fabs(lc), "loss cuda %.7f vs cpu %.7f", lg, lc);
     printf("     %s: loss cuda %.7f cpu %.7f (rel %.2g)\n", bf16 ? "bf16" : "fp32", lg, lc, fabs(lg - lc) / fabs(lc));
@@ -114,15 +114,24 @@ static void compare_grads(int bf16) {
     side_free(&cpu);
 }
 
-// STEPS AdamW steps on both: the loss trace, and (fp32) the masters afterwards.
+// STEPS AdamW steps on both: the loss trace, and (fp32) the masters afterwards. The GPU side
+// runs as the trainer does: gradients never zeroed (poisoned with NaN before the first step),
+// each step's micro-batch overwrites them (MicroArgs.fresh); the CPU side zeroes and adds.
 static void compare_steps(int bf16) {
     Side g = {.be = g_gpu[bf16], .comm = g_nccl[bf16]};
     side_init(&cpu);
     side_init(&g);
+    g.o.zero_grads = 0;
+    for (int a = 0; a < 2; a++) {
+        unsigned char* nan = xmalloc(sizeof(float) * g.m.numel[a]);
+        memset(nan, 0xFF, sizeof(float) * g.m.numel[a]);
+        g.be->to_device(g.be, g.m.grad[a], nan, sizeof(float) * g.m.numel[a]);
+        free(nan);
+    }
     const double tol = bf16 ? 2e-2 : 1e-5;
     double first = 0, last = 0;
     for (int s = 0; s < STEPS; s++) {
-        const double lc = step_loss(&cpu, 1), lg = step_loss(&g, 1);
+        const double lc = step_loss(&cpu, 1, 0), lg = step_loss(&g, 1, 1);
         EXPECT(isfinite(lg) && fabs(lg - lc) <= tol * fabs(lc), "step %d loss cuda %.7f vs cpu %.7f", s, lg, lc);
         printf("     %s step %d: loss cuda %.7f cpu %.7f\n", bf16 ? "bf16" : "fp32", s, lg, lc);
         if (s == 0) first = lg;
