@@ -69,7 +69,7 @@ int cmd_plan(int argc, char** argv) {
         if (config_override(&c, argv[i], &e)) return plan_error(&e);
     }
     int world = c.parallel.ep;
-    double gpu = 141;  // GiB: one H200
+    double gpu = 140;  // GiB: one H200 (nvidia-smi: 143,771 MiB = 140.4 GiB, less the CUDA context)
     char* end = NULL;
     if (world_s) {
         errno = 0;

@@ -50,6 +50,10 @@ void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Com
     m->edp = comm->size[GROUP_EDP];
     m->edp_rank = comm->rank[GROUP_EDP];
     m->e_local = c->experts / m->ep;
+    {  // test knob: the MoE layers go through the exchange path (all_to_all_v) even at EP = 1
+        const char* fx = getenv("MOETRAIN_FORCE_EXCHANGE");
+        m->force_exchange = fx && fx[0] == '1';
+    }
     m->B = B;
     m->T = T;
     m->N = B * T;

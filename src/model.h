@@ -85,6 +85,8 @@ typedef struct Model {
     float* loss_acc;    // [1] CE sum of this micro-batch
     float z_grad;       // z-loss gradient scale per router row (router_bwd)
     int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
+    int force_exchange; // MOETRAIN_FORCE_EXCHANGE=1: the dispatcher's exchange path (all_to_all_v,
+                        // block reorders) runs even at EP = 1 (tests: the NCCL calls on one GPU)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world
     // scratch (reused by every layer)
     void* s_a;          // [N, max(H, Hq·D)] act

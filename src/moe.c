@@ -54,7 +54,8 @@ void moe_plan_bumps(Model* m) {
     // per-layer scratch, the larger of forward and backward: h [R,F] (dh reuses it; d(gate|up)
     // overwrites the saved gu), expert out / dxe [R,H]; with EP > 1 also the received, reordered
     // and returned rows (3 more [R,H]).
-    const size_t scratch = R * ((F + (m->ep > 1 ? 4 : 1) * H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
+    const int xchg = m->ep > 1 || m->force_exchange;
+    const size_t scratch = R * ((F + (xchg ? 4 : 1) * H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
     // 25% slack for routing imbalance before the arenas grow.
     bump_init(&m->bump, m->be, (size_t)(1.25 * (double)saved * m->c.layers));
     bump_init(&m->tmp, m->be, (size_t)(1.25 * (double)scratch));
@@ -122,7 +123,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     MoeSaved* s = &m->ls[l].moe;
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
-    const int El = m->e_local, P = m->ep;
+    const int El = m->e_local, P = m->ep, xchg = P > 1 || m->force_exchange;
     CHECK(P <= 64 && El <= 64, "at most 64 EP ranks and 64 local experts are supported");
     bump_reset(&m->tmp);
 
@@ -156,7 +157,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
     prof_mark("fwd.exchange_counts");
 
-    if (P == 1) {
+    if (!xchg) {
         be->permute_fwd(be, s->xe, x, s->dest, N, K, H);
         be->gather_rows_f32(be, s->scale_e, s->topk_w, s->dest, N * K);
     } else {
@@ -184,7 +185,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     prof_mark("fwd.w2");
 
     // combine
-    if (P == 1) {
+    if (!xchg) {
         be->unpermute_fwd(be, out, y, s->dest, N, K, H, 1);
     } else {
         void* ys = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
@@ -201,7 +202,7 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     MoeSaved* s = &m->ls[l].moe;
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
-    const int P = m->ep, R = s->R;
+    const int xchg = m->ep > 1 || m->force_exchange, R = s->R;
     bump_reset(&m->tmp);
     int off[65];
     expert_offsets(m, s, off);
@@ -209,7 +210,7 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     // dL/dy for the received rows, expert-major
     void* dye;
     be->unpermute_bwd(be, m->s_xp, dout, s->dest, N, K, H);
-    if (P == 1) {
+    if (!xchg) {
         dye = m->s_xp;
     } else {
         void* dyr = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
@@ -246,7 +247,7 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     // back to this rank's (n, slot) rows
     const void* dxp = dxe;
     const float* dwp = dsc;
-    if (P > 1) {
+    if (xchg) {
         void* bx = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
         float* bw = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
         reorder_blocks(m, s, bx, dxe, (size_t)H * esz(m), 0);

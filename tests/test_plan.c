@@ -64,7 +64,8 @@ static void test_memory_l1(void) {
     EXPECT(m.master == owned * 4 && m.adam == owned * 8, "master / Adam shards");
     EXPECT(m.grads == held * 4 + (double)pc.dense / 8 * 4, "fp32 grads + the dense reduce-scatter slice");
     EXPECT(m.act_saved > 20 * GiB && m.act_saved < 32 * GiB, "saved activations %.1f GiB", m.act_saved / GiB);
-    EXPECT(m.total < 141 * GiB, "L1_8x7B_ep at EP=8 fits 141 GiB per rank: %.1f GiB", m.total / GiB);
+    // an H200 has 140.4 GiB; keep 4 GiB for the CUDA context, cuBLASLt and NCCL buffers
+    EXPECT(m.total < 136 * GiB, "L1_8x7B_ep at EP=8 fits an H200 with >= 4 GiB spare: %.1f GiB", m.total / GiB);
     EXPECT(m.total > 100 * GiB, "and is not implausibly small: %.1f GiB", m.total / GiB);
     // activations are linear in the tokens of a micro-batch; the logits chunk is capped at 256 MiB
     Config c2 = load("L1_8x7B_ep", (const char*[]){"train.micro_batch=2", "train.global_batch=64", NULL});

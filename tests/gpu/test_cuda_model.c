@@ -82,11 +82,13 @@ static Side cpu;
 static Backend* g_gpu[2];  // fp32, bf16
 static Comm* g_nccl[2];
 
-// One forward+backward on both; loss and gradients compared.
-static void compare_grads(int bf16) {
+// One forward+backward on both; loss and gradients compared. xchg: the GPU side's MoE layers go
+// through the dispatcher's exchange path (NCCL all_to_all_v over a group of one).
+static void compare_grads(int bf16, int xchg) {
     Side g = {.be = g_gpu[bf16], .comm = g_nccl[bf16]};
     side_init(&cpu);
     side_init(&g);
+    g.m.force_exchange = xchg;
     const double lc = step_loss(&cpu, 1, 0), lg = step_loss(&g, 1, 0);
     const double tol_loss = bf16 ? 1e-2 : 1e-5;
     EXPECT(isfinite(lg) && fabs(lg - lc) <= tol_loss * fabs(lc), "loss cuda %.7f vs cpu %.7f", lg, lc);
@@ -157,8 +159,9 @@ static void compare_steps(int bf16) {
     side_free(&cpu);
 }
 
-static void test_fp32_grads(void) { compare_grads(0); }
-static void test_bf16_grads(void) { compare_grads(1); }
+static void test_fp32_grads(void) { compare_grads(0, 0); }
+static void test_bf16_grads(void) { compare_grads(1, 0); }
+static void test_fp32_grads_nccl_exchange(void) { compare_grads(0, 1); }
 static void test_fp32_steps(void) { compare_steps(0); }
 static void test_bf16_steps(void) { compare_steps(1); }
 
@@ -191,6 +194,7 @@ int main(int argc, char** argv) {
     }
     RUN(test_fp32_grads);
     RUN(test_bf16_grads);
+    RUN(test_fp32_grads_nccl_exchange);
     RUN(test_fp32_steps);
     RUN(test_bf16_steps);
     for (int d = 0; d < 2; d++) g_nccl[d]->destroy(g_nccl[d]), g_gpu[d]->destroy(g_gpu[d]);
