@@ -63,7 +63,8 @@ static void metrics_trim(const char* path, int step) {
     }
 }
 
-static Backend* make_backend(const Config* cfg, Err* e) {
+// The backend of this rank; *why says why train.device=auto fell back to the CPU.
+static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
     DeviceKind dev = cfg->train.device;
     if (dev == DEVICE_CUDA || dev == DEVICE_AUTO) {
         Err ce = {{0}};
@@ -73,11 +74,8 @@ static Backend* make_backend(const Config* cfg, Err* e) {
             err_set(e, "train.device=cuda, but no CUDA backend: %s", ce.msg);
             return NULL;
         }
-        log_info("device: no GPU (%s); using the CPU backend\n", ce.msg);
+        err_set(why, "%s", ce.msg);
     }
-    if (cfg->precision.dtype != DTYPE_F32)
-        log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
-                 dtype_name(cfg->precision.dtype));
     return cpu_backend_create();
 }
 
@@ -86,7 +84,29 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->cfg = *cfg;
     t->t_start = now_sec();
     const TrainConfig* tc = &cfg->train;
-    t->be = make_backend(cfg, e);
+    Err why = {{0}};
+    t->be = make_backend(cfg, e, &why);
+    // Every rank must end up on the same kind of backend (NCCL and MPI communicators do not mix,
+    // and a rank that fails here must not leave the others waiting in a collective): agree first.
+    if (dist_agree_error(t->be ? 0 : 2, e)) {
+        if (t->be) t->be->destroy(t->be), t->be = NULL;
+        return -1;
+    }
+    const int on_gpu = strcmp(t->be->name, "cuda") == 0;
+    if (dist_agree_status(on_gpu) && dist_agree_status(!on_gpu)) {  // some ranks on GPUs, some not
+        Err mixed = {{0}};
+        if (!on_gpu)
+            err_set(&mixed, "train.device=auto: this rank found no usable GPU (%s) while other ranks use GPUs; "
+                            "launch one rank per GPU, or set train.device=cpu", why.msg);
+        dist_agree_error(on_gpu ? 0 : 2, &mixed);
+        *e = mixed;
+        t->be->destroy(t->be), t->be = NULL;
+        return -1;
+    }
+    if (!on_gpu && why.msg[0]) log_info("device: no GPU (%s); using the CPU backend\n", why.msg);
+    if (!on_gpu && cfg->precision.dtype != DTYPE_F32)
+        log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
+                 dtype_name(cfg->precision.dtype));
     if (!t->be) return -1;
     t->comm = strcmp(t->be->name, "cuda") == 0 ? comm_nccl_create(cfg->parallel.ep, cuda_backend_stream(t->be))
                                                : comm_mpi_create(cfg->parallel.ep);

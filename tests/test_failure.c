@@ -30,6 +30,22 @@ static void test_fatal_on_one_rank(void) {
     EXPECT(secs < 30, "every rank ended within seconds (%.1f s)", secs);
 }
 
+// train.device=cuda where the backend cannot start (the CI machine has no GPU): every rank exits
+// 2 with the reason, before any communicator is built (nothing waits in a collective).
+static void test_no_gpu_all_ranks(void) {
+    if (system("nvidia-smi -L > /dev/null 2>&1") == 0) {
+        printf("     skipped: this machine has a GPU (the case needs one without)\n");
+        return;
+    }
+    char out[65536];
+    double secs;
+    int rc = run("timeout 60 scripts/mpirun.sh -np 2 build/moetrain --config L0_sanity train.device=cuda log.dir= 2>&1",
+                 out, sizeof out, &secs);
+    EXPECT(rc == 2, "exit code 2 (rc %d)", rc);
+    EXPECT(strstr(out, "train.device=cuda, but no CUDA backend"), "the reason: %s", out);
+    EXPECT(secs < 30, "no hang (%.1f s)", secs);
+}
+
 static void test_user_error_all_ranks(void) {
     char out[65536];
     double secs;
@@ -42,6 +58,7 @@ static void test_user_error_all_ranks(void) {
 
 int main(void) {
     RUN(test_fatal_on_one_rank);
+    RUN(test_no_gpu_all_ranks);
     RUN(test_user_error_all_ranks);
     TEST_END();
 }

@@ -3,7 +3,8 @@
 // logits, CE and aux losses, every gradient, and 5 AdamW steps.
 //
 // MOETRAIN_TEST_DEVICE=cuda runs the same checks on the CUDA backend in fp32 mode (TF32 off) with
-// the same tolerances (scripts/gpu_check.sh does; the binary needs a GPU then).
+// the same tolerances (the binary needs a GPU then); tests/gpu/test_cuda_golden.c is this file
+// with the CUDA backend fixed, so `make test-gpu` runs it.
 //
 // Tolerances (relative L2 / relative error), and why:
 //   TOL_LOGITS 1e-5  fp32 forward, different summation order than torch: ~1e-6 expected
@@ -216,16 +217,19 @@ int main(int argc, char** argv) {
     }
     const char* dev = getenv("MOETRAIN_TEST_DEVICE");
     on_gpu = dev && !strcmp(dev, "cuda");
+#ifdef GOLDEN_ON_CUDA
+    on_gpu = 1;  // tests/gpu/test_cuda_golden.c
+#endif
     if (on_gpu) {
         Err e = {{0}};
         be = cuda_backend_create(DTYPE_F32, 0, &e);
         if (!be) {
-            printf("MOETRAIN_TEST_DEVICE=cuda: %s\n0 passed, 1 failed\n", e.msg);
+            printf("CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;
         }
         comm = comm_nccl_create(1, cuda_backend_stream(be));
         if (!comm) {
-            printf("MOETRAIN_TEST_DEVICE=cuda: no NCCL communicator\n0 passed, 1 failed\n");
+            printf("CUDA backend: no NCCL communicator\n0 passed, 1 failed\n");
             return 1;
         }
         printf("backend: cuda (fp32)\n");
