@@ -21,7 +21,10 @@
 #   OURS=0               skip moetrain (baseline only)
 #   CONFIG=bench_8x7B_L2 moetrain config; ARGS="k=v ..." extra overrides for every run
 #   LAUNCH="scripts/mpirun.sh -np 1"   how moetrain is started
-#   RUN_TIMEOUT=300      seconds per run (moetrain run, or one baseline call)
+#   RUN_TIMEOUT=300      seconds per run (moetrain run, or one baseline call). Runs use
+#                        `timeout --foreground`: they stay in this script's process group, so
+#                        a caller that kills the group (a device call running out of time) takes
+#                        them along instead of leaving one on the GPU to slow the next call.
 #   OUT=dir              where logs go (default build/bench/YYYYmmdd-HHMMSS)
 #
 # Writes to $OUT: moetrain.log, hf.log, results.jsonl (one JSON object per run, "impl" is
@@ -64,7 +67,7 @@ if [ "$OURS" = 1 ]; then
       say "moetrain $CONFIG micro_batch=$mbs seq_len=$seq"
       echo "==== moetrain $CONFIG train.micro_batch=$mbs train.global_batch=$mbs train.seq_len=$seq ${ARGS:-}" >>"$OUT/moetrain.log"
       # shellcheck disable=SC2086  # LAUNCH and ARGS are word lists
-      timeout "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
+      timeout --foreground "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
         train.global_batch="$mbs" train.seq_len="$seq" ${ARGS:-} >>"$OUT/moetrain.log" 2>&1
       rc=$?
       line=$(awk '/^==== /{last=""} /^\{"bench"/{last=$0} END{print last}' "$OUT/moetrain.log")
@@ -100,7 +103,7 @@ elif [ -n "$HF_VARIANTS" ]; then
           # one process per variant: a crash or OOM in one (torch.compile) does not take the others
           say "baseline $HF_CONFIG:$v:$mbs:$seq ($base)"
           echo "==== $base $HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log"
-          PYTHONUNBUFFERED=1 timeout "$RUN_TIMEOUT" python3 "$base" "$HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log" 2>&1
+          PYTHONUNBUFFERED=1 timeout --foreground "$RUN_TIMEOUT" python3 "$base" "$HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log" 2>&1
           rc=$?
           line=$(awk '/^==== /{last=""} /^\{"config"/{last=$0} END{print last}' "$OUT/hf.log")
           if [ -z "$line" ]; then

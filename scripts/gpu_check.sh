@@ -24,7 +24,7 @@ fail=0
 step() {  # step NAME LIMIT_S CMD... : runs CMD with a time limit, log in $OUT/NAME.log
   local name=$1 lim=$2; shift 2
   local t0=$(date +%s)
-  timeout "$lim" "$@" >"$OUT/$name.log" 2>&1
+  timeout --foreground "$lim" "$@" >"$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s)
   local tail_line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tail -1)
   printf '%-34s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((t1 - t0))" "$tail_line" | tee -a "$SUM"

@@ -1,4 +1,5 @@
-// ckpt.c — ckpt_save: the collective, atomic checkpoint write (see ckpt.h for the protocol).
+// ckpt.c — ckpt_save and its streaming form (ckpt_save_begin / _append / _finish): the
+// collective, atomic checkpoint write (see ckpt.h for the protocol).
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -198,21 +199,47 @@ static int commit(const char* dir, const char* tmp, const char* fin, const char*
     return 0;
 }
 
-int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
-              const char* trainer_state_yaml, int keep, Err* e) {
-    const int rank = comm->rank[GROUP_WORLD], W = comm->size[GROUP_WORLD];
+struct CkptSave {
+    Comm* comm;
+    int rank, W;
+    char dir[CKPT_PATH], tmp[CKPT_PATH], fin[CKPT_PATH], step_name[64];
+    int64_t step;
+    char* state;  // rank 0: trainer_state.yaml (a copy)
+    int keep;
+    StWriter* w;
+    int failed;   // this rank's file failed; le says why (reported at ckpt_save_finish)
+    Err le;
+};
+
+static void save_free(CkptSave* s) {
+    st_writer_free(s->w);  // removes an unfinished file
+    free(s->state);
+    free(s);
+}
+
+// Stages 1 and 2a of the protocol (ckpt.h). with_data: the tensors carry their values (ckpt_save).
+static int save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+                      int with_data, const char* trainer_state_yaml, int keep, Err* e) {
+    *out = NULL;
+    CkptSave* s = xcalloc(1, sizeof *s);
+    s->comm = comm;
+    s->rank = comm->rank[GROUP_WORLD];
+    s->W = comm->size[GROUP_WORLD];
+    s->step = step;
+    s->keep = keep;
+    const int rank = s->rank, W = s->W;
     Report me;
     memset(&me, 0, sizeof me);
     Err le = {{0}};
-    char step_name[64], tmp[CKPT_PATH], fin[CKPT_PATH], path[CKPT_PATH];
-    ckpt_step_name(step_name, sizeof step_name, step);
-    char tn[80], rn[64];
-    snprintf(tn, sizeof tn, ".tmp_%s", step_name);
-    ckpt_join(tmp, dir ? dir : "", tn);
-    ckpt_join(fin, dir ? dir : "", step_name);
+    char tn[80], rn[64], path[CKPT_PATH];
+    ckpt_copy(s->dir, sizeof s->dir, dir ? dir : "");
+    ckpt_step_name(s->step_name, sizeof s->step_name, step);
+    snprintf(tn, sizeof tn, ".tmp_%s", s->step_name);
+    ckpt_join(s->tmp, dir ? dir : "", tn);
+    ckpt_join(s->fin, dir ? dir : "", s->step_name);
 
     // Stage 1: every rank checks its tensors; rank 0 prepares the temporary directory.
-    StWriter* w = st_writer_new();
+    StWriter* w = s->w = st_writer_new();
     if (!dir || !dir[0]) err_set(&le, "checkpoint directory is empty (set checkpoint.dir)");
     else if (strlen(dir) > CKPT_PATH - 128) err_set(&le, "checkpoint directory path is too long");
     else if (step < 0) err_set(&le, "negative step %lld", (long long)step);
@@ -222,11 +249,14 @@ int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, in
             err_set(&le, "tensor '%s': %d dimensions (0..4 supported)", t[i].name ? t[i].name : "?", t[i].ndim);
             break;
         }
-        if (!t[i].name || st_writer_add(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, t[i].data, &le)) {
+        if (!t[i].name ||
+            (with_data ? st_writer_add(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, t[i].data, &le)
+                       : st_writer_add_later(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, &le))) {
             if (!t[i].name) err_set(&le, "tensor %d has no name", i);
             break;
         }
     }
+    if (rank == 0 && trainer_state_yaml) s->state = xstrdup(trainer_state_yaml);
     char v[32];
     st_writer_meta(w, "format", "pt");
     snprintf(v, sizeof v, "%lld", (long long)step);
@@ -236,36 +266,81 @@ int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, in
     snprintf(v, sizeof v, "%d", W);
     st_writer_meta(w, "moetrain.world", v);
     int prepared = 0;
-    if (!le.msg[0] && rank == 0) prepared = prepare(dir, tmp, &le) == 0;
+    if (!le.msg[0] && rank == 0) prepared = prepare(dir, s->tmp, &le) == 0;
     if (le.msg[0]) report_fail(&me, &le);
     if (agree(comm, &me, NULL, e)) {
-        if (prepared) ckpt_rm_rf(tmp);
-        st_writer_free(w);
+        if (prepared) ckpt_rm_rf(s->tmp);
+        save_free(s);
         return -1;
     }
 
-    // Stage 2: every rank writes and fsyncs its file; sizes and crcs go to rank 0.
+    // Stage 2a: every rank creates its file and writes the header (the data streams in later).
     ckpt_rank_name(rn, sizeof rn, rank);
-    ckpt_join(path, tmp, rn);
+    ckpt_join(path, s->tmp, rn);
+    if (st_writer_begin(w, path, &le)) report_fail(&me, &le);
+    if (agree(comm, &me, NULL, e)) {
+        st_writer_free(s->w);  // closes and removes this rank's file
+        s->w = NULL;
+        if (rank == 0) ckpt_rm_rf(s->tmp);
+        save_free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int ckpt_save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+                    const char* trainer_state_yaml, int keep, Err* e) {
+    return save_begin(out, comm, dir, step, t, n, 0, trainer_state_yaml, keep, e);
+}
+
+int ckpt_save_append(CkptSave* s, const float* data) {
+    if (s->failed) return -1;
+    if (st_writer_put(s->w, data, &s->le)) s->failed = 1;
+    return s->failed ? -1 : 0;
+}
+
+int ckpt_save_finish(CkptSave* s, Err* e) {
+    Comm* comm = s->comm;
+    const int rank = s->rank, W = s->W;
+    Report me;
+    memset(&me, 0, sizeof me);
+
+    // Stage 2b: every rank fsyncs its file; sizes and crcs go to rank 0.
     StWriteInfo info = {0};
-    if (st_writer_write(w, path, &info, &le)) report_fail(&me, &le);
+    if (!s->failed && st_writer_end(s->w, &info, &s->le)) s->failed = 1;
+    if (s->failed) report_fail(&me, &s->le);
     me.bytes = info.bytes;
     me.crc = info.crc32;
-    st_writer_free(w);
+    st_writer_free(s->w);
+    s->w = NULL;
     Report* all = xmalloc(sizeof(Report) * (size_t)W);
     if (agree(comm, &me, all, e)) {
-        if (rank == 0) ckpt_rm_rf(tmp);  // every rank is done writing
+        if (rank == 0) ckpt_rm_rf(s->tmp);  // every rank is done writing
         free(all);
+        save_free(s);
         return -1;
     }
 
     // Stage 3: rank 0 commits; its verdict is shared.
     memset(&me, 0, sizeof me);
     int renamed = 0;
-    if (rank == 0 && commit(dir, tmp, fin, step_name, step, W, all, trainer_state_yaml, keep, &renamed, &le)) {
+    Err le = {{0}};
+    if (rank == 0 &&
+        commit(s->dir, s->tmp, s->fin, s->step_name, s->step, W, all, s->state, s->keep, &renamed, &le)) {
         report_fail(&me, &le);
-        if (!renamed) ckpt_rm_rf(tmp);
+        if (!renamed) ckpt_rm_rf(s->tmp);
     }
     free(all);
+    save_free(s);
     return agree(comm, &me, NULL, e);
+}
+
+int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+              const char* trainer_state_yaml, int keep, Err* e) {
+    CkptSave* s;
+    if (save_begin(&s, comm, dir, step, t, n, 1, trainer_state_yaml, keep, e)) return -1;
+    for (int i = 0; i < n; i++)
+        if (ckpt_save_append(s, NULL)) break;  // the values are the tensors' own
+    return ckpt_save_finish(s, e);
 }

@@ -33,8 +33,9 @@ typedef struct CkptTensor {
 
 // Collective over `comm` (world group; host helpers only). Each rank passes the tensors it
 // writes; rank 0 also writes trainer_state_yaml and the manifest. Protocol: rank 0 creates
-// <dir>/.tmp_step_XXXXXXXX/ (removing stale ones), agreement; every rank writes + fsyncs its
-// file; agreement with sizes + crcs gathered; rank 0 checks every header (names unique across
+// <dir>/.tmp_step_XXXXXXXX/ (removing stale ones), agreement; every rank creates its file and
+// writes the header, agreement; every rank writes its tensors + fsyncs its file; agreement with
+// sizes + crcs gathered; rank 0 checks every header (names unique across
 // ranks), writes the manifest, fsyncs files and directory, renames to step_XXXXXXXX, fsyncs
 // <dir>, updates `latest` (latest.tmp, fsync, rename, fsync <dir>), then prunes complete
 // checkpoints beyond `keep` (0 = keep all; never the newest, never latest's). Any failure on
@@ -42,6 +43,25 @@ typedef struct CkptTensor {
 // Saving a step that already exists replaces it.
 int ckpt_save(Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
               const char* trainer_state_yaml, int keep, Err* e);
+
+// The same save, streamed: for data that reaches host memory one tensor at a time (the
+// trainer: host memory stays one tensor, not 3 × the owned parameters). ckpt_save is
+// begin + append of every t[i].data + finish, and writes the same bytes.
+//   ckpt_save_begin   collective: stage 1 (t[] gives names and shapes; data is ignored), then
+//                     every rank creates its file and writes its whole header; agreement. On
+//                     failure every rank returns -1 (no handle) with the failing rank's message.
+//   ckpt_save_append  local: writes the next tensor's values, t[] order (data[numel]; reusable
+//                     at once), crc32 running. Returns -1 once this rank's file has failed —
+//                     the failure is remembered for ckpt_save_finish; keep running the
+//                     collectives that produce the data, and call finish.
+//   ckpt_save_finish  collective: fsync, agreement with sizes and crcs (any rank's failure,
+//                     including fewer appends than tensors, makes every rank return -1 with that
+//                     rank's message), then stage 3. Frees the handle.
+typedef struct CkptSave CkptSave;
+int ckpt_save_begin(CkptSave** s, Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+                    const char* trainer_state_yaml, int keep, Err* e);
+int ckpt_save_append(CkptSave* s, const float* data);
+int ckpt_save_finish(CkptSave* s, Err* e);
 
 typedef struct Ckpt Ckpt;  // an opened, verified checkpoint (all rank files indexed by name)
 

@@ -31,7 +31,7 @@ typedef struct MoeSaved {
     int* send_rows;    // host [ep] rows sent to each EP rank
     int* recv_rows;    // host [ep] rows received from each EP rank
     int* recv_blk;     // host [ep × E_local] rows received from rank s for local expert e
-    int* load;         // host [E] tokens routed to each expert (global over the micro-batch)
+    int* load;         // host [E] rows this rank routed to each expert in the last forward
 } MoeSaved;
 
 typedef struct LayerSaved {

@@ -109,7 +109,22 @@ void st_writer_meta(StWriter* w, const char* key, const char* value);
 // Bytes the file will have (header + data), known before writing.
 uint64_t st_writer_size(const StWriter* w);
 // Writes path (created or truncated), fsyncs and closes it. info may be NULL.
+// (st_writer_begin, st_writer_put(NULL) for every tensor, st_writer_end.)
 int st_writer_write(StWriter* w, const char* path, StWriteInfo* info, Err* e);
+
+// Streaming, for data that reaches host memory one tensor at a time (checkpoints: memory stays
+// one tensor, not the file). st_writer_add_later declares a tensor whose values come later;
+// st_writer_begin creates path and writes the whole header (names, shapes and offsets are
+// known up front); st_writer_put writes the next tensor's values in the order the tensors were
+// added — data[numel] fp32 (converted to the tensor's dtype; the caller may reuse data at once),
+// or NULL for a tensor added with its own data / fill function — with the crc32 kept running;
+// st_writer_end checks that every tensor was put, fsyncs and closes (info as above). A failure
+// removes the partial file and every later call returns -1 at once; st_writer_free of a
+// writer begun and not ended removes the file too.
+int st_writer_add_later(StWriter* w, const char* name, StDtype dtype, int ndim, const int64_t* shape, Err* e);
+int st_writer_begin(StWriter* w, const char* path, Err* e);
+int st_writer_put(StWriter* w, const float* data, Err* e);
+int st_writer_end(StWriter* w, StWriteInfo* info, Err* e);
 
 // Streams the crc32 of a whole file (8 MB reads). Returns 0 or -1 with a message.
 int file_crc32(const char* path, uint32_t* crc, uint64_t* bytes, Err* e);

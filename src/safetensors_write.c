@@ -22,6 +22,13 @@ typedef struct Item {
     int tag;
 } Item;
 
+typedef struct Out {
+    int fd;
+    const char* path;
+    uLong crc;
+    uint64_t bytes;
+} Out;
+
 struct StWriter {
     Item* it;  // [n]
     int n, cap;
@@ -29,6 +36,11 @@ struct StWriter {
     char** meta;  // [2·n_meta] key, value
     int n_meta;
     uint64_t data_bytes;
+    // streaming state (st_writer_begin .. st_writer_end)
+    int state;   // 0 not begun, 1 open, 2 done, -1 failed
+    int next;    // the tensor st_writer_put writes next
+    char* path;  // of the open file
+    Out o;
 };
 
 StWriter* st_writer_new(void) {
@@ -37,8 +49,20 @@ StWriter* st_writer_new(void) {
     return w;
 }
 
+// A begun file that is not complete is closed and removed.
+static void discard(StWriter* w) {
+    if (w->state == 1) {
+        if (w->o.fd >= 0) close(w->o.fd);
+        w->o.fd = -1;
+        unlink(w->path);
+    }
+    free(w->path);
+    w->path = NULL;
+}
+
 void st_writer_free(StWriter* w) {
     if (!w) return;
+    discard(w);
     for (int i = 0; i < w->n; i++) free(w->it[i].name);
     for (int i = 0; i < 2 * w->n_meta; i++) free(w->meta[i]);
     free(w->it);
@@ -46,6 +70,8 @@ void st_writer_free(StWriter* w) {
     strmap_free(&w->names);
     free(w);
 }
+
+#define LATER (-0x5eed)  // tag of a tensor whose values st_writer_put receives
 
 static int add(StWriter* w, const char* name, StDtype dt, int ndim, const int64_t* shape, const float* data,
                StFillFn fn, void* ctx, int tag, Err* e) {
@@ -61,7 +87,8 @@ static int add(StWriter* w, const char* name, StDtype dt, int ndim, const int64_
             return err_set(e, "safetensors writer: tensor '%s': shape overflows", name);
         numel *= (uint64_t)shape[i];
     }
-    if (!data && !fn && numel) return err_set(e, "safetensors writer: tensor '%s': no data", name);
+    if (w->state) return err_set(e, "safetensors writer: tensor '%s' added after st_writer_begin", name);
+    if (!data && !fn && numel && tag != LATER) return err_set(e, "safetensors writer: tensor '%s': no data", name);
     if (w->n == w->cap) {
         w->cap = w->cap ? 2 * w->cap : 64;
         w->it = realloc(w->it, sizeof(Item) * (size_t)w->cap);
@@ -85,7 +112,7 @@ static int add(StWriter* w, const char* name, StDtype dt, int ndim, const int64_
     t->data = data;
     t->fn = fn;
     t->ctx = ctx;
-    t->tag = tag;
+    t->tag = fn ? tag : 0;
     w->n++;
     return 0;
 }
@@ -99,6 +126,10 @@ int st_writer_add_fn(StWriter* w, const char* name, StDtype dtype, int ndim, con
                      StFillFn fn, void* ctx, int tag, Err* e) {
     if (!fn) return err_set(e, "safetensors writer: tensor '%s': no fill function", name);
     return add(w, name, dtype, ndim, shape, NULL, fn, ctx, tag, e);
+}
+
+int st_writer_add_later(StWriter* w, const char* name, StDtype dtype, int ndim, const int64_t* shape, Err* e) {
+    return add(w, name, dtype, ndim, shape, NULL, NULL, NULL, LATER, e);
 }
 
 void st_writer_meta(StWriter* w, const char* key, const char* value) {
@@ -148,13 +179,6 @@ uint64_t st_writer_size(const StWriter* w) {
     return n;
 }
 
-typedef struct Out {
-    int fd;
-    const char* path;
-    uLong crc;
-    uint64_t bytes;
-} Out;
-
 static int out_write(Out* o, const void* buf, size_t n, Err* e) {
     const unsigned char* p = buf;
     o->crc = crc32_z(o->crc, p, n);
@@ -190,43 +214,87 @@ static int write_values(Out* o, StDtype dt, const float* src, uint64_t numel, Er
     return rc;
 }
 
-int st_writer_write(StWriter* w, const char* path, StWriteInfo* info, Err* e) {
-    Out o = {.fd = -1, .path = path, .crc = crc32_z(0, NULL, 0)};
+// Every failure of the streaming calls goes through here: the partial file is removed.
+static int fail(StWriter* w) {
+    discard(w);
+    w->state = -1;
+    return -1;
+}
+
+int st_writer_begin(StWriter* w, const char* path, Err* e) {
+    if (w->state) return err_set(e, "%s: safetensors writer already begun", path);
+    w->path = xstrdup(path);
+    w->o = (Out){.fd = -1, .path = w->path, .crc = crc32_z(0, NULL, 0)};
+    w->next = 0;
+    w->o.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->o.fd < 0) {
+        err_set(e, "%s: cannot create: %s", path, strerror(errno));
+        free(w->path);
+        w->path = NULL;
+        w->state = -1;
+        return -1;
+    }
+    w->state = 1;
     Sb h = {0};
-    int rc = -1, created = 0;
     build_header(w, &h);
-    o.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (o.fd < 0) { err_set(e, "%s: cannot create: %s", path, strerror(errno)); goto done; }
-    created = 1;
     uint64_t hlen = h.len;
-    if (out_write(&o, &hlen, 8, e) || out_write(&o, h.s, h.len, e)) goto done;
-    for (int i = 0; i < w->n; i++) {
-        Item* t = &w->it[i];
-        if (t->numel == 0) continue;
-        if (t->data) {
-            if (write_values(&o, t->dtype, t->data, t->numel, e)) goto done;
-            continue;
-        }
-        float* tmp = xmalloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
-        int r = t->fn(t->ctx, t->tag, tmp, t->numel, e);
-        if (!r) r = write_values(&o, t->dtype, tmp, t->numel, e);
-        free(tmp);
-        if (r) goto done;
-    }
-    if (fsync(o.fd)) { err_set(e, "%s: fsync failed: %s", path, strerror(errno)); goto done; }
-    int fd = o.fd;
-    o.fd = -1;
-    if (close(fd)) { err_set(e, "%s: close failed: %s", path, strerror(errno)); goto done; }
-    if (info) {
-        info->bytes = o.bytes;
-        info->crc32 = (uint32_t)o.crc;
-    }
-    rc = 0;
-done:
-    if (o.fd >= 0) close(o.fd);
-    if (rc && created) unlink(path);  // no partial file is left behind
+    int rc = out_write(&w->o, &hlen, 8, e) || out_write(&w->o, h.s, h.len, e);
     sb_free(&h);
-    return rc;
+    return rc ? fail(w) : 0;
+}
+
+int st_writer_put(StWriter* w, const float* data, Err* e) {
+    if (w->state != 1) return err_set(e, "safetensors writer: not open (%s)", w->state < 0 ? "an earlier write failed" : "st_writer_begin first");
+    if (w->next >= w->n) {
+        err_set(e, "%s: more tensors put than the %d declared", w->path, w->n);
+        return fail(w);
+    }
+    Item* t = &w->it[w->next++];
+    if (t->numel == 0) return 0;
+    const float* src = data ? data : t->data;
+    if (src) return write_values(&w->o, t->dtype, src, t->numel, e) ? fail(w) : 0;
+    if (!t->fn) {
+        err_set(e, "%s: tensor '%s': no data", w->path, t->name);
+        return fail(w);
+    }
+    float* tmp = xmalloc(sizeof(float) * (size_t)t->numel);
+    int r = t->fn(t->ctx, t->tag, tmp, t->numel, e);
+    if (!r) r = write_values(&w->o, t->dtype, tmp, t->numel, e);
+    free(tmp);
+    return r ? fail(w) : 0;
+}
+
+int st_writer_end(StWriter* w, StWriteInfo* info, Err* e) {
+    if (w->state != 1) return err_set(e, "safetensors writer: not open (%s)", w->state < 0 ? "an earlier write failed" : "st_writer_begin first");
+    if (w->next != w->n) {
+        err_set(e, "%s: %d of the %d tensors declared were written", w->path, w->next, w->n);
+        return fail(w);
+    }
+    if (fsync(w->o.fd)) {
+        err_set(e, "%s: fsync failed: %s", w->path, strerror(errno));
+        return fail(w);
+    }
+    int fd = w->o.fd;
+    w->o.fd = -1;
+    if (close(fd)) {
+        err_set(e, "%s: close failed: %s", w->path, strerror(errno));
+        return fail(w);
+    }
+    if (info) {
+        info->bytes = w->o.bytes;
+        info->crc32 = (uint32_t)w->o.crc;
+    }
+    w->state = 2;
+    free(w->path);
+    w->path = NULL;
+    return 0;
+}
+
+int st_writer_write(StWriter* w, const char* path, StWriteInfo* info, Err* e) {
+    if (st_writer_begin(w, path, e)) return -1;
+    for (int i = 0; i < w->n; i++)
+        if (st_writer_put(w, NULL, e)) return -1;
+    return st_writer_end(w, info, e);
 }
 
 int file_crc32(const char* path, uint32_t* crc, uint64_t* bytes, Err* e) {

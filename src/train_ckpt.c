@@ -1,7 +1,8 @@
 // train_ckpt.c — where the trainer's state comes from and goes to (see train.h):
 //
 //   trainer_save     every rank writes the tensors it owns (fp32 master, Adam m and v) under
-//                    their global Hugging Face names through ckpt_save; rank 0 adds
+//                    their global Hugging Face names, streamed through ckpt_save_begin /
+//                    _append / _finish (host memory: one tensor); rank 0 adds
 //                    trainer_state.yaml (counters, data position, layout, the resolved config).
 //   trainer_restore  checkpoint.resume (none | auto | a path) → load by name; else
 //                    checkpoint.init_from (a Hugging Face directory) → masters only, fresh Adam;
@@ -100,43 +101,60 @@ static char* state_text(const Trainer* t) {
     return text;
 }
 
+// Streamed (ckpt_save_begin / _append / _finish): the file holds the tensors in the order
+// (which, arena, parameter); each (which, arena) is gathered once on every rank — collective,
+// whether or not the rank owns tensors of it — and each owned tensor goes device → one
+// reusable host buffer → the file. Host memory: the largest owned tensor, plus the names.
 int trainer_save(Trainer* t, Err* e) {
     Model* m = &t->model;
     Backend* be = m->be;
     int n_own = 0;
-    size_t total = 0;
+    size_t largest = 1;
     for (int i = 0; i < m->pl.n; i++)
-        if (owns(t, &m->pl.p[i])) n_own++, total += m->pl.p[i].numel;
+        if (owns(t, &m->pl.p[i])) {
+            n_own++;
+            if (m->pl.p[i].numel > largest) largest = m->pl.p[i].numel;
+        }
     CkptTensor* ct = xcalloc((size_t)(3 * n_own) + 1, sizeof *ct);
     char(*names)[128] = xcalloc((size_t)(3 * n_own) + 1, sizeof *names);
-    float* host = xmalloc(sizeof(float) * (3 * total + 1));
-    float* dst = host;
     int k = 0;
     for (int which = 0; which < 3; which++)
-        for (int a = 0; a < 2; a++) {
-            optim_gather(&t->opt, m, a, which);  // collective over the arena's group
+        for (int a = 0; a < 2; a++)
             for (int i = 0; i < m->pl.n; i++) {
                 const ParamInfo* p = &m->pl.p[i];
                 if ((int)p->arena != a || !owns(t, p)) continue;
-                be->to_host(be, dst, m->grad[a] + p->offset, sizeof(float) * p->numel);
                 state_name(names[k], sizeof names[k], which, p->name);
-                ct[k] = (CkptTensor){.name = names[k], .ndim = p->ndim, .data = dst};
+                ct[k] = (CkptTensor){.name = names[k], .ndim = p->ndim, .data = NULL};
                 for (int d = 0; d < p->ndim; d++) ct[k].shape[d] = p->shape[d];
-                dst += p->numel;
                 k++;
             }
-        }
-    zero_grads(m);  // the staging held masters / moments; the next step accumulates from zero
     char* state = t->rank == 0 ? state_text(t) : NULL;
     double t0 = now_sec();
-    int rc = ckpt_save(t->comm, t->cfg.checkpoint.dir, t->step, ct, k, state, t->cfg.checkpoint.keep, e);
+    CkptSave* cs = NULL;
+    int rc = ckpt_save_begin(&cs, t->comm, t->cfg.checkpoint.dir, t->step, ct, k, state, t->cfg.checkpoint.keep, e);
+    free(state);
+    if (!rc) {
+        float* host = xmalloc(sizeof(float) * largest);
+        int ok = 1;
+        for (int which = 0; which < 3; which++)
+            for (int a = 0; a < 2; a++) {
+                optim_gather(&t->opt, m, a, which);  // collective over the arena's group: every rank, always
+                for (int i = 0; i < m->pl.n && ok; i++) {
+                    const ParamInfo* p = &m->pl.p[i];
+                    if ((int)p->arena != a || !owns(t, p)) continue;
+                    be->to_host(be, host, m->grad[a] + p->offset, sizeof(float) * p->numel);
+                    ok = ckpt_save_append(cs, host) == 0;  // a failure is reported by ckpt_save_finish
+                }
+            }
+        free(host);
+        zero_grads(m);  // the staging held masters / moments; the next step accumulates from zero
+        rc = ckpt_save_finish(cs, e);
+    }
     if (!rc) {
         char sn[64];
         snprintf(sn, sizeof sn, "step_%08d", t->step);
         log_info("checkpoint: saved %s/%s (%d tensors on rank 0, %.2f s)\n", t->cfg.checkpoint.dir, sn, k, now_sec() - t0);
     }
-    free(state);
-    free(host);
     free(names);
     free(ct);
     return rc;
