@@ -56,9 +56,11 @@ void moe_plan_bumps(Model* m) {
     // and returned rows (3 more [R,H]).
     const int xchg = m->ep > 1 || m->force_exchange;
     const size_t scratch = R * ((F + (xchg ? 4 : 1) * H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
-    // 25% slack for routing imbalance before the arenas grow.
-    bump_init(&m->bump, m->be, (size_t)(1.25 * (double)saved * m->c.layers));
-    bump_init(&m->tmp, m->be, (size_t)(1.25 * (double)scratch));
+    // With EP > 1 a rank receives more than N·k rows when routing favours its experts: 25%
+    // slack before the arenas grow. At EP = 1 every row stays here, exactly N·k: no slack.
+    const double slack = m->ep > 1 ? 1.25 : 1.0;
+    bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * m->c.layers));
+    bump_init(&m->tmp, m->be, (size_t)(slack * (double)scratch));
 }
 
 // Row offsets of the local experts in an expert-major buffer: off[e] = Σ_{e' < e} Σ_s blk[s][e'].

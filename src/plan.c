@@ -48,29 +48,32 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     m->grads = held * f4 + gshard * f4;
 
     // Activations, N = micro_batch × seq_len tokens, R = N·top_k expert rows a rank receives
-    // with balanced routing (dropless: the real R varies; moe.c plans its arenas with 25% slack).
+    // with balanced routing (dropless: with EP > 1 the real R varies, and moe.c plans its arenas
+    // with 25% slack; at EP = 1, R is exactly N·k).
     // H hidden, F ffn, Hq/Hkv heads, D head dim, E experts, k top_k, V vocab, a = dtype bytes.
     //  saved per layer (model.c LayerSaved, moe.c MoeSaved):
     //    a·N·(4H + 2·Hq·D + 2·Hkv·D)        x_in, ln1 out, x_mid (residual), ln2 out; q, att; k, v
     //    4·N·(2 + Hq + 2E + 3k)             rstd1, rstd2; attention lse; router logits, probs;
     //                                       top-k ids, weights, dest rows
-    //    1.25·R·((H + 2F)·a + 4)            received rows xe [R,H], gate|up gu [R,2F], weights
+    //    s·R·((H + 2F)·a + 4)               received rows xe [R,H], gate|up gu [R,2F], weights
+    //                                       (s = 1.25 with EP > 1, else 1)
     //  once: a·N·2H + 4·3N                  final x, final norm out, rstd, tokens, targets
     //  scratch (reused by every layer):
     //    a·N·(2·max(H, Hq·D) + H + Hq·D + 2·Hkv·D + E + k·H) + 4·N·(E + 2k)
     //                                       dense scratch, dlogits, permuted send rows x [N·k, H]
-    //    1.25·(R·(F + c·H)·a + 8R)          MoE per-layer scratch: h [R,F] (dh reuses it), expert
+    //    s·(R·(F + c·H)·a + 8R)             MoE per-layer scratch: h [R,F] (dh reuses it), expert
     //                                       out / dxe [R,H]; with EP > 1 (c = 4) the received,
     //                                       reordered and returned rows [R,H] too (c = 1 without)
     //  logits chunk: min(N, 256 MiB / (V·a)) tokens × V × a
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
+    const double slack = m->ep > 1 ? 1.25 : 1.0;  // moe.c: rows beyond N·k arrive only with EP > 1
     const double per_layer = a * N * (4 * H + 2 * Hq * D + 2 * Hkv * D) + f4 * N * (2 + Hq + 2 * E + 3 * k) +
-                             1.25 * R * ((H + 2 * F) * a + 4);
+                             slack * R * ((H + 2 * F) * a + 4);
     m->act_saved = per_layer * mc->layers + a * N * 2 * H + f4 * 3 * N;
     const double wide = H > Hq * D ? H : Hq * D;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
-                     1.25 * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
+                     slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
     double chunk = (double)(256u << 20) / (V * a);
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
@@ -125,8 +128,8 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
     const char* unit = mib ? "MiB" : "GiB";
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         fprintf(f, "  %-34s %9.2f %s\n", rows[i].what, gib(rows[i].bytes) * scale, unit);
-    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB; not counted: CUDA context, cuBLASLt/NCCL buffers, "
-            "routing imbalance beyond 25%%)\n", "total", gib(m.total) * scale, unit, gpu_gib);
+    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB; not counted: CUDA context, cuBLASLt/NCCL buffers%s)\n",
+            "total", gib(m.total) * scale, unit, gpu_gib, m.ep > 1 ? ", routing imbalance beyond 25%" : "");
     if (gib(m.total) > gpu_gib)
         fprintf(f, "WARNING: %.1f GiB per rank exceeds the %.1f GiB GPU: raise parallel.ep or the world size (--world), "
                 "or lower train.micro_batch or train.seq_len\n", gib(m.total), gpu_gib);

@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "golden_fixture.h"
 #include "model.h"
 #include "optim.h"
 #include "test.h"
@@ -28,57 +29,6 @@
 #define TOL_AUX 5e-5
 #define TOL_GRAD 1e-5
 #define TOL_ADAM 1e-5
-#define FIXTURE "tests/fixtures/golden/tiny_mixtral.golden"
-
-typedef struct GTensor { char name[128]; int i32; int ndim; int64_t shape[4]; size_t off, numel; } GTensor;
-static GTensor g_t[512];
-static int g_n;
-static char* g_data;
-
-static int load_fixture(void) {
-    FILE* f = fopen(FIXTURE, "rb");
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* all = xmalloc((size_t)size + 1);
-    if (fread(all, 1, (size_t)size, f) != (size_t)size) return -1;
-    fclose(f);
-    all[size] = 0;
-    char* line = strchr(all, '\n') + 1;  // skip the comment line
-    size_t head = 0;
-    while (line && *line) {
-        char* nl = strchr(line, '\n');
-        *nl = 0;
-        if (!strncmp(line, "end ", 4)) {
-            head = (size_t)atoll(line + 4);
-            break;
-        }
-        GTensor* t = &g_t[g_n++];
-        char dt[8];
-        int used = 0;
-        sscanf(line, "%127s %7s %d%n", t->name, dt, &t->ndim, &used);
-        t->i32 = !strcmp(dt, "i32");
-        char* p = line + used;
-        t->numel = 1;
-        for (int d = 0; d < t->ndim; d++) t->shape[d] = strtoll(p, &p, 10), t->numel *= (size_t)t->shape[d];
-        t->off = (size_t)strtoull(p, &p, 10);
-        line = nl + 1;
-    }
-    g_data = all + head;
-    return head ? 0 : -1;
-}
-
-static const GTensor* get(const char* name) {
-    for (int i = 0; i < g_n; i++)
-        if (!strcmp(g_t[i].name, name)) return &g_t[i];
-    return NULL;
-}
-static const float* getf(const char* name, size_t numel) {
-    const GTensor* t = get(name);
-    if (!t || t->numel != numel) return NULL;
-    return (const float*)(g_data + t->off);
-}
 
 static Backend* be;
 static Comm* comm;
