@@ -4,6 +4,7 @@
 #   make run        deps if missing, build, train L0_sanity with mpirun -np 2 (EP=2)
 #   make test       the CPU test suite (what CI runs); ends with "N passed, N failed"
 #   make test-gpu   the GPU tests (needs a GPU)
+#   make gpu-tests  build the GPU tests without running them (CI does, so they keep compiling)
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/configs
@@ -50,11 +51,11 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/m
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all run test test-gpu bench fuzz install deps clean help check-deps
+.PHONY: all run test test-gpu gpu-tests bench fuzz install deps clean help check-deps
 all: $(BUILD)/moetrain
 
 help:
-	@sed -n '3,12p' Makefile | sed 's/^# //'
+	@sed -n '3,11p' Makefile | sed 's/^# //'
 
 # ---- dependencies ----------------------------------------------------------------------------
 deps:
@@ -104,6 +105,8 @@ test: $(BUILD)/moetrain $(TESTS)
 
 test-gpu: $(BUILD)/moetrain $(GPU_TESTS)
 	@scripts/run_tests.sh $(GPU_TESTS)
+
+gpu-tests: $(GPU_TESTS)
 
 bench: $(BUILD)/moetrain
 	scripts/bench.sh

@@ -70,6 +70,7 @@ static const ConfigKey KEYS[] = {
     STR(checkpoint, resume, "none", "none, auto (the latest under checkpoint.dir, if any) or a step directory"),
     STR(checkpoint, init_from, "", "Hugging Face directory to start from (empty = random init)"),
     BOOL(checkpoint, required, "false", "refuse to train without checkpoint.dir (set by large configs)"),
+    BOOL(checkpoint, save_optimizer, "true", "save the Adam moments too (exact resume); false = fp32 master weights only, a third of the size: resume restarts the moments from zero"),
     STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),
     KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps"),
 };

@@ -79,6 +79,7 @@ typedef struct CheckpointConfig {
     char resume[CFG_STR];     // "none", "auto", or a path
     char init_from[CFG_STR];  // Hugging Face directory to start from ("" = random init)
     int required;             // refuse to start without dir
+    int save_optimizer;       // save Adam m and v too (exact resume); 0 = fp32 masters only
 } CheckpointConfig;
 
 typedef struct LogConfig {

@@ -30,7 +30,8 @@ typedef struct Trainer {
     int world, rank;
     int n_micro;          // micro-batches per step per rank (gradient accumulation)
     int step;             // next 0-based step to run
-    int64_t updates;      // optimizer updates applied (Adam step count)
+    int64_t updates;      // Adam step count: updates since the moments started from zero (a
+                          // resume from a weight-only checkpoint restarts it with them)
     int64_t skipped;      // non-finite steps skipped in total
     int bad_in_row;
     int64_t tokens;       // tokens trained on (global)
@@ -64,9 +65,11 @@ EvalResult trainer_eval(Trainer* t, int batches);
 void trainer_fill_batch(Trainer* t, int split, uint64_t first);
 
 // Checkpoint glue (train_ckpt.c). trainer_save: collective; writes checkpoint.dir/step_<t->step>
-// (the number of steps done): every rank the fp32 masters and Adam moments of the tensors it
-// owns under their Hugging Face names (optim.exp_avg.NAME, optim.exp_avg_sq.NAME), rank 0 the
-// trainer state (counters, data position, layout, the resolved config). trainer_restore:
+// (the number of steps done), streamed one tensor at a time: every rank the fp32 masters and
+// (unless checkpoint.save_optimizer=false) the Adam moments of the tensors it owns under their
+// Hugging Face names (optim.exp_avg.NAME, optim.exp_avg_sq.NAME), rank 0 the trainer state
+// (counters, data position, layout, whether optimizer state is present, the resolved config).
+// trainer_restore:
 // checkpoint.resume = auto (newest complete checkpoint under checkpoint.dir; a corrupt newest
 // one is skipped with a note) | a path | none; without a checkpoint to resume,
 // checkpoint.init_from (a Hugging Face directory: weights only, fresh optimizer), else random

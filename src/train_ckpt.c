@@ -1,10 +1,12 @@
 // train_ckpt.c — where the trainer's state comes from and goes to (see train.h):
 //
-//   trainer_save     every rank writes the tensors it owns (fp32 master, Adam m and v) under
-//                    their global Hugging Face names, streamed through ckpt_save_begin /
-//                    _append / _finish (host memory: one tensor); rank 0 adds
-//                    trainer_state.yaml (counters, data position, layout, the resolved config).
-//   trainer_restore  checkpoint.resume (none | auto | a path) → load by name; else
+//   trainer_save     every rank writes the tensors it owns (fp32 master, Adam m and v; the
+//                    masters alone with checkpoint.save_optimizer=false) under their global
+//                    Hugging Face names, streamed through ckpt_save_begin / _append / _finish
+//                    (host memory: one tensor); rank 0 adds trainer_state.yaml (counters, data
+//                    position, layout, optimizer_state: true | false, the resolved config).
+//   trainer_restore  checkpoint.resume (none | auto | a path) → load by name (a weight-only
+//                    checkpoint: masters, Adam m = v = 0, Adam step count from 1); else
 //                    checkpoint.init_from (a Hugging Face directory) → masters only, fresh Adam;
 //                    else the random init by name.
 //
@@ -85,11 +87,13 @@ static char* state_text(const Trainer* t) {
     snprintf(extra, sizeof extra,
              "# the train split's sequence i of step s, micro-batch j, rank r is s*global_batch + j*micro_batch*world + r*micro_batch\n"
              "updates: %lld\nskipped: %lld\nbad_in_row: %d\nedp: %d\nzero1: %s\nglobal_batch: %d\nmicro_batch: %d\n"
-             "seq_len: %d\ndata_position: %llu\ndata_epoch: %llu\nsteps_total: %d\nschedule: %s\nlr_next: %.9g\n",
+             "seq_len: %d\ndata_position: %llu\ndata_epoch: %llu\nsteps_total: %d\nschedule: %s\nlr_next: %.9g\n"
+             "# false: fp32 masters only (checkpoint.save_optimizer=false); resume restarts Adam from zero moments\n"
+             "optimizer_state: %s\n",
              (long long)t->updates, (long long)t->skipped, t->bad_in_row, t->model.edp, c->parallel.zero1 ? "true" : "false",
              c->train.global_batch, c->train.micro_batch, c->train.seq_len, (unsigned long long)pos,
              (unsigned long long)(nwin ? pos / nwin : 0), c->train.steps, schedule_name(c->optim.schedule),
-             (double)optim_lr(&c->optim, c->train.steps, t->step));
+             (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false");
     char* cfg = config_text(c);
     TrainerState ts = {.step = t->step, .tokens = t->tokens, .world = t->world, .ep = t->model.ep,
                        .seed = c->train.seed, .rng = 0,  // no random stream advances after init
@@ -105,9 +109,12 @@ static char* state_text(const Trainer* t) {
 // (which, arena, parameter); each (which, arena) is gathered once on every rank — collective,
 // whether or not the rank owns tensors of it — and each owned tensor goes device → one
 // reusable host buffer → the file. Host memory: the largest owned tensor, plus the names.
+// checkpoint.save_optimizer=false: `which` = master only (a third of the bytes); every rank has
+// the same config, so every rank makes the same optim_gather calls.
 int trainer_save(Trainer* t, Err* e) {
     Model* m = &t->model;
     Backend* be = m->be;
+    const int nwhich = t->cfg.checkpoint.save_optimizer ? 3 : 1;
     int n_own = 0;
     size_t largest = 1;
     for (int i = 0; i < m->pl.n; i++)
@@ -115,10 +122,10 @@ int trainer_save(Trainer* t, Err* e) {
             n_own++;
             if (m->pl.p[i].numel > largest) largest = m->pl.p[i].numel;
         }
-    CkptTensor* ct = xcalloc((size_t)(3 * n_own) + 1, sizeof *ct);
-    char(*names)[128] = xcalloc((size_t)(3 * n_own) + 1, sizeof *names);
+    CkptTensor* ct = xcalloc((size_t)(nwhich * n_own) + 1, sizeof *ct);
+    char(*names)[128] = xcalloc((size_t)(nwhich * n_own) + 1, sizeof *names);
     int k = 0;
-    for (int which = 0; which < 3; which++)
+    for (int which = 0; which < nwhich; which++)
         for (int a = 0; a < 2; a++)
             for (int i = 0; i < m->pl.n; i++) {
                 const ParamInfo* p = &m->pl.p[i];
@@ -136,7 +143,7 @@ int trainer_save(Trainer* t, Err* e) {
     if (!rc) {
         float* host = xmalloc(sizeof(float) * largest);
         int ok = 1;
-        for (int which = 0; which < 3; which++)
+        for (int which = 0; which < nwhich; which++)
             for (int a = 0; a < 2; a++) {
                 optim_gather(&t->opt, m, a, which);  // collective over the arena's group: every rank, always
                 for (int i = 0; i < m->pl.n && ok; i++) {
@@ -153,7 +160,8 @@ int trainer_save(Trainer* t, Err* e) {
     if (!rc) {
         char sn[64];
         snprintf(sn, sizeof sn, "step_%08d", t->step);
-        log_info("checkpoint: saved %s/%s (%d tensors on rank 0, %.2f s)\n", t->cfg.checkpoint.dir, sn, k, now_sec() - t0);
+        log_info("checkpoint: saved %s/%s (%d tensors on rank 0%s, %.2f s)\n", t->cfg.checkpoint.dir, sn, k,
+                 nwhich == 3 ? "" : ", weights only: checkpoint.save_optimizer=false", now_sec() - t0);
     }
     free(names);
     free(ct);
@@ -216,6 +224,15 @@ static int get_i64(const char* text, const char* key, int64_t* out, int64_t def)
     return 0;
 }
 
+// trainer_state.yaml's optimizer_state: 1 true, 0 false, -1 not a boolean; absent = 1 (every
+// checkpoint written before checkpoint.save_optimizer existed holds the moments).
+static int get_optimizer_state(const char* text) {
+    char v[64];
+    Err e = {{0}};
+    if (trainer_state_get(text, "optimizer_state", v, sizeof v, &e) != 1) return 1;
+    return !strcmp(v, "true") ? 1 : !strcmp(v, "false") ? 0 : -1;
+}
+
 static int load_ckpt(Trainer* t, const char* path, Err* e) {
     Model* m = &t->model;
     Ckpt* ck = NULL;
@@ -243,13 +260,25 @@ static int load_ckpt(Trainer* t, const char* path, Err* e) {
     if (!rc && ts.step != ckpt_step(ck))
         rc = err_set(e, "%s: step %lld, but the manifest says %lld", where, (long long)ts.step, (long long)ckpt_step(ck));
     if (!rc && ts.step > (int64_t)1 << 30) rc = err_set(e, "%s: step %lld is out of range", where, (long long)ts.step);
+    // Whether the moments are there: the recorded flag, checked against the tensors themselves
+    // (every rank indexes every rank file, so every rank sees the same names and decides alike).
+    const int has_opt = rc ? 1 : get_optimizer_state(text);
+    if (!rc && has_opt < 0) rc = err_set(e, "%s: optimizer_state must be true or false", where);
+    if (!rc && m->pl.n > 0) {
+        char nm[128];
+        state_name(nm, sizeof nm, 1, m->pl.p[0].name);
+        const int present = ckpt_has(ck, nm) != 0;
+        if (present != has_opt)
+            rc = err_set(e, "%s: optimizer_state: %s, but the checkpoint %s %s (an inconsistent checkpoint)", where,
+                         has_opt ? "true" : "false", present ? "holds" : "lacks", nm);
+    }
     char ckwhere[CFG_STR + 32];
     snprintf(ckwhere, sizeof ckwhere, "checkpoint %s", dir);
     float* host = xmalloc(sizeof(float) * max_numel(m));
     if (!rc) rc = stage(t, rd_ckpt, ck, 0, ckwhere, host, e);
     if (!rc) {
         optim_load_from_staging(&t->opt, m);  // masters, compute weights; zeroes m, v, grads
-        for (int which = 1; which < 3 && !rc; which++) {
+        for (int which = 1; which < 3 && !rc && has_opt; which++) {
             rc = stage(t, rd_ckpt, ck, which, ckwhere, host, e);
             for (int a = 0; a < 2 && !rc; a++) optim_scatter(&t->opt, m, a, which);
         }
@@ -259,13 +288,27 @@ static int load_ckpt(Trainer* t, const char* path, Err* e) {
     if (!rc) {
         t->step = (int)ts.step;
         t->tokens = ts.tokens;
-        t->updates = updates;
+        // Adam's step count is the number of updates since the moments were zero: its bias
+        // correction divides m by 1 - β1^t and v by 1 - β2^t because m and v started from zero t
+        // updates ago (E[m_t] = (1 - β1^t) E[g]). Moments restarted from zero therefore need t to
+        // restart too: the first update is then m̂ / sqrt(v̂) = g / |g|, a fresh Adam's first step.
+        // Continuing the saved count (1 - β^t ≈ 1 for large t) would leave m̂ and v̂ scaled by
+        // (1 - β1^j) and (1 - β2^j) for j updates after the restart: the first update would be
+        // (1 - β1) / sqrt(1 - β2) times the normal size (0.45× at β2 = 0.95, 3.2× at 0.999) and
+        // the moments biased for ~1 / (1 - β2) steps. So a weight-only checkpoint resumes with
+        // updates = 0 (trainer_state.yaml's `updates` is the Adam step count, and the next save
+        // records the count since the restart). The lr schedule, data position and step go on.
+        t->updates = has_opt ? updates : 0;
         t->skipped = skipped;
         t->bad_in_row = (int)bad;
         t->last_loss = ts.loss_ema;
         snprintf(t->resumed_from, sizeof t->resumed_from, "%s", dir);
         log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d)\n",
                  dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep);
+        if (!has_opt)
+            log_info("checkpoint: %s has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments "
+                     "restart from zero; the run is not an exact continuation (Adam's bias correction restarts with them: "
+                     "step count 1, not the saved %lld updates)\n", dir, (long long)updates);
         if ((gb && gb != t->cfg.train.global_batch) || (sl && sl != t->cfg.train.seq_len))
             log_info("checkpoint: note: saved with train.global_batch=%lld, seq_len=%lld; this run uses %d, %d: the data "
                      "position continues as step x global_batch, so the order differs from an uninterrupted run\n",

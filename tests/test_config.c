@@ -183,6 +183,53 @@ static void test_chains_and_precedence(void) {
     EXPECT(config_equal(&c, &before, NULL) && c.train.steps == before.train.steps, "failed load changes nothing");
 }
 
+// checkpoint.save_optimizer: a bool, default true; YAML and the command line; junk refused; printed
+// and read back; no interaction with the other checkpoint keys in validation.
+static void test_save_optimizer(void) {
+    Config c;
+    Err e = {{0}};
+    config_defaults(&c);
+    EXPECT(c.checkpoint.save_optimizer == 1, "checkpoint.save_optimizer defaults to true");
+    EXPECT(load_text(&c, "checkpoint:\n  save_optimizer: false\n", &e) == 0 && c.checkpoint.save_optimizer == 0,
+           "YAML false: %s", e.msg);
+    EXPECT(load_text(&c, "checkpoint:\n  save_optimizer: true\n", &e) == 0 && c.checkpoint.save_optimizer == 1,
+           "YAML true: %s", e.msg);
+    config_defaults(&c);
+    EXPECT(config_override(&c, "checkpoint.save_optimizer=false", &e) == 0 && c.checkpoint.save_optimizer == 0,
+           "override false: %s", e.msg);
+    EXPECT(config_override(&c, "checkpoint.save_optimizer=yes", &e) == 0 && c.checkpoint.save_optimizer == 1,
+           "override yes: %s", e.msg);
+    EXPECT(load_text(&c, "checkpoint:\n  save_optimizer: sometimes\n", &e) == -1 &&
+               strstr(e.msg, "t.yaml:2:") && strstr(e.msg, "checkpoint.save_optimizer: expected true or false, got 'sometimes'"),
+           "YAML non-bool refused: %s", e.msg);
+    config_defaults(&c);
+    EXPECT(config_override(&c, "checkpoint.save_optimizer=2", &e) == -1 &&
+               strstr(e.msg, "checkpoint.save_optimizer: expected true or false, got '2'") && c.checkpoint.save_optimizer == 1,
+           "override non-bool refused, value kept: %s", e.msg);
+    EXPECT(load_text(&c, "checkpoint:\n  save_optimizer:\n", &e) == -1 && strstr(e.msg, "missing value"),
+           "empty value refused: %s", e.msg);
+    EXPECT(load_text(&c, "checkpoint:\n  save_optimiser: false\n", &e) == -1 && strstr(e.msg, "did you mean checkpoint.save_optimizer"),
+           "misspelling suggests the key: %s", e.msg);
+    // printed (so stored in trainer_state.yaml's config: block) and read back
+    config_defaults(&c);
+    config_override(&c, "checkpoint.save_optimizer=false", &e);
+    char* text = NULL;
+    size_t n = 0;
+    FILE* f = open_memstream(&text, &n);
+    config_print(&c, f);
+    fclose(f);
+    EXPECT(text && strstr(text, "  save_optimizer: false"), "printed in the checkpoint section");
+    Config b;
+    config_defaults(&b);
+    EXPECT(config_load_string(&b, text, n, "<printed>", &e) == 0 && b.checkpoint.save_optimizer == 0, "read back: %s", e.msg);
+    free(text);
+    // no interaction in validation: valid with or without a directory, with checkpoint.required
+    EXPECT(config_validate(&c, 1, &e) == 0 && config_validate_run(&c, &e) == 0, "valid without checkpoint.dir: %s", e.msg);
+    config_override(&c, "checkpoint.required=true", &e);
+    config_override(&c, "checkpoint.dir=/tmp/x", &e);
+    EXPECT(config_validate_run(&c, &e) == 0, "valid with checkpoint.required and a dir: %s", e.msg);
+}
+
 static void test_roundtrip(void) {
     Config a, b;
     Err e = {{0}};
@@ -283,7 +330,7 @@ static void test_yaml_errors(void) {
         {"train:\n  steps: 1\n---\ntrain:\n  steps: 2\n", {"t.yaml:4:1: a config file holds one YAML document"}},
         {"defaults: no_such_config_xyz\n",
          {"t.yaml:1:11: defaults: config 'no_such_config_xyz' not found", "configs/no_such_config_xyz.yaml",
-          "available configs: L0_sanity, L1_8x7B_ep, bench_8x7B_L2"}},
+          "available configs: L0_sanity, L1_8x7B_ep, bench_8x7B_L2, bench_8x7B_L4"}},
         {"defaults: [L0_sanity, {a: 1}]\n", {"defaults: expected a config name"}},
         {"defaults: a\ndefaults: b\n", {"t.yaml:2:1: defaults: given twice"}},
         {"data:\n  path: \"a\\0b\"\n", {"data.path: the value contains a NUL character"}},
@@ -382,7 +429,7 @@ static void test_find(void) {
     EXPECT(config_find("L0_sanity", p, sizeof p, &e) == 0 && !strcmp(p, "configs/L0_sanity.yaml"), "NAME in ./configs");
     EXPECT(config_find("no_such_cfg", p, sizeof p, &e) == -1 && strstr(e.msg, "config 'no_such_cfg' not found") &&
                strstr(e.msg, "configs/no_such_cfg.yaml") && strstr(e.msg, "/share/moetrain/configs/no_such_cfg.yaml") &&
-               strstr(e.msg, "available configs: L0_sanity, L1_8x7B_ep, bench_8x7B_L2"),
+               strstr(e.msg, "available configs: L0_sanity, L1_8x7B_ep, bench_8x7B_L2, bench_8x7B_L4"),
            "not found lists places and names: %s", e.msg);
     // an install prefix: $MOETRAIN_PREFIX/share/moetrain/configs
     char pre[600];
@@ -526,6 +573,7 @@ int main(int argc, char** argv) {
     RUN(test_defaults);
     RUN(test_shipped);
     RUN(test_chains_and_precedence);
+    RUN(test_save_optimizer);
     RUN(test_roundtrip);
     RUN(test_yaml_errors);
     RUN(test_override_and_layout_errors);

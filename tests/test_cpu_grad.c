@@ -397,6 +397,9 @@ static void test_forced_exchange(void) {
                        .z_scale = c.z_coef};
         StepLoss l = model_step(&m, &a);
         loss[v] = l.ce_sum + l.aux + l.z;
+        if (v == 0)  // at EP = 1 the MoE arenas are planned exactly (N·k rows, no slack): no growth
+            EXPECT(m.bump.grown == 0 && m.tmp.grown == 0, "MoE arenas grew at EP = 1 (saved %zu, scratch %zu chunks)",
+                   m.bump.grown, m.tmp.grown);
         for (int ar = 0; ar < 2; ar++) {
             g[v][ar] = xmalloc(sizeof(float) * m.numel[ar]);
             memcpy(g[v][ar], m.grad[ar], sizeof(float) * m.numel[ar]);

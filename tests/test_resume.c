@@ -12,8 +12,15 @@
 //   keep / every      checkpoint.every and checkpoint.keep: older ones pruned, latest newest
 //   eval              `moetrain eval --ckpt` prints the final validation loss of training
 //                     (checkpoint and exported Hugging Face directory)
+//   weight-only       checkpoint.save_optimizer=false: the masters alone (names, bits, a third
+//                     of the bytes, optimizer_state: false); inspect / export / eval work on it;
+//                     resume logs the line, continues at step 3 with m = v = 0 and Adam's step
+//                     count at 1, and runs bit for bit like the full checkpoint resumed with its
+//                     moments zeroed; the first update is a fresh Adam step (|Δw| = lr)
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <sys/stat.h>
 
 #include "comm.h"
@@ -310,6 +317,230 @@ static void test_eval_cmd(void) {
     EXPECT(run_eval(args, got, sizeof got) == 2, "eval of a missing checkpoint exits 2");
 }
 
+static int allzero(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0) return 0;
+    return 1;
+}
+
+static long file_size(const char* path) {
+    struct stat st;
+    return stat(path, &st) ? -1 : (long)st.st_size;
+}
+
+// Reads a whole file (at most n - 1 bytes) into out.
+static void read_text(const char* path, char* out, size_t n) {
+    out[0] = 0;
+    FILE* f = fopen(path, "r");
+    if (!f) return;
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = 0;
+    fclose(f);
+}
+
+// init() with stdout (log_info) going to a file.
+static int init_logged(Trainer* t, const char* const* extra, int n, const char* log, Err* e) {
+    fflush(stdout);
+    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1), close(fd);
+    int rc = init(t, extra, n, e);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    return rc;
+}
+
+static const char* const NO_OPT_LINE =
+    "has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments restart from zero; the run is "
+    "not an exact continuation";
+
+// Needs test_exact_resume's b/step_00000003 (full state) and la/metrics.jsonl (6 steps straight).
+static void test_weight_only(void) {
+    char w1[300], w2[300], p[600], q[600];
+    snprintf(w1, sizeof w1, "checkpoint.dir=%s/w", g_dir);
+    snprintf(w2, sizeof w2, "log.dir=%s/lw", g_dir);
+    Err e = {{0}};
+    Trainer W;
+    const char* ew[] = {w1, w2, "checkpoint.save_optimizer=false"};
+    EXPECT(init(&W, ew, 3, &e) == 0, "init W: %s", e.msg);
+    W.stop_at = 3;
+    int rc = trainer_run(&W);
+    EXPECT(rc == EXIT_PREEMPTED && W.step == 3, "W stops after step 3 (exit %d, step %d)", rc, W.step);
+    trainer_free(&W);
+
+    // contents: exactly the master tensors, bit for bit those of the full checkpoint of step 3
+    char wd[400], bd[400];
+    snprintf(wd, sizeof wd, "%s/w/step_00000003", g_dir);
+    snprintf(bd, sizeof bd, "%s/b/step_00000003", g_dir);
+    Ckpt *cw = NULL, *cb = NULL;
+    EXPECT(ckpt_open(&cw, wd, &e) == 0, "open %s: %s", wd, e.msg);
+    EXPECT(ckpt_open(&cb, bd, &e) == 0, "open %s: %s", bd, e.msg);
+    if (!cw || !cb) {
+        if (cw) ckpt_close(cw);
+        if (cb) ckpt_close(cb);
+        return;
+    }
+    int nmodel = 0;
+    for (int i = 0; i < ckpt_num_tensors(cb); i++) nmodel += strncmp(ckpt_tensor_name(cb, i), "optim.", 6) != 0;
+    EXPECT(nmodel == 41 && ckpt_num_tensors(cb) == 3 * nmodel, "full: 41 masters + 82 moments (%d of %d)", nmodel,
+           ckpt_num_tensors(cb));
+    EXPECT(ckpt_num_tensors(cw) == nmodel, "weight-only: %d tensors, %d masters", ckpt_num_tensors(cw), nmodel);
+    int bad = 0, opt = 0;
+    for (int i = 0; i < ckpt_num_tensors(cw); i++) {
+        const char* nm = ckpt_tensor_name(cw, i);
+        opt += strncmp(nm, "optim.", 6) == 0;
+        int nd = 0;
+        int64_t shp[8];
+        if (!ckpt_has(cb, nm) || ckpt_tensor_shape(cw, nm, &nd, shp)) {
+            bad++;
+            continue;
+        }
+        size_t numel = 1;
+        for (int d = 0; d < nd; d++) numel *= (size_t)shp[d];
+        float* x = xmalloc(sizeof(float) * numel);
+        float* y = xmalloc(sizeof(float) * numel);
+        bad += ckpt_read(cw, nm, x, nd, shp, &e) || ckpt_read(cb, nm, y, nd, shp, &e) || memcmp(x, y, sizeof(float) * numel);
+        free(x);
+        free(y);
+    }
+    EXPECT(opt == 0 && bad == 0, "no optim.* tensors (%d); every master as in the full checkpoint (%d differ)", opt, bad);
+    EXPECT(strstr(ckpt_trainer_state(cw), "\noptimizer_state: false\n") && strstr(ckpt_trainer_state(cw), "save_optimizer: false"),
+           "trainer_state.yaml says optimizer_state: false");
+    EXPECT(strstr(ckpt_trainer_state(cb), "\noptimizer_state: true\n"), "the full one says optimizer_state: true");
+    snprintf(p, sizeof p, "%s/rank_00000.safetensors", wd);
+    snprintf(q, sizeof q, "%s/rank_00000.safetensors", bd);
+    const double ratio = (double)file_size(p) / (double)file_size(q);
+    EXPECT(file_size(p) > 0 && ratio > 0.32 && ratio < 0.35, "weight-only file is a third of the full one (%ld / %ld = %.4f)",
+           file_size(p), file_size(q), ratio);
+
+    // export: the same Hugging Face directory as the full checkpoint's
+    char hw[400], hb[400];
+    snprintf(hw, sizeof hw, "%s/hf_w", g_dir);
+    snprintf(hb, sizeof hb, "%s/hf_b3", g_dir);
+    Config c;
+    tiny_config(&c, NULL, 0, &e);
+    EXPECT(hf_export(cw, &c.model, hw, DTYPE_F32, &e) == 0, "export weight-only: %s", e.msg);
+    EXPECT(hf_export(cb, &c.model, hb, DTYPE_F32, &e) == 0, "export full: %s", e.msg);
+    EXPECT(sh("diff -r '%s' '%s' > /dev/null", hw, hb) == 0, "the exports are identical");
+    ckpt_close(cw);
+    ckpt_close(cb);
+
+    // inspect: OK, no optim group
+    if (access(g_bin, X_OK) == 0) {
+        char out[400], text[8192], want[64];
+        snprintf(out, sizeof out, "%s/inspect_w.out", g_dir);
+        EXPECT(sh("%s inspect %s > %s 2>&1", g_bin, wd, out) == 0, "inspect of the weight-only checkpoint exits 0");
+        read_text(out, text, sizeof text);
+        snprintf(want, sizeof want, "  %-6s %8lld tensors", "optim", 0LL);
+        EXPECT(strstr(text, want) && strstr(text, "result: OK"), "inspect: no optimizer tensors, OK:\n%s", text);
+        // eval: the same loss as the full checkpoint of the same step
+        char gw[64], gb[64], args[500];
+        snprintf(args, sizeof args, "--ckpt %s", wd);
+        EXPECT(run_eval(args, gw, sizeof gw) == 0 && gw[0], "eval of the weight-only checkpoint: '%s'", gw);
+        snprintf(args, sizeof args, "--ckpt %s", bd);
+        EXPECT(run_eval(args, gb, sizeof gb) == 0 && !strcmp(gw, gb), "eval: weight-only '%s', full '%s'", gw, gb);
+    } else {
+        EXPECT(0, "%s is not built", g_bin);
+    }
+
+    // resume: D from the weight-only checkpoint (resume=auto), R from the full one with its
+    // moments and Adam step count reset by hand — what a fresh-moment run is.
+    Trainer D, R;
+    char dlog[400];
+    snprintf(dlog, sizeof dlog, "%s/d.out", g_dir);
+    const char* ed[] = {w1, w2, "checkpoint.resume=auto"};
+    EXPECT(init_logged(&D, ed, 3, dlog, &e) == 0, "init D: %s", e.msg);
+    char text[8192];
+    read_text(dlog, text, sizeof text);
+    EXPECT(strstr(text, NO_OPT_LINE) != NULL, "the resume logs the line:\n%s", text);
+    EXPECT(D.step == 3 && D.updates == 0 && D.tokens == 3 * 8 * 16 && strstr(D.resumed_from, "w/step_00000003"),
+           "D resumes at step 3, Adam step count 0 (step %d, updates %lld, tokens %lld, from '%s')", D.step,
+           (long long)D.updates, (long long)D.tokens, D.resumed_from);
+    int zero = 1;
+    for (int a = 0; a < 2; a++) zero &= allzero(D.opt.sh[a].m, D.opt.sh[a].n) && allzero(D.opt.sh[a].v, D.opt.sh[a].n);
+    EXPECT(zero, "Adam m and v are zero at the start");
+    char r1[500], r2[400], r3[400], rlog[400];
+    snprintf(r1, sizeof r1, "checkpoint.resume=%s", bd);
+    snprintf(r2, sizeof r2, "checkpoint.dir=%s/r", g_dir);
+    snprintf(r3, sizeof r3, "log.dir=%s/lr", g_dir);
+    snprintf(rlog, sizeof rlog, "%s/r.out", g_dir);
+    const char* er[] = {r1, r2, r3};
+    EXPECT(init_logged(&R, er, 3, rlog, &e) == 0 && R.step == 3 && R.updates == 3, "init R: %s", e.msg);
+    read_text(rlog, text, sizeof text);
+    EXPECT(!strstr(text, "has no optimizer state"), "a full checkpoint does not log the line");
+    EXPECT(nonzero(R.opt.sh[1].v, R.opt.sh[1].n / 2), "R has its moments before the reset");
+    for (int a = 0; a < 2; a++) {
+        memset(R.opt.sh[a].m, 0, sizeof(float) * R.opt.sh[a].n);
+        memset(R.opt.sh[a].v, 0, sizeof(float) * R.opt.sh[a].n);
+    }
+    R.updates = 0;
+    const char* what = "";
+    EXPECT(arena_eq(&D, &R, &what), "at the start: %s differ", what);
+    EXPECT(trainer_run(&D) == EXIT_OK && D.step == 6 && D.updates == 3, "D finishes (step %d, updates %lld)", D.step,
+           (long long)D.updates);
+    EXPECT(trainer_run(&R) == EXIT_OK && R.step == 6, "R finishes");
+    EXPECT(isfinite(D.last_loss) && memcmp(&D.last_loss, &R.last_loss, sizeof(double)) == 0, "last loss %.17g vs %.17g",
+           D.last_loss, R.last_loss);
+    EXPECT(arena_eq(&D, &R, &what), "final %s differ", what);
+    trainer_free(&D);
+    trainer_free(&R);
+    // traces: D's steps 4..6 are R's; step 4 (weights of step 3, before any update) is the
+    // uninterrupted run's, step 5 is not (the moments differ)
+    char *td[16], *tr[16], *ta[16];
+    snprintf(p, sizeof p, "%s/lw/metrics.jsonl", g_dir);
+    int nd = read_trace(p, td, 16);
+    snprintf(p, sizeof p, "%s/lr/metrics.jsonl", g_dir);
+    int nr = read_trace(p, tr, 16);
+    snprintf(p, sizeof p, "%s/la/metrics.jsonl", g_dir);
+    int na = read_trace(p, ta, 16);
+    EXPECT(nd == 6 && nr == 3 && na == 6, "metrics lines: D %d, R %d, A %d", nd, nr, na);
+    if (nd == 6 && nr == 3 && na == 6) {
+        for (int i = 0; i < 3; i++) EXPECT(strcmp(td[3 + i], tr[i]) == 0, "step %d:\n%s%s", 4 + i, td[3 + i], tr[i]);
+        for (int i = 0; i < 4; i++) EXPECT(strcmp(td[i], ta[i]) == 0, "step %d equals the uninterrupted run's", i + 1);
+        EXPECT(strcmp(td[4], ta[4]) != 0, "step 5 differs from the uninterrupted run's (fresh moments)");
+    }
+    free_trace(td, nd > 0 ? nd : 0);
+    free_trace(tr, nr > 0 ? nr : 0);
+    free_trace(ta, na > 0 ? na : 0);
+
+    // The first update after the resume is a fresh Adam step: with Adam's step count at 1,
+    // m̂ = g and v̂ = g², so each weight moves by lr·g/(|g| + eps) (weight decay off here).
+    // Continuing the saved count (4) would move it by 0.56 lr (β1 0.9, β2 0.95).
+    Trainer F;
+    char f1[500], f2[400];
+    snprintf(f1, sizeof f1, "checkpoint.resume=%s", wd);
+    snprintf(f2, sizeof f2, "checkpoint.dir=%s/f", g_dir);
+    const char* ef[] = {f1, f2, "optim.weight_decay=0"};
+    EXPECT(init(&F, ef, 3, &e) == 0 && F.step == 3 && F.updates == 0, "init F: %s", e.msg);
+    float* w0[2];
+    for (int a = 0; a < 2; a++) {
+        w0[a] = xmalloc(sizeof(float) * F.opt.sh[a].n + 1);
+        memcpy(w0[a], F.opt.sh[a].master, sizeof(float) * F.opt.sh[a].n);
+    }
+    F.stop_at = 4;
+    EXPECT(trainer_run(&F) == EXIT_PREEMPTED && F.step == 4 && F.updates == 1, "F runs one step (step %d)", F.step);
+    const double lr = optim_lr(&F.cfg.optim, F.cfg.train.steps, 3);
+    const double b1 = F.cfg.optim.beta1, b2 = F.cfg.optim.beta2, eps = F.cfg.optim.eps;
+    size_t n = 0, ok = 0, unit = 0;
+    double worst = 0;
+    for (int a = 0; a < 2; a++) {
+        const OptShard* s = &F.opt.sh[a];
+        for (size_t i = 0; i < s->n; i++) {
+            const double g = s->m[i] / (1 - b1), ag = sqrt(s->v[i] / (1 - b2));  // m = (1-β1) g, v = (1-β2) g²
+            if (ag < 1e-4) continue;                                               // eps matters, or padding
+            const double u = ((double)w0[a][i] - s->master[i]) / lr, want = g / (ag + eps);
+            n++;
+            ok += fabs(u - want) < 1e-3;
+            unit += fabs(fabs(u) - 1) < 1e-3;
+            if (fabs(u - want) > worst) worst = fabs(u - want);
+        }
+        free(w0[a]);
+    }
+    EXPECT(n > 10000 && ok == n && unit == n, "first update = lr·g/|g| for %zu of %zu weights (|u| = 1: %zu; worst %.3g)",
+           ok, n, unit, worst);
+    trainer_free(&F);
+}
+
 static void test_validate_run(void) {
     Config c;
     Err e = {{0}};
@@ -339,6 +570,7 @@ int main(int argc, char** argv) {
     RUN(test_export_init_from);
     RUN(test_keep_every);
     RUN(test_eval_cmd);
+    RUN(test_weight_only);
     if (!t_failed) sh("rm -rf '%s'", g_dir);
     else fprintf(stderr, "test_resume: files kept in %s\n", g_dir);
     dist_finalize();
