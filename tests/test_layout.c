@@ -1,4 +1,5 @@
 // test_layout.c — layout invariance under mpirun: the same global batch trained at world 1,
+// EP=8 (one expert per rank, 8 ranks: the L1_8x7B_ep layout on a tiny model),
 // EP=2, EP=4, EP=2 x EDP=2, and with ZeRO-1 off, gives the same loss trace. Each run keeps
 // micro_batch x world = 16 sequences, so the global micro-batch (and with it the aux loss)
 // is the same in every layout.
@@ -68,6 +69,16 @@ static void test_accumulation(void) {
     for (int i = 0; i < STEPS; i++) EXPECT(fabs(a[i] - b[i]) <= TOL * fabs(a[i]), "accumulation step %d: %.7f vs %.7f", i + 1, b[i], a[i]);
 }
 
+// The headline layout, EP = 8 with one expert per rank (L1_8x7B_ep's), on a tiny 8-expert model:
+// 8 ranks × micro-batch 2 against one process × 16.
+static void test_ep8(void) {
+    double a[STEPS], b[STEPS];
+    EXPECT(run("e8ref", 1, "model.experts=8 parallel.ep=1 train.micro_batch=16", a) == 0, "8-expert world-1 run");
+    EXPECT(run("ep8", 8, "model.experts=8 parallel.ep=8 train.micro_batch=2", b) == 0, "EP=8 run");
+    for (int i = 0; i < STEPS; i++)
+        EXPECT(fabs(a[i] - b[i]) <= TOL * fabs(a[i]), "EP=8 step %d: loss %.7f vs world-1 %.7f", i + 1, b[i], a[i]);
+}
+
 int main(void) {
     RUN(test_world1);
     RUN(test_ep2);
@@ -75,6 +86,7 @@ int main(void) {
     RUN(test_ep2_edp2);
     RUN(test_zero1_off);
     RUN(test_accumulation);
+    RUN(test_ep8);
     if (system("rm -rf /tmp/moetrain_layout_*")) {}
     TEST_END();
 }
