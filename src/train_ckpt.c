@@ -154,7 +154,7 @@ int trainer_save(Trainer* t, Err* e) {
                 }
             }
         free(host);
-        zero_grads(m);  // the staging held masters / moments; the next step accumulates from zero
+        zero_grads(m);  // the staging held masters / moments (the trainer overwrites; other callers add)
         rc = ckpt_save_finish(cs, e);
     }
     if (!rc) {
