@@ -107,7 +107,6 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     if (!on_gpu && cfg->precision.dtype != DTYPE_F32)
         log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
                  dtype_name(cfg->precision.dtype));
-    if (!t->be) return -1;
     t->comm = strcmp(t->be->name, "cuda") == 0 ? comm_nccl_create(cfg->parallel.ep, cuda_backend_stream(t->be))
                                                : comm_mpi_create(cfg->parallel.ep);
     CHECK(t->comm, "could not create the communicator");
