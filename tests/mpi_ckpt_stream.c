@@ -337,11 +337,7 @@ int main(int argc, char** argv) {
     int world;
     g_rank = dist_init(&argc, &argv, &world);
     alarm(300);  // a hang is a failure (no summary line), not a stuck suite
-    if (g_rank == 0) {
-        const char* tmp = getenv("TMPDIR");
-        snprintf(g_dir, sizeof g_dir, "%s/mpi_ckpt_stream_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        CHECK(mkdtemp(g_dir), "mkdtemp failed");
-    }
+    if (g_rank == 0) scratch_dir(g_dir, sizeof g_dir, "mpi_ckpt_stream");
     MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     RUN(test_identical_ep2);
     RUN(test_identical_edp2_zero1);
@@ -349,10 +345,7 @@ int main(int argc, char** argv) {
     RUN(test_write_failure);
     int failed = t_failed;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0) {
-        if (!failed) sh("rm -rf '%s'", g_dir);
-        else fprintf(stderr, "mpi_ckpt_stream: files kept in %s\n", g_dir);
-    }
+    if (g_rank == 0) scratch_done(g_dir, "mpi_ckpt_stream", failed);
     printf("%d passed, %d failed\n", t_passed, t_failed);
     fflush(stdout);
     dist_finalize();

@@ -90,20 +90,13 @@ static void test_exact_ep1_edp2(void) {
 int main(int argc, char** argv) {
     int world;
     g_rank = dist_init(&argc, &argv, &world);
-    if (g_rank == 0) {
-        const char* tmp = getenv("TMPDIR");
-        snprintf(g_dir, sizeof g_dir, "%s/mpi_resume_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        CHECK(mkdtemp(g_dir), "mkdtemp failed");
-    }
+    if (g_rank == 0) scratch_dir(g_dir, sizeof g_dir, "mpi_resume");
     MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     RUN(test_exact_ep2);
     RUN(test_exact_ep1_edp2);
     int failed = t_failed;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0) {
-        if (!failed) sh("rm -rf '%s'", g_dir);
-        else fprintf(stderr, "mpi_resume: files kept in %s\n", g_dir);
-    }
+    if (g_rank == 0) scratch_done(g_dir, "mpi_resume", failed);
     printf("%d passed, %d failed\n", t_passed, t_failed);
     fflush(stdout);
     dist_finalize();

@@ -317,16 +317,13 @@ int main(int argc, char** argv) {
             g_tok[b * T + t] = ids[b * T + t];
             g_tgt[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -1;
         }
-    const char* tmp = getenv("TMPDIR");
-    snprintf(g_tmp, sizeof g_tmp, "%s/test_export_golden_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    CHECK(mkdtemp(g_tmp), "mkdtemp failed");
+    scratch_dir(g_tmp, sizeof g_tmp, "test_export_golden");
     RUN(test_forward);
     RUN(test_export);
     RUN(test_export_bits);
     RUN(test_cli_export);
     RUN(test_reload_forward);
-    if (!t_failed) sh("rm -rf '%s'", g_tmp);
-    else fprintf(stderr, "test_export_golden: files kept in %s\n", g_tmp);
+    scratch_done(g_tmp, "test_export_golden", t_failed);
     if (g_exported)
         printf("     for transformers: python3 scripts/hf_check.py %s %s\n", g_out, FIXTURE);
     dist_finalize();

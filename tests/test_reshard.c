@@ -82,21 +82,14 @@ static void test_back_to_ep2(void) {
 }
 
 int main(int argc, char** argv) {
-    moetrain_path(argv[0], g_bin, sizeof g_bin);
-    if (chdir_repo(g_bin) || access(g_bin, X_OK)) {
-        printf("FAIL: %s is not built\n0 passed, 1 failed\n", g_bin);
-        return 1;
-    }
-    const char* tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_reshard_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    CHECK(mkdtemp(g_dir), "mkdtemp failed");
+    if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
+    scratch_dir(g_dir, sizeof g_dir, "test_reshard");
     RUN(test_reference);
     RUN(test_ep4);
     RUN(test_ep2_edp2);
     RUN(test_ep2_edp2_nozero);
     RUN(test_world1);
     RUN(test_back_to_ep2);
-    if (!t_failed) sh("rm -rf '%s'", g_dir);
-    else fprintf(stderr, "test_reshard: files kept in %s\n", g_dir);
+    scratch_done(g_dir, "test_reshard", t_failed);
     TEST_END();
 }

@@ -561,9 +561,7 @@ int main(int argc, char** argv) {
     moetrain_path(argv[0], g_bin, sizeof g_bin);
     int world;
     dist_init(&argc, &argv, &world);
-    const char* tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_resume_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    CHECK(mkdtemp(g_dir), "mkdtemp failed");
+    scratch_dir(g_dir, sizeof g_dir, "test_resume");
     RUN(test_validate_run);
     RUN(test_exact_resume);
     RUN(test_bad_checkpoints);
@@ -571,8 +569,7 @@ int main(int argc, char** argv) {
     RUN(test_keep_every);
     RUN(test_eval_cmd);
     RUN(test_weight_only);
-    if (!t_failed) sh("rm -rf '%s'", g_dir);
-    else fprintf(stderr, "test_resume: files kept in %s\n", g_dir);
+    scratch_done(g_dir, "test_resume", t_failed);
     dist_finalize();
     TEST_END();
 }

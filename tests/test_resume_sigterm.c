@@ -183,17 +183,10 @@ static void test_eval(void) {
 }
 
 int main(int argc, char** argv) {
-    moetrain_path(argv[0], g_bin, sizeof g_bin);
-    if (chdir_repo(g_bin) || access(g_bin, X_OK)) {
-        printf("FAIL: %s is not built\n0 passed, 1 failed\n", g_bin);
-        return 1;
-    }
-    const char* tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_sigterm_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    CHECK(mkdtemp(g_dir), "mkdtemp failed");
+    if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
+    scratch_dir(g_dir, sizeof g_dir, "test_sigterm");
     RUN(test_sigterm_resume);
     RUN(test_eval);
-    if (!t_failed) sh("rm -rf '%s'", g_dir);
-    else fprintf(stderr, "test_resume_sigterm: files kept in %s\n", g_dir);
+    scratch_done(g_dir, "test_resume_sigterm", t_failed);
     TEST_END();
 }

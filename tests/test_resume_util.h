@@ -159,3 +159,27 @@ static inline int chdir_repo(const char* bin) {
     if (slash) *slash = 0;  // repository
     return chdir(d);
 }
+
+// A scratch directory TMPDIR/NAME_XXXXXX (or /tmp) into dir[n]; aborts when it cannot be made.
+static inline void scratch_dir(char* dir, size_t n, const char* name) {
+    const char* tmp = getenv("TMPDIR");
+    snprintf(dir, n, "%s/%s_XXXXXX", tmp && tmp[0] ? tmp : "/tmp", name);
+    CHECK(mkdtemp(dir), "mkdtemp %s failed", dir);
+}
+
+// Removes the scratch directory when every test passed, else says where its files are.
+static inline void scratch_done(const char* dir, const char* name, int failed) {
+    if (!failed) sh("rm -rf '%s'", dir);
+    else fprintf(stderr, "%s: files kept in %s\n", name, dir);
+}
+
+// For tests that run the binary: finds BUILD/moetrain (moetrain_path) and goes to the repository
+// root. Returns 0, or prints the failure summary line and returns 1.
+static inline int find_moetrain(const char* argv0, char* bin, size_t n) {
+    moetrain_path(argv0, bin, n);
+    if (chdir_repo(bin) || access(bin, X_OK)) {
+        printf("FAIL: %s is not built\n0 passed, 1 failed\n", bin);
+        return 1;
+    }
+    return 0;
+}
