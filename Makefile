@@ -31,6 +31,10 @@ LDLIBS := -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lz -lm -fopenmp
 GENCODE := -gencode=arch=compute_$(SM),code=sm_$(SM)
 NVFLAGS := -O3 -std=c++17 -Isrc -Icuda $(GENCODE) -Xcompiler -fPIC -lineinfo \
            --expt-relaxed-constexpr -MMD -MP
+# the wgmma attention kernels are built only for sm_90a (cuda/wgmma.cuh)
+ifeq ($(SM),90a)
+  NVFLAGS += -DMOETRAIN_SM90A=1
+endif
 
 SRC := $(wildcard src/*.c src/cpu/*.c)
 CMD := $(wildcard cmd/*.c)

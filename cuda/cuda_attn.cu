@@ -5,7 +5,8 @@
 // query rows of one (b, h) (4 warps × 16 rows; the Q fragments stay in registers) and walks the
 // 64-key tiles up to the diagonal: S = Q·Kᵀ (mma.sync m16n8k16, fp32 accumulate), online softmax
 // in the log2 domain in registers, P packed to bf16 straight into the A fragments of O += P·V.
-// Heavy (late) query tiles are scheduled first. fp32 act, or other head dims: a simple kernel,
+// Heavy (late) query tiles are scheduled first. On Hopper (sm_90a build) D = 64 and 128 take the
+// wgmma kernel in cuda_attn_fwd_wg.cu instead (MOETRAIN_ATTN=mma keeps this one). fp32 act, or other head dims: a simple kernel,
 // one warp per query row, fp32 math, same online softmax — correct, not fast.
 #include "cuda_attn.cuh"
 
@@ -161,6 +162,10 @@ static void launch_fwd_tc(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
     LAUNCH_CK(c);
 }
 
+// cuda_attn_fwd_wg.cu: the wgmma kernel (sm_90a), or 0 when it does not apply.
+int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                int Hq, int Hkv, int D);
+
 // ---- simple kernel: one warp per query row ---------------------------------------------------
 
 // Lane l holds dims l, l+32, ... (DPL per lane, D ≤ 32·DPL).
@@ -238,6 +243,7 @@ void cuda_attn_fwd(Backend* be, void* out, float* lse, const void* q, const void
     if (attn_tc_ok(be, D, ptrs, 4)) {
         bf16 *o = (bf16*)out;
         const bf16 *qq = (const bf16*)q, *kk = (const bf16*)k, *vv = (const bf16*)v;
+        if (attn_fwd_wg(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, D)) return;  // Hopper: cuda_attn_fwd_wg.cu
         switch (D) {
             case 16: launch_fwd_tc<16>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
             case 32: launch_fwd_tc<32>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;

@@ -7,8 +7,9 @@
 // Δ is computed first into scratch ([B, Hq, T] fp32, in batch chunks when it does not fit).
 //
 // bf16, D ∈ {16, 32, 64, 128}: tensor cores (mma.sync m16n8k16), as in cuda_attn.cu; the dS and
-// P fragments are packed to bf16 and fed to the next product from registers. Otherwise simple
-// warp-per-row kernels in fp32.
+// P fragments are packed to bf16 and fed to the next product from registers. On Hopper (sm_90a
+// build) D = 64 and 128 take the wgmma kernels in cuda_attn_bwd_wg.cu instead (MOETRAIN_ATTN=mma
+// keeps these). Otherwise simple warp-per-row kernels in fp32.
 #include "cuda_attn.cuh"
 
 enum { BW_THREADS = 128, DQ_BR = 64, DQ_BC = 64, KV_BC = 64, KV_BQ = 32 };
@@ -300,6 +301,10 @@ static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
     LAUNCH_CK(c);
 }
 
+// cuda_attn_bwd_wg.cu: the wgmma kernels (sm_90a), or 0 when they do not apply.
+int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
+                const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D);
+
 // ---- simple kernels: one warp per output row -------------------------------------------------
 
 template <typename T, int DPL>
@@ -419,6 +424,9 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
         char *q_ = (char*)q + oq, *k_ = (char*)k + ok, *v_ = (char*)v + ok, *o_ = (char*)out + oq;
         char *g_ = (char*)dout + oq, *dq_ = (char*)dq + oq, *dk_ = (char*)dk + ok, *dv_ = (char*)dv + ok;
         attn_delta(be, delta, g_, o_, nb, T, Hq, D);
+        if (tc && attn_bwd_wg(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_,
+                              (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D))
+            continue;  // Hopper: cuda_attn_bwd_wg.cu
         if (tc) {
 #define TC(DD) launch_bwd_tc<DD>(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_, \
                                  (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv)

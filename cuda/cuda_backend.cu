@@ -340,6 +340,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     CudaImpl* c = (CudaImpl*)xcalloc(1, sizeof *c);
     c->device = device;
     c->sms = prop.multiProcessorCount;
+    c->cc_major = prop.major;
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
     c->debug_sync = dbg && dbg[0] == '1';
     CUDA_CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

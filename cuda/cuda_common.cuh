@@ -51,6 +51,7 @@ typedef struct AllocMap {
 typedef struct CudaImpl {
     int device;
     int sms;                 // multiprocessor count
+    int cc_major;            // compute capability (9 on Hopper)
     int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
     cudaStream_t stream;     // the one stream every op runs on
     cublasLtHandle_t lt;

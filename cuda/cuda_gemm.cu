@@ -250,3 +250,67 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
                  dB + g->b_stride * i, 2);
     }
 }
+
+// ---- survey (bench only): the heuristic's candidates for one shape, each timed ----------------
+// What the heuristic's first pick (the one gemm_run uses) costs against its other candidates at
+// an exact shape; prints one line per candidate. A measurement tool for the bench, not an op.
+extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
+                                 const char* label) {
+    CudaImpl* c = CI(be);
+    const int M = d->M, N = d->N, K = d->K;
+    GemmKey k;
+    memset(&k, 0, sizeof k);
+    k.M = M, k.N = N, k.K = K, k.ta = d->trans_a != 0, k.tb = d->trans_b != 0;
+    k.lda = d->lda ? d->lda : (d->trans_a ? M : K);
+    k.ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
+    k.ldc = d->ldc ? d->ldc : N;
+    k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
+    GemmPlan p;
+    plan_build(c, &p, &k);  // the layouts and descriptor; p.algo is the first pick
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = c->lt_ws_bytes;
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int nres = 0;
+    if (max_algos > 16) max_algos = 16;
+    CUBLAS_CK(cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.la, p.lb, p.lc, p.lc, pref, max_algos, res, &nres));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cudaEvent_t e0, e1;
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
+    const float alpha = d->alpha, beta = d->beta;
+    for (int i = 0; i < nres; i++) {
+        int tile = 0, stages = 0, splitk = 0, swz = 0, cluster = 0;
+        size_t w;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                             sizeof cluster, &w);
+        float ms = 0;
+        const int reps = 5;
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        for (int r = -1; r < reps && s == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 0) CUDA_CK(cudaEventRecord(e0, c->stream));
+            s = cublasLtMatmul(c->lt, p.op, &alpha, B, p.la, A, p.lb, &beta, C, p.lc, C, p.lc, &res[i].algo, c->lt_ws,
+                               c->lt_ws_bytes, c->stream);
+        }
+        CUDA_CK(cudaEventRecord(e1, c->stream));
+        CUDA_CK(cudaEventSynchronize(e1));
+        if (s == CUBLAS_STATUS_SUCCESS) CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        printf("survey %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2d  %8.3f ms %6.1f "
+               "TFLOP/s%s\n",
+               label, M, N, K, i, tile, stages, splitk, swz, cluster, ms, s ? 0.0 : 2.0 * M * N * K / ms / 1e9,
+               s ? " (refused)" : "");
+    }
+    fflush(stdout);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cublasLtMatrixLayoutDestroy(p.la);
+    cublasLtMatrixLayoutDestroy(p.lb);
+    cublasLtMatrixLayoutDestroy(p.lc);
+    cublasLtMatmulDescDestroy(p.op);
+}

@@ -17,10 +17,14 @@
 #   HF_CONFIG=8x7B-L2    the baseline's config name (must match bench_8x7B_L2's dimensions)
 #   HF_BASELINE=path     hf_mixtral_baseline.py; else the first of .bench/, ../shared/bench/,
 #                        shared/bench/ that has it (see "On the lent GPU machine" below)
+#   HF_BATCH=1           one baseline process per variant for all sizes (saves the torch start per
+#                        size; an OOM or crash loses that variant's remaining sizes, which are
+#                        then reported as failed)
 #   HF_RESULTS=file      reuse baseline JSON lines from an earlier run instead of running it
 #   OURS=0               skip moetrain (baseline only)
 #   CONFIG=bench_8x7B_L2 moetrain config; ARGS="k=v ..." extra overrides for every run
-#   LAUNCH="scripts/mpirun.sh -np 1"   how moetrain is started
+#   LAUNCH=""            how moetrain is started (one rank needs no mpirun: on the lent machine
+#                        mpirun's start alone took ~80 s; e.g. LAUNCH="scripts/mpirun.sh -np 1")
 #   RUN_TIMEOUT=300      seconds per run (moetrain run, or one baseline call). Runs use
 #                        `timeout --foreground`: they stay in this script's process group, so
 #                        a caller that kills the group (a device call running out of time) takes
@@ -43,7 +47,7 @@ SEQ=${SEQ:-4096}
 HF_VARIANTS=${HF_VARIANTS-eager eager+compile default}
 HF_CONFIG=${HF_CONFIG:-8x7B-L2}
 CONFIG=${CONFIG:-bench_8x7B_L2}
-LAUNCH=${LAUNCH:-scripts/mpirun.sh -np 1}
+LAUNCH=${LAUNCH-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 OURS=${OURS:-1}
 OUT=${OUT:-build/bench/$(date +%Y%m%d-%H%M%S)}
@@ -97,12 +101,34 @@ elif [ -n "$HF_VARIANTS" ]; then
   if [ -z "$base" ] || [ ! -f "$base" ]; then
     say "no hf_mixtral_baseline.py (set HF_BASELINE, or copy it to .bench/ and carry .bench): skipping Hugging Face"
   else
+    if [ "${HF_BATCH:-0}" = 1 ]; then
+      for v in $HF_VARIANTS; do
+        plans=()
+        for seq in $SEQ; do for mbs in $MBS; do plans+=("$HF_CONFIG:$v:$mbs:$seq"); done; done
+        say "baseline ${plans[*]} ($base, one process)"
+        echo "==== $base ${plans[*]}" >>"$OUT/hf.log"
+        t0=$(date +%s)
+        PYTHONUNBUFFERED=1 timeout --foreground "$RUN_TIMEOUT" python3 "$base" "${plans[@]}" >"$OUT/hf_batch.log" 2>&1
+        rc=$?
+        cat "$OUT/hf_batch.log" >>"$OUT/hf.log"
+        say "  exit $rc after $(( $(date +%s) - t0 )) s"
+        for seq in $SEQ; do
+          for mbs in $MBS; do
+            line=$(grep '^{"config"' "$OUT/hf_batch.log" | grep "\"impl\": \"$v\"" | grep "\"mbs\": $mbs," | grep "\"seq\": $seq," | tail -1)
+            [ -z "$line" ] && line="{\"config\": \"$HF_CONFIG\", \"impl\": \"$v\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc, no result line\"}"
+            echo "$line" >>"$RES"
+            say "  $line"
+          done
+        done
+      done
+    else
     for seq in $SEQ; do
       for mbs in $MBS; do
         for v in $HF_VARIANTS; do
           # one process per variant: a crash or OOM in one (torch.compile) does not take the others
           say "baseline $HF_CONFIG:$v:$mbs:$seq ($base)"
           echo "==== $base $HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log"
+          t0=$(date +%s)
           PYTHONUNBUFFERED=1 timeout --foreground "$RUN_TIMEOUT" python3 "$base" "$HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log" 2>&1
           rc=$?
           line=$(awk '/^==== /{last=""} /^\{"config"/{last=$0} END{print last}' "$OUT/hf.log")
@@ -110,10 +136,11 @@ elif [ -n "$HF_VARIANTS" ]; then
             line="{\"config\": \"$HF_CONFIG\", \"impl\": \"$v\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc, no result line\"}"
           fi
           echo "$line" >>"$RES"
-          say "  $line"
+          say "  $line ($(( $(date +%s) - t0 )) s)"
         done
       done
     done
+    fi
   fi
 fi
 

@@ -3,7 +3,7 @@
 #
 #   run(command="scripts/gpu_all.sh", carry=["build", ".bench"])     (build here first: make all test-gpu-build)
 #
-# Parts (PARTS="check l0 bench", any subset, in this order):
+# Parts (PARTS="check l0 bench", any subset, in the order given):
 #   check  scripts/gpu_check.sh: every CUDA op against the CPU op, the whole model against the
 #          CPU backend (fp32 tight, bf16 loose), the Hugging Face golden fixture on the GPU, then
 #          compute-sanitizer memcheck/racecheck (SANITIZE=0 skips them, RACECHECK=0 racecheck)
@@ -12,6 +12,8 @@
 #          that the GPU curves follow the CPU's
 #   bench  scripts/bench.sh (moetrain's bench_8x7B_L2 beside hf_mixtral_baseline.py; MBS, SEQ,
 #          HF_VARIANTS as there)
+#   prof   the per-stage time table (MOETRAIN_PROFILE=1) of bench_8x7B_L2 at each micro-batch in
+#          PROF_MBS (default "4 8"), 6 steps each
 # Logs under $OUT/<part>/ ($OUT is the device tool's output folder; build/gpu_all otherwise).
 # Exit status: non-zero when any part failed; $OUT/summary.txt lists each part's result.
 set -u
@@ -48,13 +50,25 @@ l0() {
   python3 scripts/l0_compare.py "$d/cpu_ep2/metrics.jsonl" "$d/cuda_bf16/metrics.jsonl" "$d/cuda_fp32/metrics.jsonl"
 }
 
+prof() {
+  local d=$OUT/prof rc=0
+  mkdir -p "$d"
+  for mbs in ${PROF_MBS:-4 8}; do
+    MOETRAIN_PROFILE=1 timeout --foreground 180 build/moetrain --config bench_8x7B_L2 train.micro_batch="$mbs" \
+      train.global_batch="$mbs" train.steps=6 >"$d/prof_mbs$mbs.log" 2>&1 || rc=1
+    echo "== profile, micro-batch $mbs"; sed -n '/^profile/,$p' "$d/prof_mbs$mbs.log" | head -60
+  done
+  return $rc
+}
+
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; git log --oneline -1; } 2>&1 | tee "$OUT/machine.txt"
 for p in $PARTS; do
   case $p in
     check) part check env OUT="$OUT/check" scripts/gpu_check.sh build ;;
     l0)    part l0 l0 ;;
     bench) part bench env OUT="$OUT/bench" scripts/bench.sh ;;
-    *) echo "gpu_all.sh: unknown part '$p' (check, l0, bench)"; fail=1 ;;
+    prof)  part prof prof ;;
+    *) echo "gpu_all.sh: unknown part '$p' (check, l0, bench, prof)"; fail=1 ;;
   esac
 done
 echo "== summary"; cat "$SUM"

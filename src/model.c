@@ -108,9 +108,9 @@ void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Com
     m->s_dw = f32_alloc(m, (size_t)N * K);
     m->s_xp = act_alloc(m, (size_t)N * K * H);
     m->s_wp = f32_alloc(m, (size_t)N * K);
-    // lm_head logits in chunks of tokens: at most ~256 MB of logits at a time.
+    // lm_head logits in chunks of tokens: at most MODEL_HEAD_CHUNK_BYTES of logits at a time.
     size_t per_tok = (size_t)V * dtype_size(be->act_dtype);
-    size_t chunk = ((size_t)256 << 20) / per_tok;
+    size_t chunk = MODEL_HEAD_CHUNK_BYTES / per_tok;
     if (chunk < 1) chunk = 1;
     if (chunk > (size_t)N) chunk = (size_t)N;
     m->head_chunk = (int)chunk;

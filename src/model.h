@@ -57,6 +57,12 @@ typedef struct StepLoss {
     int64_t ntok;       // counted targets on this rank
 } StepLoss;
 
+// lm_head logits are computed (and their backward run) in token chunks of at most this many
+// bytes of logits: 1 GiB = 16,384 tokens of a 32,000 vocabulary in bf16 (one chunk for the
+// bench's micro-batch 4). Larger chunks run the three head GEMMs nearer their peak and read and
+// write the fp32 lm_head gradient fewer times. src/plan.c uses the same number.
+#define MODEL_HEAD_CHUNK_BYTES ((size_t)1 << 30)
+
 typedef struct Model {
     ModelConfig c;
     Backend* be;

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "model.h"
 #include "params.h"
 
 void plan_thousands(int64_t v, char* out, size_t n) {
@@ -64,7 +65,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     //    s·(R·(F + c·H)·a + 8R)             MoE per-layer scratch: h [R,F] (dh reuses it), expert
     //                                       out / dxe [R,H]; with EP > 1 (c = 4) the received,
     //                                       reordered and returned rows [R,H] too (c = 1 without)
-    //  logits chunk: min(N, 256 MiB / (V·a)) tokens × V × a
+    //  logits chunk: min(N, MODEL_HEAD_CHUNK_BYTES / (V·a)) tokens × V × a
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
     const double slack = m->ep > 1 ? 1.25 : 1.0;  // moe.c: rows beyond N·k arrive only with EP > 1
@@ -74,7 +75,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     const double wide = H > Hq * D ? H : Hq * D;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
                      slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
-    double chunk = (double)(256u << 20) / (V * a);
+    double chunk = (double)(int64_t)(MODEL_HEAD_CHUNK_BYTES / (size_t)(V * a));
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
     m->logits = (double)(int64_t)chunk * V * a;

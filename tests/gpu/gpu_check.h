@@ -156,8 +156,8 @@ static inline float* down_act(Backend* be, const void* d, size_t n) {
 // ---- comparisons ---------------------------------------------------------------------------
 
 // The worst error seen per (label, mode), printed at the end (docs/gpu.md quotes it).
-enum { MAX_REC = 128 };
-static struct { char label[48]; double err[2], tol[2]; int seen[2]; } g_rec[MAX_REC];
+enum { MAX_REC = 256 };
+static struct { char label[64]; double err[2], tol[2]; int seen[2]; } g_rec[MAX_REC];
 static int g_nrec = 0;
 
 static inline void record(const char* label, int bf16, double err, double tol) {
@@ -203,9 +203,9 @@ static inline void cmp_bits(const Mode* m, const char* label, float* a, float* b
 }
 
 static inline void print_records(void) {
-    printf("\n%-34s %12s %9s %12s %9s\n", "check", "fp32 err", "tol", "bf16 err", "tol");
+    printf("\n%-38s %12s %9s %12s %9s\n", "check", "fp32 err", "tol", "bf16 err", "tol");
     for (int i = 0; i < g_nrec; i++) {
-        printf("%-34s", g_rec[i].label);
+        printf("%-38s", g_rec[i].label);
         for (int b = 0; b < 2; b++) {
             if (g_rec[i].seen[b]) printf(" %12.3g %9.2g", g_rec[i].err[b], g_rec[i].tol[b]);
             else printf(" %12s %9s", "-", "-");

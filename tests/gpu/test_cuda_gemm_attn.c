@@ -2,6 +2,7 @@
 // fp32 outputs, grouped with empty groups, grouped weight gradients) and causal GQA attention
 // (tensor-core and simple paths, T not a multiple of the 64-row tile) against the CPU backend,
 // in fp32 and bf16 modes. Tolerances: gpu_check.h.
+#define _POSIX_C_SOURCE 200809L  // setenv
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +103,9 @@ static void test_gemm_grouped(void) {
 
 // ---- attention -------------------------------------------------------------------------------
 
-static void test_attention(void) {
+// Each case runs on the path cuda_attn picks by default (wgmma kernels on an H200 with the sm_90a
+// build) and again on the mma.sync kernels (MOETRAIN_ATTN=mma); the labels say which.
+static void attention_cases(const char* path) {
     const struct { int B, T, Hq, Hkv, D; float qs; } cs[] = {
         {2, 100, 4, 2, 64, 1.f},   // T not a multiple of 64, GQA 2:1
         {1, 130, 4, 1, 128, 1.5f}, // Mixtral's head dim, multi-query
@@ -110,6 +113,8 @@ static void test_attention(void) {
         {1, 50, 3, 1, 40, 1.f},    // a head dim without a tensor-core kernel: the simple path
         {1, 520, 2, 1, 128, 1.f},  // many key tiles: the online softmax across tiles
         {1, 64, 8, 8, 32, 2.f},    // exactly one tile, sharp softmax
+        {2, 200, 8, 2, 128, 1.f},  // Mixtral's GQA 4:1, two sequences, a ragged last tile
+        {1, 192, 4, 2, 64, 2.f},   // D = 64, T a multiple of 64, sharp softmax
         {1, 2048, 4, 1, 128, 1.f}, // long: MOETRAIN_GPU_LONG=1 only (slow under the sanitizers)
     };
     const char* lg = getenv("MOETRAIN_GPU_LONG");
@@ -128,9 +133,9 @@ static void test_attention(void) {
         float* dL = poison(be, 4 * nl);
         be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
         char lab[64];
-        snprintf(lab, sizeof lab, "attn_fwd out D=%d", D);
+        snprintf(lab, sizeof lab, "%s attn_fwd out D=%d T=%d", path, D, T);
         cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
-        snprintf(lab, sizeof lab, "attn_fwd lse D=%d", D);
+        snprintf(lab, sizeof lab, "%s attn_fwd lse D=%d T=%d", path, D, T);
         cmp(m, lab, down_f32(be, dL, nl), l, nl, TOL(TOL_F32, TOL_FP32_OUT));
 
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
@@ -142,20 +147,32 @@ static void test_attention(void) {
         void *d_g = up_act(be, g, nq), *d_o = up_act(be, orr, nq);
         float* d_l = up_f32(be, l, nl);
         be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-        snprintf(lab, sizeof lab, "attn_bwd dq D=%d", D);
+        snprintf(lab, sizeof lab, "%s attn_bwd dq D=%d T=%d", path, D, T);
         float* got_q = down_act(be, gq, nq);
         float* got_q_copy = dupf(got_q, nq);
         cmp(m, lab, got_q, rq, nq, TOL(TOL_F32, TOL_ATTN_BWD));
-        snprintf(lab, sizeof lab, "attn_bwd dk D=%d", D);
+        snprintf(lab, sizeof lab, "%s attn_bwd dk D=%d T=%d", path, D, T);
         cmp(m, lab, down_act(be, gk, nk), rk, nk, TOL(TOL_F32, TOL_ATTN_BWD));
-        snprintf(lab, sizeof lab, "attn_bwd dv D=%d", D);
+        snprintf(lab, sizeof lab, "%s attn_bwd dv D=%d T=%d", path, D, T);
         cmp(m, lab, down_act(be, gv, nk), rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
         // again: bit-identical (no atomics anywhere)
         be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-        cmp_bits(m, "attn_bwd deterministic", got_q_copy, down_act(be, gq, nq), nq);
+        snprintf(lab, sizeof lab, "%s attn_bwd deterministic", path);
+        cmp_bits(m, lab, got_q_copy, down_act(be, gq, nq), nq);
         free(q), free(k), free(v), free(o), free(l), free(orr), free(g), free(rq), free(rk), free(rv);
         dev_free_all();
     }
+}
+
+static void test_attention(void) {
+    unsetenv("MOETRAIN_ATTN");
+    attention_cases("default");
+}
+
+static void test_attention_mma(void) {
+    setenv("MOETRAIN_ATTN", "mma", 1);
+    attention_cases("mma");
+    unsetenv("MOETRAIN_ATTN");
 }
 
 
@@ -212,6 +229,48 @@ static void b_adam(void* c_) {
     c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
 }
 
+void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
+                      const char* label);
+
+// A device buffer of n act elements filled with random values (a 16M-element random block tiled).
+static void* rand_act(Backend* be, const float* r, size_t nr, size_t n) {
+    void* d = dev_alloc(be, 2 * n);
+    void* blk = up_act(be, r, nr);
+    for (size_t i = 0; i < n; i += nr) be->copy(be, (char*)d + 2 * i, blk, 2 * (n - i < nr ? n - i : nr));
+    return d;
+}
+
+// MOETRAIN_GEMM_SURVEY=1: every candidate of cuBLASLt's heuristic for the GEMMs of a bench_8x7B_L2
+// step (expert GEMMs at 4096 and 8192 rows per expert: micro-batch 4 and 8; the lm_head GEMMs of
+// a 16,384-token chunk), each timed.
+static void gemm_survey(void) {
+    Backend* be = g_modes[1].gpu;  // bf16
+    const size_t nr = (size_t)1 << 24;
+    float* r = randn(nr, 1.f);
+    const size_t big = (size_t)16384 * 32000;
+    void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
+    const int H = 4096, F = 14336, V = 32000;
+    for (int rows = 4096; rows <= 8192; rows *= 2) {
+        const struct { const char* name; GemmDesc d; } g[] = {
+            {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
+            {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
+            {"w13 wgrad", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+            {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
+            {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
+            {"w2 wgrad", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+        };
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name);
+    }
+    const struct { const char* name; GemmDesc d; } h[] = {
+        {"head fwd", {.M = 16384, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
+        {"head dgrad", {.M = 16384, .N = H, .K = V, .alpha = 1}},
+        {"head wgrad", {.M = V, .N = H, .K = 16384, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
+    };
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) cuda_gemm_survey(be, &h[i].d, A, B, C, 8, h[i].name);
+    free(r);
+    dev_free_all();
+}
+
 static void bench(void) {
     Backend* be = g_modes[1].gpu;  // bf16
     BenchCtx c = {.be = be, .B = 1, .T = 4096, .Hq = 32, .Hkv = 8, .D = 128};
@@ -222,11 +281,17 @@ static void bench(void) {
     c.dv = dev_alloc(be, 2 * nk), c.lse = dev_alloc(be, 4 * (size_t)c.B * c.Hq * c.T);
     const double fl_attn = 4.0 * c.B * c.Hq * (double)c.T * c.T * c.D / 2;  // causal: half the square
     printf("\nbench (bf16, H200 as found)                       ms     TFLOP/s or GB/s\n");
-    double t = time_ms(be, b_attn_fwd, &c, 10);
-    printf("attn_fwd B1 T4096 Hq32 Hkv8 D128          %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
-    t = time_ms(be, b_attn_bwd, &c, 5);
-    printf("attn_bwd (same)                           %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
-           2.5 * fl_attn / t / 1e9);
+    double t = 0;
+    for (int path = 0; path < 2; path++) {  // the default (wgmma on an H200), then mma.sync
+        if (path) setenv("MOETRAIN_ATTN", "mma", 1);
+        const char* pn = path ? "mma    " : "default";
+        t = time_ms(be, b_attn_fwd, &c, 10);
+        printf("attn_fwd %s B1 T4096 Hq32 Hkv8 D128  %9.3f   %7.1f TFLOP/s\n", pn, t, fl_attn / t / 1e9);
+        t = time_ms(be, b_attn_bwd, &c, 5);
+        printf("attn_bwd %s (same)                   %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
+               2.5 * fl_attn / t / 1e9);
+    }
+    unsetenv("MOETRAIN_ATTN");
     free(r);
     dev_free_all();
 
@@ -278,8 +343,11 @@ int main(void) {
     RUN(test_gemm);
     RUN(test_gemm_grouped);
     RUN(test_attention);
+    RUN(test_attention_mma);
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();
+    const char* sv = getenv("MOETRAIN_GEMM_SURVEY");
+    if (sv && sv[0] == '1') gemm_survey();
     gpu_teardown();
     TEST_END();
 }
