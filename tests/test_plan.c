@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "model.h"
 #include "params.h"
 #include "plan.h"
 #include "test.h"
@@ -67,13 +68,19 @@ static void test_memory_l1(void) {
     // an H200 has 140.4 GiB; keep 4 GiB for the CUDA context, cuBLASLt and NCCL buffers
     EXPECT(m.total < 136 * GiB, "L1_8x7B_ep at EP=8 fits an H200 with >= 4 GiB spare: %.1f GiB", m.total / GiB);
     EXPECT(m.total > 100 * GiB, "and is not implausibly small: %.1f GiB", m.total / GiB);
-    // activations are linear in the tokens of a micro-batch; the logits chunk is capped at 256 MiB
+    // activations are linear in the tokens of a micro-batch; the logits chunk is capped at
+    // MODEL_HEAD_CHUNK_BYTES (1 GiB: 16,777 tokens of 32,000 bf16 logits)
     Config c2 = load("L1_8x7B_ep", (const char*[]){"train.micro_batch=2", "train.global_batch=64", NULL});
     PlanMemory m2;
     EXPECT(plan_memory(&c2, 8, &m2, &e) == 0, "micro_batch 2: %s", e.msg);
     EXPECT(m2.act_saved == 2 * m.act_saved && m2.weights == m.weights && m2.grad_accum == 4, "2× tokens, 2× saved");
-    EXPECT(m.logits == 4096.0 * 32000 * 2 && m2.logits > m.logits && m2.logits <= 256.0 * (1 << 20),
-           "logits chunk: all 4096 tokens, then capped at 256 MiB: %.0f, %.0f", m.logits, m2.logits);
+    EXPECT(m.logits == 4096.0 * 32000 * 2 && m2.logits == 2 * m.logits, "logits chunk: all 4096 / 8192 tokens: %.0f, %.0f",
+           m.logits, m2.logits);
+    Config c8 = load("L1_8x7B_ep", (const char*[]){"train.micro_batch=8", "train.global_batch=64", NULL});
+    PlanMemory m8;
+    EXPECT(plan_memory(&c8, 8, &m8, &e) == 0, "micro_batch 8: %s", e.msg);
+    EXPECT(m8.logits == (double)(MODEL_HEAD_CHUNK_BYTES / 64000) * 64000 && m8.logits <= MODEL_HEAD_CHUNK_BYTES,
+           "32,768 tokens: the chunk is capped at 1 GiB: %.0f", m8.logits);
     // the same model on 16 ranks (edp 2): expert optimizer state halves
     PlanMemory m16;
     EXPECT(plan_memory(&c, 16, &m16, &e) == 0 && m16.edp == 2, "world 16: %s", e.msg);
