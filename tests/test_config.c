@@ -17,8 +17,10 @@
 #include "config.h"
 #include "params.h"
 #include "test.h"
+#include "test_resume_util.h"
 
 static char g_dir[256];
+static char g_bin[4096];  // BUILD/moetrain of this test binary's BUILD (moetrain_path)
 
 static const char* write_file(const char* name, const char* text) {
     static char path[8][512];
@@ -468,23 +470,29 @@ static int run_cmd(const char* cmd, char* out, size_t n) {
 }
 
 static void test_binary(void) {
-    if (access("build/moetrain", X_OK) != 0) {
-        printf("  skip: build/moetrain is not built\n");
+    if (access(g_bin, X_OK) != 0) {
+        printf("  skip: %s is not built\n", g_bin);
         return;
     }
-    char out[16384];
-    int rc = run_cmd("build/moetrain --config L0_sanity train.stepz=3 2>&1", out, sizeof out);
+    char out[16384], cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s --config L0_sanity train.stepz=3 2>&1", g_bin);
+    int rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "moetrain: error: ") && strstr(out, "did you mean train.steps"), "bad key: rc %d, %s",
            rc, out);
-    rc = run_cmd("build/moetrain --config no_such_cfg 2>&1", out, sizeof out);
+    snprintf(cmd, sizeof cmd, "%s --config no_such_cfg 2>&1", g_bin);
+    rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "'no_such_cfg' not found"), "missing config: rc %d, %s", rc, out);
-    rc = run_cmd("build/moetrain --config L1_8x7B_ep parallel.ep=1 2>&1", out, sizeof out);
+    snprintf(cmd, sizeof cmd, "%s --config L1_8x7B_ep parallel.ep=1 2>&1", g_bin);
+    rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "checkpoint.dir="), "L1 without checkpoint.dir: rc %d, %s", rc, out);
-    rc = run_cmd("build/moetrain plan --config L1_8x7B_ep --wrld 3 2>&1", out, sizeof out);
+    snprintf(cmd, sizeof cmd, "%s plan --config L1_8x7B_ep --wrld 3 2>&1", g_bin);
+    rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "unknown option '--wrld'"), "plan: unknown option: rc %d, %s", rc, out);
-    rc = run_cmd("build/moetrain plan --config L1_8x7B_ep --world 12 2>&1", out, sizeof out);
+    snprintf(cmd, sizeof cmd, "%s plan --config L1_8x7B_ep --world 12 2>&1", g_bin);
+    rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "must be a multiple of parallel.ep (8)"), "plan: bad layout: rc %d, %s", rc, out);
-    rc = run_cmd("scripts/mpirun.sh -np 2 build/moetrain --config L0_sanity parallel.ep=3 2>&1", out, sizeof out);
+    snprintf(cmd, sizeof cmd, "scripts/mpirun.sh -np 2 %s --config L0_sanity parallel.ep=3 2>&1", g_bin);
+    rc = run_cmd(cmd, out, sizeof out);
     EXPECT(rc == 2 && strstr(out, "parallel.ep (3) must divide model.experts (4)"), "2 ranks, bad layout: rc %d, %s", rc,
            out);
 }
@@ -557,6 +565,7 @@ static void test_docs_current(void) {
 }
 
 int main(int argc, char** argv) {
+    moetrain_path(argv[0], g_bin, sizeof g_bin);  // before the chdir below: argv[0] may be relative
     // Work from the repository root (the binary is build/tests/test_config).
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);

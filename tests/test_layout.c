@@ -13,18 +13,21 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "test_resume_util.h"
 
 #define STEPS 4
 #define TOL 2e-5
 
+static char g_bin[4096];  // BUILD/moetrain of this test binary's BUILD (find_moetrain)
+
 // Runs the trainer; reads "loss" of each step from metrics.jsonl. Returns 0 on success.
 static int run(const char* name, int np, const char* args, double* loss) {
-    char cmd[1024], dir[128];
+    char cmd[8192], dir[128];
     snprintf(dir, sizeof dir, "/tmp/moetrain_layout_%d_%s", (int)getpid(), name);
     snprintf(cmd, sizeof cmd,
-             "scripts/mpirun.sh -np %d build/moetrain --config L0_sanity train.steps=%d optim.warmup=2 "
+             "scripts/mpirun.sh -np %d %s --config L0_sanity train.steps=%d optim.warmup=2 "
              "train.eval_every=0 train.eval_batches=1 log.every=1 log.dir=%s %s > %s.log 2>&1",
-             np, STEPS, dir, args, dir);
+             np, g_bin, STEPS, dir, args, dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "  run %s failed: see %s.log\n", name, dir);
         return -1;
@@ -79,7 +82,8 @@ static void test_ep8(void) {
         EXPECT(fabs(a[i] - b[i]) <= TOL * fabs(a[i]), "EP=8 step %d: loss %.7f vs world-1 %.7f", i + 1, b[i], a[i]);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+    if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
     RUN(test_world1);
     RUN(test_ep2);
     RUN(test_ep4);
