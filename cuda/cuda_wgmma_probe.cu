@@ -12,10 +12,19 @@
 
 #include "wgmma.cuh"
 
+// MOETRAIN_ATTN: auto (or unset) = WGMMA_DEFAULT, wgmma, or mma. Read per call: the tests switch
+// paths with setenv.
+#define WGMMA_DEFAULT 1
 int cuda_wgmma_ok(CudaImpl* c) {
 #if defined(MOETRAIN_SM90A)
-    const char* a = getenv("MOETRAIN_ATTN");  // read per call: the tests switch paths with setenv
-    return !(a && strcmp(a, "mma") == 0) && c->cc_major == 9;
+    const char* a = getenv("MOETRAIN_ATTN");
+    int want = WGMMA_DEFAULT;
+    if (a && a[0] && strcmp(a, "auto") != 0) {
+        CHECK(strcmp(a, "wgmma") == 0 || strcmp(a, "mma") == 0,
+              "MOETRAIN_ATTN=%s: expected auto, wgmma or mma", a);
+        want = strcmp(a, "wgmma") == 0;
+    }
+    return want && c->cc_major == 9;
 #else
     (void)c;
     return 0;

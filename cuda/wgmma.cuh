@@ -209,6 +209,6 @@ __device__ __forceinline__ void wg_rs<128, 1>(float* d, const uint32_t* a, uint6
 }
 
 // Host: whether the wgmma kernels can run here (an sm_90a build and a compute-capability-9.0
-// device) and are wanted (MOETRAIN_ATTN=mma forces the mma.sync kernels). cuda_wgmma_selftest
+// device) and are wanted (MOETRAIN_ATTN=mma forces the mma.sync kernels, =wgmma the wgmma ones). cuda_wgmma_selftest
 // (cuda_wgmma_probe.cu) runs every descriptor form once against a host product.
 int cuda_wgmma_ok(CudaImpl* c);

@@ -103,8 +103,9 @@ static void test_gemm_grouped(void) {
 
 // ---- attention -------------------------------------------------------------------------------
 
-// Each case runs on the path cuda_attn picks by default (wgmma kernels on an H200 with the sm_90a
-// build) and again on the mma.sync kernels (MOETRAIN_ATTN=mma); the labels say which.
+// Each case runs on the wgmma kernels (MOETRAIN_ATTN=wgmma: an H200 with the sm_90a build; elsewhere
+// the op falls back to mma.sync and the case runs there) and on the mma.sync kernels
+// (MOETRAIN_ATTN=mma); the labels say which.
 static void attention_cases(const char* path) {
     const struct { int B, T, Hq, Hkv, D; float qs; } cs[] = {
         {2, 100, 4, 2, 64, 1.f},   // T not a multiple of 64, GQA 2:1
@@ -165,8 +166,9 @@ static void attention_cases(const char* path) {
 }
 
 static void test_attention(void) {
+    setenv("MOETRAIN_ATTN", "wgmma", 1);
+    attention_cases("wgmma");
     unsetenv("MOETRAIN_ATTN");
-    attention_cases("default");
 }
 
 static void test_attention_mma(void) {
@@ -282,13 +284,13 @@ static void bench(void) {
     const double fl_attn = 4.0 * c.B * c.Hq * (double)c.T * c.T * c.D / 2;  // causal: half the square
     printf("\nbench (bf16, H200 as found)                       ms     TFLOP/s or GB/s\n");
     double t = 0;
-    for (int path = 0; path < 2; path++) {  // the default (wgmma on an H200), then mma.sync
-        if (path) setenv("MOETRAIN_ATTN", "mma", 1);
-        const char* pn = path ? "mma    " : "default";
+    for (int path = 0; path < 2; path++) {  // wgmma (on an H200), then mma.sync
+        setenv("MOETRAIN_ATTN", path ? "mma" : "wgmma", 1);
+        const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
-        printf("attn_fwd %s B1 T4096 Hq32 Hkv8 D128  %9.3f   %7.1f TFLOP/s\n", pn, t, fl_attn / t / 1e9);
+        printf("attn_fwd %s B1 T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, t, fl_attn / t / 1e9);
         t = time_ms(be, b_attn_bwd, &c, 5);
-        printf("attn_bwd %s (same)                   %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
+        printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
                2.5 * fl_attn / t / 1e9);
     }
     unsetenv("MOETRAIN_ATTN");
