@@ -68,6 +68,34 @@ def table(rows):
     return "\n".join(out)
 
 
+def matrix(rows):
+    """The sweep at a glance: one line per sequence length, one column per micro-batch; each cell
+    is moetrain's tokens/s and peak GiB over the best Hugging Face variant's, and the ratio."""
+    seqs = sorted({r["seq"] for r in rows})
+    mbss = sorted({r["mbs"] for r in rows})
+    if len(seqs) * len(mbss) < 2:
+        return ""
+    out = ["| seq \\ micro-batch | " + " | ".join(str(m) for m in mbss) + " |",
+           "| ---: | " + " | ".join("---" for _ in mbss) + " |"]
+    for seq in seqs:
+        cells = []
+        for mbs in mbss:
+            here = [r for r in rows if (r["mbs"], r["seq"]) == (mbs, seq) and "error" not in r and r.get("tokens_per_s")]
+            ours = [r for r in here if r["impl"] == "moetrain"]
+            hf = [r for r in here if r["impl"] != "moetrain"]
+            best = max(hf, key=lambda r: r["tokens_per_s"]) if hf else None
+            if not ours and not best:
+                tried = any((r["mbs"], r["seq"]) == (mbs, seq) for r in rows)
+                cells.append("failed" if tried else "not run")
+                continue
+            o = f"{ours[0]['tokens_per_s']:,.0f} tok/s, {fmt(ours[0].get('peak_gib'), '.1f')} GiB" if ours else "—"
+            h = f"{best['tokens_per_s']:,.0f}, {fmt(best.get('peak_gib'), '.1f')} GiB ({best['impl']})" if best else "—"
+            ratio = f" **{ours[0]['tokens_per_s'] / best['tokens_per_s']:.2f}×**" if ours and best else ""
+            cells.append(f"{o} vs HF {h}{ratio}")
+        out.append(f"| {seq} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -75,3 +103,7 @@ if __name__ == "__main__":
     if not rows:
         sys.exit("bench_compare: no results in " + " ".join(sys.argv[1:]))
     print(table(rows))
+    m = matrix(rows)
+    if m:
+        print()
+        print(m)
