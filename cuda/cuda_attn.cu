@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            corr[r] = exp2f(mr[r] - mx[r]);  // key 0 is always visible: mx is finite
+            corr[r] = fast_exp2(mr[r] - mx[r]);  // key 0 is always visible: mx is finite
             mr[r] = mx[r];
             lr[r] *= corr[r];
         }
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int i = 0; i < NT; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[i][e] - mr[e >> 1]);
+                const float p = fast_exp2(s[i][e] - mr[e >> 1]);
                 s[i][e] = p;
                 lr[e >> 1] += p;
             }

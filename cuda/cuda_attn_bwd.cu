@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
-                float p = exp2f(s[i][e] * sl2 - ll[r]);
+                float p = fast_exp2(s[i][e] * sl2 - ll[r]);
                 if (need_mask) {
                     const int key = k0 + i * 8 + 2 * c4 + (e & 1);
                     if (key > row0 + r * 8 || key >= T) p = 0.f;
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = i * 8 + 2 * c4 + (e & 1);
-                    float p = exp2f(st[i][e] * sl2 - ls[qi]);  // 0 past T (ls = +inf)
+                    float p = fast_exp2(st[i][e] * sl2 - ls[qi]);  // 0 past T (ls = +inf)
                     if (need_mask && qq0 + qi < key0 + (e >> 1) * 8) p = 0.f;
                     st[i][e] = p;
                     dpt[i][e] = p * (dpt[i][e] - ds_[qi]);  // dSᵀ

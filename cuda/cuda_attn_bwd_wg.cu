@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_wg(bf16* dq, const bf16*
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             const int r = (i >> 1) & 1;
-            float p = exp2f(s[i] * sl2 - ll[r]);
+            float p = fast_exp2(s[i] * sl2 - ll[r]);
             if (need_mask) {
                 const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1);
                 if (key > row0 + r * 8 || key >= T) p = 0.f;
@@ -226,10 +226,11 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
         for (int j = 0; j < 8; j++) {
             const int qi = 8 * j + 2 * c4;  // this thread's query columns: qi, qi + 1
             const float2 l2 = *(const float2*)(ls + qi), d2 = *(const float2*)(ls + WB_ROWS + qi);
+            const float lx = l2.x * LOG2E, ly = l2.y * LOG2E;
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 4 * j + e;
-                float p = exp2f(sT[i] * sl2 - (e & 1 ? l2.y : l2.x) * LOG2E);
+                float p = fast_exp2(sT[i] * sl2 - (e & 1 ? ly : lx));
                 if (need_mask) {
                     const int qry = qq0 + qi + (e & 1);
                     if (qry < key0 + (e >> 1) * 8 || qry >= T) p = 0.f;

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(FW_THREADS) k_attn_fwd_wg(bf16* out, float* ls
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            corr[r] = exp2f(mr[r] - mx[r]);  // key 0 is always visible: mx is finite
+            corr[r] = fast_exp2(mr[r] - mx[r]);  // key 0 is always visible: mx is finite
             mr[r] = mx[r];
             lr[r] *= corr[r];
         }
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(FW_THREADS) k_attn_fwd_wg(bf16* out, float* ls
                     const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
                     if (key > row || key >= T) x = -INFINITY;
                 }
-                p[e] = exp2f(x - mr[r]);
+                p[e] = fast_exp2(x - mr[r]);
                 lr[r] += p[e];
             }
             // s[i], s[i+1] (pair i/2 of the accumulator) → register (i/2) % 4 of the fragment of k-step i/8

@@ -60,6 +60,14 @@ typedef struct CudaImpl {
     void* scratch;           // op workspace [scratch_bytes]: reduction partials, index tiles
     size_t scratch_bytes;
     struct GemmCache* gemm;  // cuBLASLt plans by shape
+    // MOETRAIN_GEMM_STREAMS=S (1..4): the grouped expert GEMMs spread their groups over the main
+    // stream and S − 1 side streams (group i on stream i % S, each with its own cuBLASLt
+    // workspace), forked from and joined back into the main stream by events, so one expert's
+    // GEMM fills the SMs the previous one's last wave leaves idle. S = 1: everything on `stream`.
+    int gemm_streams;
+    cudaStream_t side[3];
+    void* side_ws[3];        // [lt_ws_bytes] each
+    cudaEvent_t fork, join[3];
     size_t live, peak;       // bytes allocated through be->alloc
     AllocMap allocs;
 } CudaImpl;
@@ -84,6 +92,22 @@ __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+// Two floats → a bf16x2 (lo in the low half); 8 bf16 of a 16-byte chunk ↔ 8 floats.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t*)&h;
+}
+__device__ __forceinline__ void unpack8(float* f, uint4 u) {
+    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(p[i] << 16);
+        f[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+}
 
 // Warp and block reductions (fixed order: deterministic).
 __device__ __forceinline__ float warp_sum(float v) {

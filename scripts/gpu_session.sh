@@ -1,28 +1,92 @@
 #!/usr/bin/env bash
-# gpu_session.sh — the one device call that measured docs/performance.md's session-3 rows, for a
-# tight device budget: the wgmma probe and the attention/GEMM test (with kernel timings and the
-# cuBLASLt candidate survey), the other GPU tests, the micro-batch-8 stage profile, the headline
-# bench (micro-batch 4 and 8 at seq 4096 against HF eager, then eager+compile), an A/B run with
-# the mma.sync attention, then — while the deadline allows — the seq-1024 sweep and memcheck.
-# If the attention test fails, everything after it runs with MOETRAIN_ATTN=mma.
-#   run(command="DL=540 scripts/gpu_session.sh", carry=["build/moetrain", "build/tests/gpu", ".bench"])
-# DL: seconds this call may take (default 560). Logs and results under $OUT (at most 8 files).
-# Exit status: that of the attention/GEMM test (the other steps report in $OUT/d.log).
+# gpu_session.sh — one device call on a tight budget: the GPU tests, A/B runs, the stage profile,
+# the benchmark sweep against Hugging Face and compute-sanitizer, in the order of STEPS, each
+# only while the deadline leaves it time.
+#   run(command="DL=540 STEPS='tests ab prof sweep san' scripts/gpu_session.sh",
+#       carry=["build/moetrain", "build/tests/gpu", ".bench"])
+# (the whole build/ is over the 64 MiB a call may carry; .bench holds hf_mixtral_baseline.py)
+#
+# Steps:
+#   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings, _model,
+#          _golden, _ops), then _model and _ops again with MOETRAIN_GEMM_STREAMS=3. If the
+#          attention test fails, every later step runs with MOETRAIN_ATTN=mma.
+#   ab     bench_8x7B_L2 at micro-batch AB_MBS (default 8) with MOETRAIN_GEMM_STREAMS=1, then 2;
+#          the faster setting is exported for the later steps (and said in d.log)
+#   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof8.log
+#   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
+#          SWEEP_HF (default eager), one Hugging Face process → sweep.jsonl
+#   head   scripts/bench.sh at micro-batch 4 and 8, seq 4096, against HEAD_HF (default
+#          "eager eager+compile") → head.jsonl
+#   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
+#          short cases)
+# DL: seconds this call may take (default 560). Under $OUT (at most 8 files come back): d.log
+# (everything in short), attn.log, prof8.log, sweep.jsonl, head.jsonl, more.tgz (full logs).
+# Exit status: that of the attention/GEMM test when `tests` ran, else 0.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build/gpu_session}; mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0; W=$OUT; L=$W/d.log; DL=${DL:-560}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
+W=$OUT; L=$W/d.log; DL=${DL:-560}; STEPS=${STEPS:-tests ab prof sweep san}; LOGS=/tmp/gs_logs; mkdir -p $LOGS
+frc=0
 say() { echo "$*" | tee -a $L; }
-build/tests/gpu/test_cuda_wgmma 2>&1 | tail -8 | tee -a $L
-MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 MOETRAIN_GEMM_SURVEY=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn.log 2>&1; rc=$?; frc=$rc; say "attn rc=$rc"
-grep -E "FAIL|passed|^attn_|^gemm" $W/attn.log | head -30 | tee -a $L
-[ $rc -ne 0 ] && { export MOETRAIN_ATTN=mma; say "attention tests failed: the rest runs MOETRAIN_ATTN=mma"; }
-for t in test_cuda_model test_cuda_golden test_cuda_ops; do timeout 60 build/tests/gpu/$t > /tmp/$t.log 2>&1; say "$t rc=$? $(tail -1 /tmp/$t.log)"; grep FAIL /tmp/$t.log | head -5 | tee -a $L; done
-MOETRAIN_PROFILE=1 timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 train.steps=6 > /tmp/p.log 2>&1; sed -n '/^profile/,$p' /tmp/p.log | head -26 | tee -a $L
-bs() { local n=$1; shift; env OUT=/tmp/$n HF_BATCH=1 RUN_TIMEOUT=250 "$@" scripts/bench.sh > /tmp/$n.log 2>&1; tail -14 /tmp/$n.log | tee -a $L; cp /tmp/$n/results.jsonl $W/$n.jsonl; }
-bs head MBS='4 8' SEQ=4096 HF_VARIANTS=eager
-say "t=$SECONDS"; [ $((DL - SECONDS)) -gt 200 ] && bs headc MBS='4 8' SEQ=4096 HF_VARIANTS=eager+compile OURS=0
-MOETRAIN_ATTN=mma timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 > /tmp/b.log 2>&1; say "mma mbs8: $(grep '^{"bench' /tmp/b.log)"
-say "t=$SECONDS"; [ $((DL - SECONDS)) -gt 160 ] && bs s1024 MBS='1 2 4 8' SEQ=1024 HF_VARIANTS=eager
-say "t=$SECONDS"; [ $((DL - SECONDS)) -gt 80 ] && { timeout 70 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 build/tests/gpu/test_cuda_gemm_attn > /tmp/mc.log 2>&1; say "memcheck rc=$? $(grep 'ERROR SUMMARY' /tmp/mc.log)"; }
-say "t=$SECONDS"; tar czf $W/more.tgz -C /tmp head headc s1024 p.log b.log mc.log 2>/dev/null
-exit $frc  # non-zero when the attention/GEMM test failed
+left() { echo $((DL - SECONDS)); }
+say "gpu_session: steps [$STEPS], DL=$DL, commit $(git log --oneline -1 2>/dev/null | cut -c1-60)"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 | tee -a $L
+
+bench_line() { grep '^{"bench' "$1" | tail -1; }
+bs() {  # bs NAME env...: scripts/bench.sh into $LOGS/NAME, its results to $W/NAME.jsonl
+  local n=$1; shift
+  env OUT=$LOGS/$n HF_BATCH=1 RUN_TIMEOUT=${RUN_TIMEOUT:-240} "$@" scripts/bench.sh > $LOGS/$n.log 2>&1
+  grep -A30 '^| ' $LOGS/$n.log | head -30 | tee -a $L
+  cp $LOGS/$n/results.jsonl $W/$n.jsonl 2>/dev/null
+}
+
+for step in $STEPS; do
+  say "== $step (t=$SECONDS s, $(left) s left)"
+  case $step in
+  tests)
+    timeout 60 build/tests/gpu/test_cuda_wgmma > $LOGS/wgmma.log 2>&1; say "test_cuda_wgmma rc=$? $(tail -1 $LOGS/wgmma.log)"
+    MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn.log 2>&1; frc=$?
+    say "test_cuda_gemm_attn rc=$frc"; grep -E "FAIL|passed|^attn_|^bench" $W/attn.log | head -30 | tee -a $L
+    [ $frc -ne 0 ] && { export MOETRAIN_ATTN=mma; say "attention tests failed: the rest runs MOETRAIN_ATTN=mma"; }
+    for t in test_cuda_model test_cuda_golden test_cuda_ops; do
+      timeout 90 build/tests/gpu/$t > $LOGS/$t.log 2>&1; say "$t rc=$? $(tail -1 $LOGS/$t.log)"; grep FAIL $LOGS/$t.log | head -5 | tee -a $L
+    done
+    for t in test_cuda_model test_cuda_ops; do
+      MOETRAIN_GEMM_STREAMS=3 timeout 90 build/tests/gpu/$t > $LOGS/${t}_s3.log 2>&1
+      say "$t (MOETRAIN_GEMM_STREAMS=3) rc=$? $(tail -1 $LOGS/${t}_s3.log)"; grep FAIL $LOGS/${t}_s3.log | head -5 | tee -a $L
+    done ;;
+  ab)
+    [ "$(left)" -lt 120 ] && { say "skipped: too little time"; continue; }
+    best=1; bms=
+    for s in 1 2; do
+      MOETRAIN_GEMM_STREAMS=$s timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=${AB_MBS:-8} \
+        train.global_batch=${AB_MBS:-8} > $LOGS/ab_s$s.log 2>&1
+      line=$(bench_line $LOGS/ab_s$s.log); ms=$(echo "$line" | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p')
+      say "streams=$s mbs=${AB_MBS:-8}: $line | $(grep '^step 12' $LOGS/ab_s$s.log | cut -c1-120)"
+      if [ -n "$ms" ] && { [ -z "$bms" ] || awk "BEGIN{exit !($ms < $bms)}"; }; then best=$s; bms=$ms; fi
+    done
+    export MOETRAIN_GEMM_STREAMS=$best; say "MOETRAIN_GEMM_STREAMS=$best for the rest" ;;
+  prof)
+    [ "$(left)" -lt 70 ] && { say "skipped: too little time"; continue; }
+    MOETRAIN_PROFILE=1 timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 \
+      train.steps=6 > $W/prof8.log 2>&1; sed -n '/^profile/,$p' $W/prof8.log | head -14 | tee -a $L ;;
+  sweep)
+    [ "$(left)" -lt 200 ] && { say "skipped: too little time"; continue; }
+    bs sweep MBS="${MBS:-1 2 4 8}" SEQ="${SEQ:-1024 4096 8192}" HF_VARIANTS="${SWEEP_HF:-eager}" RUN_TIMEOUT=$(( $(left) - 20 )) ;;
+  head)
+    [ "$(left)" -lt 150 ] && { say "skipped: too little time"; continue; }
+    bs head MBS="4 8" SEQ=4096 HF_VARIANTS="${HEAD_HF:-eager eager+compile}" ;;
+  san)
+    [ "$(left)" -lt 60 ] && { say "skipped: too little time"; continue; }
+    for tool in memcheck racecheck; do
+      [ "$(left)" -lt 45 ] && break
+      timeout $(( $(left) - 15 )) compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
+        build/tests/gpu/test_cuda_gemm_attn > $LOGS/san_$tool.log 2>&1
+      say "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $LOGS/san_$tool.log | tail -1) $(tail -1 $LOGS/san_$tool.log)"
+    done ;;
+  *) say "unknown step $step" ;;
+  esac
+done
+say "done t=$SECONDS s"
+tar czf $W/more.tgz -C $LOGS . 2>/dev/null
+exit $frc

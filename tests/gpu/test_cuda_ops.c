@@ -126,8 +126,10 @@ static void test_embed(void) {
 }
 
 static void test_rmsnorm(void) {
-    const int shapes[][2] = {{300, 200}, {7, 4099}};  // N, H (300 rows: several dw partials)
-    FOR_MODES for (int c = 0; c < 2; c++) {
+    // N, H: 300 rows give several dw partials; 4099 takes the scalar kernels; in bf16, 200, 4096
+    // (Mixtral's hidden) and 6144 take the vectorized ones with 1, 2 and 4 chunks per thread
+    const int shapes[][2] = {{300, 200}, {7, 4099}, {130, 4096}, {9, 6144}};
+    FOR_MODES for (int c = 0; c < 4; c++) {
         Backend* be = m->gpu;
         const int N = shapes[c][0], H = shapes[c][1];
         const size_t nh = (size_t)N * H;
