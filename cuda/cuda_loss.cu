@@ -3,7 +3,8 @@
 // overwritten by (softmax − onehot) · grad_scale (ignored rows → 0).
 //
 // One block per row: each thread keeps an online (max, sum) over its strided elements, the block
-// combines them (fp32, fixed order), a second pass writes the gradient in place. Row losses go to
+// combines them (fp32, fixed order), a second pass writes the gradient in place. In bf16 with
+// V % 8 == 0 (and V ≤ 32768) the row is instead read once into registers (k_ce_rows_v). Row losses go to
 // scratch and one block adds them in row order (double), so the loss is the same on every run.
 #include <stdio.h>
 
@@ -49,6 +50,67 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows(T* logits, float* rowlos
             x[j] = from_f<T>((expf(to_f(x[j]) - lse) - (j == t ? 1.f : 0.f)) * gs);
 }
 
+// bf16, V % 8 == 0, 16-byte aligned rows of at most 8·CE_THREADS·NV values: the row is read once,
+// in 16-byte chunks (thread t owns chunks t, t + CE_THREADS, ...), and stays in registers between
+// the reductions and the gradient write. p = e^(x − max) is computed once and serves both the sum
+// and the gradient (p / S − onehot) · gs.
+template <int NV>
+__global__ void __launch_bounds__(CE_THREADS) k_ce_rows_v(bf16* logits, float* rowloss, const int32_t* tgt, int V,
+                                                          float gs) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    uint4* x = (uint4*)(logits + r * V);
+    const int t = tgt[r], C = V / 8;
+    if (t < 0) {  // ignored row
+        if (gs != 0.f)
+            for (int j = threadIdx.x; j < C; j += blockDim.x) x[j] = make_uint4(0, 0, 0, 0);
+        if (threadIdx.x == 0) rowloss[r] = 0.f;
+        return;
+    }
+    if (t >= V) {
+        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
+        __trap();
+    }
+    const float xt = threadIdx.x == 0 ? __bfloat162float(logits[r * V + t]) : 0.f;  // before any write
+    float v[NV][8];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c < C) {
+            unpack8(v[i], x[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) m = fmaxf(m, v[i][e]);
+        }
+    }
+    const float M = block_max(m, sh);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c < C) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                v[i][e] = expf(v[i][e] - M);
+                s += v[i][e];
+            }
+        }
+    }
+    const float S = block_sum(s, sh);
+    if (threadIdx.x == 0) rowloss[r] = M + logf(S) - xt;
+    if (gs == 0.f) return;
+    const float inv = gs / S;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c >= C) continue;
+        float g[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) g[e] = v[i][e] * inv - (8 * c + e == t ? gs : 0.f);
+        x[c] = pack8(g);
+    }
+}
+
 __global__ void k_ce_sum(float* loss, const float* rowloss, int n) {
     __shared__ double sh[256];
     double s = 0;
@@ -69,7 +131,14 @@ void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* t
     CudaImpl* c = CI(be);
     CHECK((size_t)n * sizeof(float) <= c->scratch_bytes, "cross_entropy: %d rows exceed the scratch buffer", n);
     float* rowloss = (float*)c->scratch;  // [n]
-    if (is_bf16(be))
+    const int chunks = (V / 8 + CE_THREADS - 1) / CE_THREADS;  // per thread, in the vectorized kernel
+    const int nv = !is_bf16(be) || V % 8 || (uintptr_t)logits % 16 ? 0 : chunks <= 1 ? 1 : chunks <= 2 ? 2
+                 : chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
+    if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 2) k_ce_rows_v<2><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 4) k_ce_rows_v<4><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 8) k_ce_rows_v<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (is_bf16(be))
         k_ce_rows<bf16><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else
         k_ce_rows<float><<<n, CE_THREADS, 0, c->stream>>>((float*)logits, rowloss, targets, V, grad_scale);

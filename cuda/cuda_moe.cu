@@ -150,9 +150,35 @@ __global__ void k_sum_from_dest(T* out, const T* src, const int32_t* dest, int N
     }
 }
 
+// The same sums 8 columns at a time (bf16, H % 8 == 0, 16-byte aligned rows): a thread owns one
+// 16-byte chunk of an output row; the arithmetic and its order are k_sum_from_dest's.
+__global__ void k_sum_from_dest_v(uint4* out, const uint4* src, const int32_t* dest, int N, int k, int W, int acc) {
+    const size_t n_all = (size_t)N * W;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n_all; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t n = j / W, w = j % W;
+        float s[8], v[8];
+        if (acc) unpack8(s, out[j]);
+        else
+            for (int e = 0; e < 8; e++) s[e] = 0.f;
+        for (int q = 0; q < k; q++) {
+            unpack8(v, src[(size_t)dest[n * k + q] * W + w]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) s[e] += v[e];
+        }
+        out[j] = pack8(s);
+    }
+}
+
 static void sum_from_dest(Backend* be, void* out, const void* src, const int32_t* dest, int N, int k, int H, int acc) {
     if (N == 0 || H == 0) return;
     CudaImpl* c = CI(be);
+    if (is_bf16(be) && H % 8 == 0 && ((uintptr_t)out | (uintptr_t)src) % 16 == 0) {
+        const int W = H / 8;
+        k_sum_from_dest_v<<<grid_for(c, (size_t)N * W, 256), 256, 0, c->stream>>>((uint4*)out, (const uint4*)src, dest,
+                                                                                 N, k, W, acc);
+        LAUNCH_CK(c);
+        return;
+    }
     const unsigned g = grid_for(c, (size_t)N * H, 256);
     if (is_bf16(be)) k_sum_from_dest<bf16><<<g, 256, 0, c->stream>>>((bf16*)out, (const bf16*)src, dest, N, k, H, acc);
     else k_sum_from_dest<float><<<g, 256, 0, c->stream>>>((float*)out, (const float*)src, dest, N, k, H, acc);

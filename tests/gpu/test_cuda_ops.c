@@ -178,9 +178,10 @@ static void test_rmsnorm(void) {
 }
 
 static void test_rope(void) {
+    // bf16: D = 16, 128, 64 take the 8-pair kernel, D = 12 the scalar one
     const struct { int B, T, nh, D; float theta; } cs[] = {{2, 300, 3, 16, 1e6f}, {1, 70, 2, 128, 1e4f},
-                                                          {1, 2000, 1, 64, 1e6f}};
-    FOR_MODES for (int c = 0; c < 3; c++) {
+                                                          {1, 2000, 1, 64, 1e6f}, {2, 50, 2, 12, 1e4f}};
+    FOR_MODES for (int c = 0; c < 4; c++) {
         Backend* be = m->gpu;
         const size_t n = (size_t)cs[c].B * cs[c].T * cs[c].nh * cs[c].D;
         for (int inv = 0; inv < 2; inv++) {
@@ -379,8 +380,10 @@ static void test_permute(void) {
 // ---- loss and optimizer ------------------------------------------------------------------------
 
 static void test_cross_entropy(void) {
-    const int shapes[][2] = {{20, 32000}, {7, 997}};  // n, V
-    FOR_MODES for (int c = 0; c < 2; c++) {
+    // n, V: in bf16, 32000 (Mixtral) and 64 (a DNA-sized vocabulary) take the register-resident
+    // kernel with 8 and 1 chunks per thread, 997 the scalar one
+    const int shapes[][2] = {{20, 32000}, {7, 997}, {6, 64}};
+    FOR_MODES for (int c = 0; c < 3; c++) {
         Backend* be = m->gpu;
         const int n = shapes[c][0], V = shapes[c][1];
         const size_t nv = (size_t)n * V;
