@@ -294,14 +294,6 @@ static void cu_destroy(Backend* be) {
     CUBLAS_CK(cublasLtDestroy(c->lt));
     CUDA_CK(cudaFree(c->lt_ws));
     CUDA_CK(cudaFree(c->scratch));
-    if (c->gemm_streams > 1) {
-        for (int i = 0; i < c->gemm_streams - 1; i++) {
-            CUDA_CK(cudaStreamDestroy(c->side[i]));
-            CUDA_CK(cudaFree(c->side_ws[i]));
-            CUDA_CK(cudaEventDestroy(c->join[i]));
-        }
-        CUDA_CK(cudaEventDestroy(c->fork));
-    }
     for (size_t i = 0; i < c->allocs.cap; i++)  // buffers the caller did not free
         if (c->allocs.key[i] > 1) cudaFree((void*)c->allocs.key[i]);
     free(c->allocs.key);
@@ -358,22 +350,6 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     c->scratch_bytes = SCRATCH_BYTES;
     CUDA_CK(cudaMalloc(&c->scratch, c->scratch_bytes));
     c->gemm = gemm_cache_create();
-    const char* gs = getenv("MOETRAIN_GEMM_STREAMS");
-    c->gemm_streams = 1;
-    if (gs && gs[0]) {
-        char* end;
-        const long v = strtol(gs, &end, 10);
-        if (*end || v < 1 || v > 4) FATAL("MOETRAIN_GEMM_STREAMS=%s: expected 1, 2, 3 or 4", gs);
-        c->gemm_streams = (int)v;
-    }
-    if (c->gemm_streams > 1) {
-        CUDA_CK(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
-        for (int i = 0; i < c->gemm_streams - 1; i++) {
-            CUDA_CK(cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
-            CUDA_CK(cudaMalloc(&c->side_ws[i], c->lt_ws_bytes));
-            CUDA_CK(cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
-        }
-    }
 
     be->name = "cuda";
     be->act_dtype = act_dtype;

@@ -60,14 +60,6 @@ typedef struct CudaImpl {
     void* scratch;           // op workspace [scratch_bytes]: reduction partials, index tiles
     size_t scratch_bytes;
     struct GemmCache* gemm;  // cuBLASLt plans by shape
-    // MOETRAIN_GEMM_STREAMS=S (1..4): the grouped expert GEMMs spread their groups over the main
-    // stream and S − 1 side streams (group i on stream i % S, each with its own cuBLASLt
-    // workspace), forked from and joined back into the main stream by events, so one expert's
-    // GEMM fills the SMs the previous one's last wave leaves idle. S = 1: everything on `stream`.
-    int gemm_streams;
-    cudaStream_t side[3];
-    void* side_ws[3];        // [lt_ws_bytes] each
-    cudaEvent_t fork, join[3];
     size_t live, peak;       // bytes allocated through be->alloc
     AllocMap allocs;
 } CudaImpl;

@@ -150,14 +150,12 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
 }
 
 // One GEMM with explicit strides (already defaulted). dyn: which dim to round for the plan.
-// Runs on stream `st` with cuBLASLt workspace `ws` ([lt_ws_bytes]).
-static void gemm_run_on(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
-                        void* C, int dyn, cudaStream_t st, void* ws) {
+static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
+                     void* C, int dyn) {
     CudaImpl* c = CI(be);
     const int M = d->M, N = d->N, K = d->K;
     if (M == 0 || N == 0) return;
     if (K == 0 || d->alpha == 0.f) {
-        CHECK(st == c->stream, "gemm: K = 0 on a side stream");  // the grouped calls skip empty groups
         cuda_scale_matrix(be, C, d->c_f32, M, N, ldc, d->beta);
         return;
     }
@@ -182,49 +180,19 @@ static void gemm_run_on(Backend* be, const GemmDesc* d, int lda, int ldb, int ld
     if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);
     const float alpha = d->alpha, beta = d->beta;
     cublasStatus_t s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                                      &p->algo, ws, c->lt_ws_bytes, st);
+                                      &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && dyn) {  // the rounded plan's algorithm refused this size
         k.M = M;
         k.K = K;
         k.dyn = 0;
         p = plan_get(c, &k);
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, ws,
-                           c->lt_ws_bytes, st);
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                           c->lt_ws, c->lt_ws_bytes, c->stream);
     }
     if (s != CUBLAS_STATUS_SUCCESS)
         FATAL("cuBLASLt matmul failed (M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d): %s", M, N, K,
               d->trans_a, d->trans_b, lda, ldb, ldc, cublasLt_status_name(s));
     LAUNCH_CK(c);
-}
-
-static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
-                     void* C, int dyn) {
-    gemm_run_on(be, d, lda, ldb, ldc, A, B, C, dyn, CI(be)->stream, CI(be)->lt_ws);
-}
-
-// The streams of a grouped call (MOETRAIN_GEMM_STREAMS, cuda_common.cuh): fork makes the side
-// streams wait for everything queued on the main stream so far; group_stream picks group i's
-// stream and workspace; join makes the main stream wait for the side streams' work. The plans'
-// layouts are host state that each cublasLtMatmul reads at the call, so sharing them across
-// streams is safe; the workspaces are not shared.
-static int group_fork(CudaImpl* c, int groups) {
-    const int S = groups > 1 ? (c->gemm_streams < groups ? c->gemm_streams : groups) : 1;
-    if (S > 1) {
-        CUDA_CK(cudaEventRecord(c->fork, c->stream));
-        for (int i = 0; i < S - 1; i++) CUDA_CK(cudaStreamWaitEvent(c->side[i], c->fork, 0));
-    }
-    return S;
-}
-static cudaStream_t group_stream(CudaImpl* c, int S, int i, void** ws) {
-    const int k = i % S;
-    *ws = k ? c->side_ws[k - 1] : c->lt_ws;
-    return k ? c->side[k - 1] : c->stream;
-}
-static void group_join(CudaImpl* c, int S) {
-    for (int i = 0; i < S - 1; i++) {
-        CUDA_CK(cudaEventRecord(c->join[i], c->side[i]));
-        CUDA_CK(cudaStreamWaitEvent(c->stream, c->join[i], 0));
-    }
 }
 
 void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
@@ -239,29 +207,22 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
     gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
 }
 
-// One cuBLASLt call per non-empty group (on MOETRAIN_GEMM_STREAMS streams).
+// One cuBLASLt call per non-empty group (a grouped/batched kernel is the next step).
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
-    CudaImpl* c = CI(be);
-    for (int i = 0; i < g->groups; i++)
-        CHECK(g->host_off[i + 1] >= g->host_off[i], "gemm_grouped: offsets decrease at group %d (%d > %d)", i,
-              g->host_off[i], g->host_off[i + 1]);
-    const int S = group_fork(c, g->groups);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) continue;
         GemmDesc x = *d;
         x.M = rows;
-        void* ws;
-        cudaStream_t st = group_stream(c, S, i, &ws);
-        gemm_run_on(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea,
-                    (const char*)B + g->b_stride * i * ea, (char*)C + (size_t)r0 * ldc * ec, 1, st, ws);
+        gemm_run(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea,
+                 (const char*)B + g->b_stride * i * ea, (char*)C + (size_t)r0 * ldc * ec, 1);
     }
-    group_join(c, S);
 }
 
 // Per group g: dB_g[N, K] = dY[rows g]ᵀ · X[rows g] + beta · dB_g, dY packed [rows, N], X packed [rows, K].
@@ -270,14 +231,10 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
     const size_t ea = dtype_size(be->act_dtype);
-    CudaImpl* c = CI(be);
-    for (int i = 0; i < g->groups; i++)
-        CHECK(g->host_off[i + 1] >= g->host_off[i], "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i,
-              g->host_off[i], g->host_off[i + 1]);
-    const int S = group_fork(c, g->groups);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        if (rows == 0) {  // += 0, or = 0 (on the main stream: its own slice of dB)
+        CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
+        if (rows == 0) {  // += 0, or = 0
             if (beta == 0.f) be->zero(be, dB + g->b_stride * i, sizeof(float) * (size_t)N * K);
             continue;
         }
@@ -289,12 +246,9 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
         x.alpha = 1;
         x.beta = beta;
         x.c_f32 = 1;
-        void* ws;
-        cudaStream_t st = group_stream(c, S, i, &ws);
-        gemm_run_on(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
-                    dB + g->b_stride * i, 2, st, ws);
+        gemm_run(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
+                 dB + g->b_stride * i, 2);
     }
-    group_join(c, S);
 }
 
 // ---- survey (bench only): the heuristic's candidates for one shape, each timed ----------------

@@ -2,19 +2,17 @@
 # gpu_session.sh — one device call on a tight budget: the GPU tests, A/B runs, the stage profile,
 # the benchmark sweep against Hugging Face and compute-sanitizer, in the order of STEPS, each
 # only while the deadline leaves it time.
-#   run(command="DL=540 STEPS='tests ab:8:MOETRAIN_GEMM_STREAMS=1,MOETRAIN_GEMM_STREAMS=2 prof sweep san' scripts/gpu_session.sh",
+#   run(command="DL=540 STEPS='tests prof sweep san' scripts/gpu_session.sh",
 #       carry=["build/moetrain", "build/tests/gpu", ".bench"])
 # (the whole build/ is over the 64 MiB a call may carry; .bench holds hf_mixtral_baseline.py)
 #
 # Steps:
-#   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings — again
-#          with MOETRAIN_ATTN_FWD=pipe —, _model, _golden, _ops), then _model and _ops again with
-#          MOETRAIN_GEMM_STREAMS=3. If the
+#   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings, _model,
+#          _golden, _ops). If the
 #          attention test fails, every later step runs with MOETRAIN_ATTN=mma.
 #   ab:MBS:SET1,SET2,...   bench_8x7B_L2 at micro-batch MBS under each environment setting
-#          (e.g. ab:8:MOETRAIN_ATTN_FWD=plain,MOETRAIN_ATTN_FWD=pipe); the fastest is exported for
-#          the later steps (and said in d.log). A setting with "pipe" is skipped when the pipelined
-#          forward's test failed.
+#          (e.g. ab:8:MOETRAIN_ATTN=wgmma,MOETRAIN_ATTN=mma); the fastest is exported for the
+#          later steps (and said in d.log).
 #   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof8.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
 #          SWEEP_HF (default eager), one Hugging Face process → sweep.jsonl
@@ -23,12 +21,12 @@
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 # DL: seconds this call may take (default 560). Under $OUT (at most 8 files come back): d.log
-# (everything in short), attn.log, attn_pipe.log, prof8.log, sweep.jsonl, head.jsonl, more.tgz (full logs).
+# (everything in short), attn.log, prof8.log, sweep.jsonl, head.jsonl, more.tgz (full logs).
 # Exit status: that of the attention/GEMM test when `tests` ran, else 0.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build/gpu_session}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
-W=$OUT; L=$W/d.log; DL=${DL:-560}; STEPS=${STEPS:-tests ab:8:MOETRAIN_ATTN_FWD=plain,MOETRAIN_ATTN_FWD=pipe prof sweep san}; LOGS=/tmp/gs_logs; mkdir -p $LOGS
+W=$OUT; L=$W/d.log; DL=${DL:-560}; STEPS=${STEPS:-tests prof sweep san}; LOGS=/tmp/gs_logs; mkdir -p $LOGS
 frc=0
 say() { echo "$*" | tee -a $L; }
 left() { echo $((DL - SECONDS)); }
@@ -51,21 +49,14 @@ for step in $STEPS; do
     MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn.log 2>&1; frc=$?
     say "test_cuda_gemm_attn rc=$frc"; grep -E "FAIL|passed|^attn_|^bench" $W/attn.log | head -30 | tee -a $L
     [ $frc -ne 0 ] && { export MOETRAIN_ATTN=mma; say "attention tests failed: the rest runs MOETRAIN_ATTN=mma"; }
-    MOETRAIN_ATTN_FWD=pipe MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn_pipe.log 2>&1; prc=$?
-    say "test_cuda_gemm_attn (MOETRAIN_ATTN_FWD=pipe) rc=$prc"; grep -E "FAIL|passed|^attn_fwd" $W/attn_pipe.log | head -12 | tee -a $L
-    [ $prc -ne 0 ] && { PIPE_BAD=1; say "the pipelined forward failed: no A/B run uses it"; }
     for t in test_cuda_model test_cuda_golden test_cuda_ops; do
       timeout 90 build/tests/gpu/$t > $LOGS/$t.log 2>&1; say "$t rc=$? $(tail -1 $LOGS/$t.log)"; grep FAIL $LOGS/$t.log | head -5 | tee -a $L
     done
-    for t in test_cuda_model test_cuda_ops; do
-      MOETRAIN_GEMM_STREAMS=3 timeout 90 build/tests/gpu/$t > $LOGS/${t}_s3.log 2>&1
-      say "$t (MOETRAIN_GEMM_STREAMS=3) rc=$? $(tail -1 $LOGS/${t}_s3.log)"; grep FAIL $LOGS/${t}_s3.log | head -5 | tee -a $L
-    done ;;
+    ;;
   ab:*)  # ab:MBS:SET1,SET2,...: bench_8x7B_L2 at micro-batch MBS under each env setting; the fastest is exported
     [ "$(left)" -lt 120 ] && { say "skipped: too little time"; continue; }
     IFS=: read -r _ mbs sets <<< "$step"; best=; bms=
     for set in ${sets//,/ }; do
-      [ -n "${PIPE_BAD:-}" ] && [[ $set == *pipe* ]] && { say "$set: skipped (its test failed)"; continue; }
       env $set timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs \
         > $LOGS/ab_${mbs}_${set//[^A-Za-z0-9]/_}.log 2>&1
       line=$(bench_line $LOGS/ab_${mbs}_${set//[^A-Za-z0-9]/_}.log); ms=$(echo "$line" | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p')
