@@ -9,11 +9,9 @@
 
 enum { ROPE_MAX_D = 1024 };
 
-template <typename T>
-__global__ void k_rope(T* x, int B, int T_, int nh, int D, double log_theta, int inverse) {
-    __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
-    const int t = blockIdx.x, half = D / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+// cos / sin of position t's D/2 angles into shared memory (the whole block; ends with a barrier).
+__device__ __forceinline__ void rope_table(float* cs, float* sn, int t, int D, double log_theta, int inverse) {
+    for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
         const double inv_freq = exp(-2.0 * i / D * log_theta);  // theta^(−2i/D)
         double s, c;
         sincos((double)t * inv_freq, &s, &c);
@@ -21,6 +19,13 @@ __global__ void k_rope(T* x, int B, int T_, int nh, int D, double log_theta, int
         sn[i] = (float)(inverse ? -s : s);
     }
     __syncthreads();
+}
+
+template <typename T>
+__global__ void k_rope(T* x, int B, int T_, int nh, int D, double log_theta, int inverse) {
+    __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
+    const int t = blockIdx.x, half = D / 2;
+    rope_table(cs, sn, t, D, log_theta, inverse);
     const int pairs = B * nh * half;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
         const int i = p % half, bh = p / half, h = bh % nh, b = bh / nh;
@@ -36,14 +41,7 @@ __global__ void k_rope(T* x, int B, int T_, int nh, int D, double log_theta, int
 __global__ void k_rope_v(bf16* x, int B, int T_, int nh, int D, double log_theta, int inverse) {
     __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
     const int t = blockIdx.x, half = D / 2, hc = half / 8;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double inv_freq = exp(-2.0 * i / D * log_theta);  // theta^(−2i/D)
-        double s, c;
-        sincos((double)t * inv_freq, &s, &c);
-        cs[i] = (float)c;
-        sn[i] = (float)(inverse ? -s : s);
-    }
-    __syncthreads();
+    rope_table(cs, sn, t, D, log_theta, inverse);
     const int items = B * nh * hc;
     for (int p = threadIdx.x; p < items; p += blockDim.x) {
         const int j = p % hc, bh = p / hc, h = bh % nh, b = bh / nh, i0 = 8 * j;
