@@ -1,7 +1,8 @@
 // cuda_attn_bwd.cu — causal GQA attention backward. With P_ts = exp(q_t·k_s·scale − lse_t),
 // dP = dO·vᵀ, Δ_t = dO_t·O_t, dS = P ∘ (dP − Δ):
 //   dq_t = scale Σ_s dS_ts k_s,  dk_s = scale Σ_{h in group, t≥s} dS_ts q_t,  dv_s = Σ P_ts dO_t.
-// P is recomputed from lse; nothing T×T is stored. Two kernels, each output row owned by one
+// P is recomputed from lse; nothing T×T is stored (except, on Hopper with a workspace, dS: see
+// cuda_attn_bwd_wg.cu). Two kernels, each output row owned by one
 // warp (no atomics, deterministic): dq by 64-query tiles walking the keys up to the diagonal,
 // dk/dv by 64-key tiles walking the query tiles (of 32) of every query head of the kv group.
 // Δ is computed first into scratch ([B, Hq, T] fp32, in batch chunks when it does not fit).
@@ -303,7 +304,8 @@ static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
 
 // cuda_attn_bwd_wg.cu: the wgmma kernels (sm_90a), or 0 when they do not apply.
 int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
-                const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D);
+                const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, void* ws,
+                size_t ws_bytes);
 
 // ---- simple kernels: one warp per output row -------------------------------------------------
 
@@ -405,7 +407,8 @@ static void launch_bwd_simple(CudaImpl* c, T* dq, T* dk, T* dv, const T* dout, c
 }
 
 void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
-                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D) {
+                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
+                   size_t ws_bytes) {
     // dq, dout, out, q [B, T, Hq, D]; dk, dv, k, v [B, T, Hkv, D]; lse [B, Hq, T]
     attn_check("attn_bwd", Hq, Hkv, D);
     if (B == 0 || T == 0) return;
@@ -425,7 +428,7 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
         char *g_ = (char*)dout + oq, *dq_ = (char*)dq + oq, *dk_ = (char*)dk + ok, *dv_ = (char*)dv + ok;
         attn_delta(be, delta, g_, o_, nb, T, Hq, D);
         if (tc && attn_bwd_wg(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_,
-                              (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D))
+                              (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D, ws, ws_bytes))
             continue;  // Hopper: cuda_attn_bwd_wg.cu
         if (tc) {
 #define TC(DD) launch_bwd_tc<DD>(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_, \

@@ -35,10 +35,13 @@
 // precedes every batch of wgmmas, so the compiler keeps them in place. The dQ (dK, dV)
 // accumulators are never written by ordinary instructions: the first product overwrites them
 // (acc = 0) instead of a zero fill, which would make ptxas serialize the wgmmas (C7515).
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_attn.cuh"
 #include "wgmma.cuh"
 
-enum { WB_ROWS = 64, WB_THREADS = 128 };
+enum { WB_ROWS = 64, WB_THREADS = 128, WB_DS_ELEMS = WB_ROWS * WB_ROWS };
 
 // 4 bytes global → shared, asynchronously; zero-filled when !ok (src must still be valid).
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const float* src, bool ok) {
@@ -154,11 +157,11 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_wg(bf16* dq, const bf16*
 
 // ---- dk, dv ----------------------------------------------------------------------------------
 
-template <int D>
-__global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv, const bf16* dout, const float* lse,
-                                                             const float* delta, const bf16* q, const bf16* k,
-                                                             const bf16* v, int T, int Hq, int Hkv, float sl2,
-                                                             float scale) {
+template <int D, bool DS>
+__global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv, bf16* ds, const bf16* dout,
+                                                             const float* lse, const float* delta, const bf16* q,
+                                                             const bf16* k, const bf16* v, int T, int Hq, int Hkv,
+                                                             int p0, float sl2, float scale) {
     constexpr uint32_t TILE = WB_ROWS * D * 2;
     constexpr uint32_t LDS = 2 * WB_ROWS * 4;  // bytes of one stage of lse (64 floats) then Δ (64)
     constexpr int KS = D / 16;
@@ -167,12 +170,32 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
     const uint32_t Ks = base, Vs = base + TILE, Qb = base + 2 * TILE, Ob = base + 4 * TILE;  // stage s: + s·TILE
     const uint32_t Lb = base + 6 * TILE;                                                    // stage s: + s·LDS
     const float* lsh = (const float*)(smem_raw + (base - raw) + 6 * TILE);  // Lb, as a generic pointer
+    const uint32_t Sd = Lb + 2 * LDS;  // DS: the dSᵀ tile on its way to global memory
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, c4 = lane & 3;
-    const int kt = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, grp = Hq / Hkv;
+    const int kt = blockIdx.x, pair = p0 + blockIdx.y, kh = pair % Hkv, b = pair / Hkv, grp = Hq / Hkv;
     const int k0 = kt * WB_ROWS;
     const size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
     const size_t koff = (size_t)b * T * ks + (size_t)kh * D;
     const int nqt = (T + WB_ROWS - 1) / WB_ROWS, per_h = nqt - kt, n_it = grp * per_h;
+    // DS: the dSᵀ tile of iteration it goes to ds at ds_tile(it) (see attn_ds_index); the copy
+    // out of shared memory runs one iteration later, while that iteration's score products run.
+    const size_t ntri = (size_t)nqt * (nqt + 1) / 2;
+    auto ds_tile = [&](int it) {
+        const int qt = kt + it % per_h;
+        return ds + (((size_t)blockIdx.y * grp + it / per_h) * ntri + (size_t)qt * (qt + 1) / 2 + kt) * WB_DS_ELEMS;
+    };
+    auto ds_copy_out = [&](int it) {  // shared image → global, 16 bytes per thread and step
+        bf16* dst = ds_tile(it);
+#pragma unroll
+        for (int i = 0; i < WB_DS_ELEMS * 2 / 16 / WB_THREADS; i++) {
+            const int ch = i * WB_THREADS + tid;
+            uint4 x;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                         : "r"(Sd + ch * 16) : "memory");
+            *(uint4*)(dst + ch * 8) = x;
+        }
+    };
 
     // Iteration it covers query head kh·grp + it / per_h, query tile kt + it % per_h; its Q, dO,
     // lse and Δ go to stage it & 1 (lse and Δ zero past T; those queries are masked).
@@ -212,12 +235,14 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
         wg_commit();
         wg_reg_fence<32>(sT);
         wg_reg_fence<32>(dpT);
+        if (DS && it > 0) ds_copy_out(it - 1);  // written before the barrier above
         wg_wait<0>();  // Sᵀ, dPᵀ of iteration it, and the dK, dV of iteration it − 1
         wg_reg_fence<32>(sT);
         wg_reg_fence<32>(dpT);
         wg_reg_fence<D / 2>(dka);
         wg_reg_fence<D / 2>(dva);
-        __syncthreads();  // every warp's dK, dV of iteration it − 1 are done: its stage may be refilled
+        __syncthreads();  // every warp's dK, dV of iteration it − 1 are done: its stage may be
+                          // refilled; DS: every thread has copied the dSᵀ tile out
         if (it + 1 < n_it) issue(it + 1);
 
         // Pᵀ (query < key and query ≥ T masked) into sT, dSᵀ = Pᵀ ∘ (dPᵀ − Δ) into dpT
@@ -260,6 +285,21 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
         wg_commit();
         wg_reg_fence<D / 2>(dka);
         wg_reg_fence<D / 2>(dva);
+        if (DS) {  // the bf16 dSᵀ (the very A of dK) into the shared SW128 image: rows = keys
+            const int r = w * 16 + g;
+#pragma unroll
+            for (int kk = 0; kk < WB_ROWS / 16; kk++) {
+                const int cq = 16 * kk + 2 * c4;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r, cq)), "r"(as[kk][0]) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r + 8, cq)), "r"(as[kk][1]) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r, cq + 8)), "r"(as[kk][2]) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r + 8, cq + 8)), "r"(as[kk][3]) : "memory");
+            }
+        }
+    }
+    if (DS) {
+        __syncthreads();
+        ds_copy_out(n_it - 1);
     }
     wg_wait<0>();
     wg_reg_fence<D / 2>(dka);
@@ -279,36 +319,157 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
     }
 }
 
+// ---- dq from the stored dS -------------------------------------------------------------------
+// dQ[q tile] = scale · Σ_{kt ≤ qt} dS[q tile, kt] · K[kt], dS read back from ds (written by
+// k_attn_dkdv_wg<D, true>). A CTA owns 64 query rows of one query head of the chunk (blockIdx.y =
+// slot: pair · grp + head in group) and walks the key tiles up to the diagonal. Per key tile, one
+// stage holds the 8 KB dSᵀ image (copied as is: it is already the SW128 tile) and the K tile;
+// three stages, two tiles in flight. 4 wgmma m64nDk16 per tile, A = dS MN-major (transpose-A),
+// B = K MN-major. Heavy (late) query tiles first. Deterministic: every sum in key-tile order.
+enum { DQ_STAGES = 3 };
+template <int D>
+__global__ void __launch_bounds__(WB_THREADS) k_attn_dq_ds(bf16* dq, const bf16* ds, const bf16* k, int T, int Hq,
+                                                           int Hkv, int p0, float scale) {
+    constexpr uint32_t KT = WB_ROWS * D * 2, ST = WB_DS_ELEMS * 2 + KT;  // bytes: K tile, stage
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, c4 = lane & 3;
+    const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, grp = Hq / Hkv;
+    const int pair = p0 + blockIdx.y / grp, kh = pair % Hkv, b = pair / Hkv, h = kh * grp + blockIdx.y % grp;
+    const int q0 = qt * WB_ROWS, n_kt = qt + 1;
+    const size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
+    const bf16* kb = k + (size_t)b * T * ks + (size_t)kh * D;
+    const bf16* dsr = ds + ((size_t)blockIdx.y * ((size_t)nqt * (nqt + 1) / 2) + (size_t)qt * (qt + 1) / 2) * WB_DS_ELEMS;
+
+    auto issue = [&](int kt) {  // tile kt into stage kt % DQ_STAGES; always one commit group
+        if (kt < n_kt) {
+            const uint32_t st = base + (uint32_t)(kt % DQ_STAGES) * ST;
+            const bf16* src = dsr + (size_t)kt * WB_DS_ELEMS;
+#pragma unroll
+            for (int i = 0; i < WB_DS_ELEMS * 2 / 16 / WB_THREADS; i++) {
+                const int ch = i * WB_THREADS + tid;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(st + ch * 16), "l"(src + ch * 8));
+            }
+            wg_load_tile<WB_ROWS, D, WB_THREADS>(st + WB_DS_ELEMS * 2, kb, ks, kt * WB_ROWS, T, tid);
+        }
+        cp_async_commit();
+    };
+    issue(0);
+    issue(1);
+    float acc[D / 2];  // dQ / scale; the first product overwrites it
+    for (int kt = 0; kt < n_kt; kt++) {
+        const uint32_t st = base + (uint32_t)(kt % DQ_STAGES) * ST, Ks = st + WB_DS_ELEMS * 2;
+        cp_async_wait<1>();  // tile kt landed (only tile kt + 1's group may still be in flight)
+        wg_fence_smem();
+        __syncthreads();
+        wg_reg_fence<D / 2>(acc);
+        wg_arrive();
+#pragma unroll
+        for (int kk = 0; kk < WB_ROWS / 16; kk++)
+            wg_ss<D, 1, 1>(acc, wg_desc_mn(st, WB_ROWS, kk), wg_desc_mn(Ks, WB_ROWS, kk), kk > 0 || kt > 0);
+        wg_commit();
+        wg_reg_fence<D / 2>(acc);
+        wg_wait<1>();  // the products of tile kt − 1, the last readers of stage (kt + 2) % 3, retired
+        wg_reg_fence<D / 2>(acc);
+        __syncthreads();  // ... in every warp
+        issue(kt + 2);
+    }
+    wg_wait<0>();
+    wg_reg_fence<D / 2>(acc);
+    const int row0 = q0 + w * 16 + g;
+    const size_t qoff = (size_t)b * T * qs + (size_t)h * D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        bf16* o = dq + qoff + (size_t)row * qs;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(uint32_t*)(o + j * 8 + 2 * c4) = pack_bf16(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+    }
+}
+
+int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes);
+
+// Bytes of dS one (batch row, kv head) pair stores: grp heads × the causal 64 × 64 tiles.
+static size_t ds_pair_bytes(int T, int Hq, int Hkv) {
+    const size_t nt = (size_t)(T + WB_ROWS - 1) / WB_ROWS;
+    return (size_t)(Hq / Hkv) * (nt * (nt + 1) / 2) * WB_DS_ELEMS * sizeof(bf16);
+}
+
 template <int D>
 static void launch_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse,
                           const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq,
-                          int Hkv) {
+                          int Hkv, void* ws, size_t ws_bytes) {
     const size_t tile = (size_t)WB_ROWS * D * sizeof(bf16);
     const size_t sm_dq = 6 * tile + 1024;                                 // Q, dO, 2 × (K, V), + room to align
     const size_t sm_kv = 6 * tile + 2 * 2 * WB_ROWS * sizeof(float) + 1024;  // K, V, 2 × (Q, dO, lse, Δ)
+    const size_t sm_kv_ds = sm_kv + WB_DS_ELEMS * sizeof(bf16);            // + the dSᵀ tile
+    const size_t sm_dq_ds = DQ_STAGES * (WB_DS_ELEMS * sizeof(bf16) + tile) + 1024;
     static bool attr = false;  // per instantiation
     if (!attr) {
         CUDA_CK(cudaFuncSetAttribute(k_attn_dq_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sm_kv_ds));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ds<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq_ds));
         attr = true;
     }
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
     const unsigned nt = (unsigned)((T + WB_ROWS - 1) / WB_ROWS);
+    const int pairs = B * Hkv, grp = Hq / Hkv;
+    const int chunk = attn_ds_pairs(c, B, T, Hq, Hkv, ws_bytes);
+    if (chunk > 0) {  // dk, dv and dS per chunk of pairs, then dq from dS (5 products per tile pair)
+        for (int p0 = 0; p0 < pairs; p0 += chunk) {
+            const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
+            k_attn_dkdv_wg<D, true><<<dim3(nt, (unsigned)np), WB_THREADS, sm_kv_ds, c->stream>>>(
+                dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, T, Hq, Hkv, p0, sl2, scale);
+            LAUNCH_CK(c);
+            k_attn_dq_ds<D><<<dim3(nt, (unsigned)(np * grp)), WB_THREADS, sm_dq_ds, c->stream>>>(
+                dq, (const bf16*)ws, k, T, Hq, Hkv, p0, scale);
+            LAUNCH_CK(c);
+        }
+        return;
+    }
+    // no room for dS: dq recomputes S and dP (7 products per tile pair)
     k_attn_dq_wg<D><<<dim3(nt, Hq, B), WB_THREADS, sm_dq, c->stream>>>(dq, dout, lse, delta, q, k, v, T, Hq, Hkv,
                                                                        sl2, scale);
     LAUNCH_CK(c);
-    k_attn_dkdv_wg<D><<<dim3(nt, Hkv, B), WB_THREADS, sm_kv, c->stream>>>(dk, dv, dout, lse, delta, q, k, v, T, Hq,
-                                                                          Hkv, sl2, scale);
+    k_attn_dkdv_wg<D, false><<<dim3(nt, (unsigned)pairs), WB_THREADS, sm_kv, c->stream>>>(
+        dk, dv, nullptr, dout, lse, delta, q, k, v, T, Hq, Hkv, 0, sl2, scale);
     LAUNCH_CK(c);
+}
+// Pairs of (batch row, kv head) per chunk for the stored-dS backward, or 0 for the recompute
+// path. MOETRAIN_ATTN_BWD: auto (or unset) takes dS when a chunk fills the GPU (≥ 4 CTAs per SM
+// of dk/dv) or holds the whole call; ds takes it whenever one pair fits; recompute never.
+// Chunks are balanced (the last one is not a remainder).
+int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes) {
+    const char* e = getenv("MOETRAIN_ATTN_BWD");
+    int mode = 0;  // 0 auto, 1 ds, 2 recompute
+    if (e && e[0] && strcmp(e, "auto") != 0) {
+        CHECK(strcmp(e, "ds") == 0 || strcmp(e, "recompute") == 0,
+              "MOETRAIN_ATTN_BWD=%s: expected auto, ds or recompute", e);
+        mode = strcmp(e, "ds") == 0 ? 1 : 2;
+    }
+    const size_t per = ds_pair_bytes(T, Hq, Hkv);
+    const size_t pairs = (size_t)B * Hkv, nt = (size_t)(T + WB_ROWS - 1) / WB_ROWS;
+    size_t cap = per ? ws_bytes / per : 0;
+    if (mode == 2 || cap == 0) return 0;
+    if (cap >= pairs) return (int)pairs;
+    if (mode == 0 && cap * nt < 4 * (size_t)c->sms) return 0;
+    const size_t chunks = (pairs + cap - 1) / cap;
+    return (int)((pairs + chunks - 1) / chunks);
 }
 
 // Runs the wgmma backward when it applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16
-// and alignment, and computed Δ into delta); returns 0 otherwise.
+// and alignment, and computed Δ into delta); returns 0 otherwise. ws (ws_bytes) is the caller's
+// workspace for dS (attn_ds_pairs).
 int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
-                const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D) {
+                const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, void* ws,
+                size_t ws_bytes) {
     if (!cuda_wgmma_ok(c)) return 0;
-    if (D == 128) launch_bwd_wg<128>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv);
-    else if (D == 64) launch_bwd_wg<64>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv);
+    if (D == 128) launch_bwd_wg<128>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv, ws, ws_bytes);
+    else if (D == 64) launch_bwd_wg<64>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv, ws, ws_bytes);
     else return 0;
     return 1;
 }

@@ -153,7 +153,8 @@ void cuda_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int 
 void cuda_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
                    int Hq, int Hkv, int D);
 void cuda_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
-                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D);
+                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
+                   size_t ws_bytes);
 // cuda_router.cu
 void cuda_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,
                      const float* logits, int N, int E, int k);

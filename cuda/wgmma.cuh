@@ -21,7 +21,9 @@
 //     LBO unused.
 //   MN-major (the operand's N runs along the tile's columns: V, K, Q, dO as B[k = row][n = col]):
 //     k-step kk starts at row 16·kk of slab 0; LBO = the slab stride (the next 64 columns of N),
-//     SBO = 1024 (the next 8 rows of K). Used with the instruction's transpose-B flag.
+//     SBO = 1024 (the next 8 rows of K). Used with the instruction's transpose-B flag. The same
+//     descriptor serves an MN-major A (A[m = col][k = row], M = 64: one slab) with transpose-A:
+//     the backward's dS tile, stored as dSᵀ [keys][queries], is the A of dQ = dS·K.
 // tests/gpu/test_cuda_wgmma.c checks each form against a host product (cuda_wgmma_selftest).
 #pragma once
 #include "cuda_common.cuh"
@@ -112,7 +114,8 @@ __device__ __forceinline__ void wg_pack_a(uint32_t* a, const float* d, int k) {
 }
 
 // ---- the instructions ------------------------------------------------------------------------
-// wg_ss<N>(d, da, db, acc): d (+)= A·B, A and B by descriptor; acc = 0 overwrites d.
+// wg_ss<N, TA, TB>(d, da, db, acc): d (+)= A·B, A and B by descriptor; acc = 0 overwrites d.
+//   TA = 1: A is MN-major (A[m][k] = tile[row k][col m]); TB = 1: B is MN-major. Both 0 by default.
 // wg_rs<N, TB>(d, a, db, acc): A from registers (4 × bf16x2); TB = 1: B is MN-major.
 // N ∈ {64, 128}.
 
@@ -120,7 +123,7 @@ __device__ __forceinline__ void wg_pack_a(uint32_t* a, const float* d, int k) {
                  "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_S8(a, b, c, e, f, g, h, k) "%" #a ",%" #b ",%" #c ",%" #e ",%" #f ",%" #g ",%" #h ",%" #k
 
-template <int N>
+template <int N, int TA = 0, int TB = 0>
 __device__ __forceinline__ void wg_ss(float* d, uint64_t da, uint64_t db, int acc);
 template <int N, int TB>
 __device__ __forceinline__ void wg_rs(float* d, const uint32_t* a, uint64_t db, int acc);
@@ -134,26 +137,23 @@ __device__ __forceinline__ void wg_rs(float* d, const uint32_t* a, uint64_t db, 
         36, 37, 38, 39) "," WG_S8(40, 41, 42, 43, 44, 45, 46, 47) "," WG_S8(48, 49, 50, 51, 52, 53, 54,      \
         55) "," WG_S8(56, 57, 58, 59, 60, 61, 62, 63) "}"
 
-template <>
-__device__ __forceinline__ void wg_ss<64>(float* d, uint64_t da, uint64_t db, int acc) {
+template <int N, int TA, int TB>
+__device__ __forceinline__ void wg_ss(float* d, uint64_t da, uint64_t db, int acc) {
+    static_assert(N == 64 || N == 128, "wg_ss: N is 64 or 128");
 #if WG_DEVICE
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-        : "l"(da), "l"(db), "r"(acc));
-#else
-    __trap();
-#endif
-}
-template <>
-__device__ __forceinline__ void wg_ss<128>(float* d, uint64_t da, uint64_t db, int acc) {
-#if WG_DEVICE
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
-        : "l"(da), "l"(db), "r"(acc));
+    if constexpr (N == 64) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+            : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
+            : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+    }
 #else
     __trap();
 #endif

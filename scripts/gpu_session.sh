@@ -20,9 +20,21 @@
 #          "eager eager+compile") → head.jsonl
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
+#   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
+#          then fp32, 20 steps with checkpoint.every=10 (optim.schedule=constant): straight (A),
+#          again (A2: the run-to-run noise), resumed from A's step 10 (R), and 10 steps then
+#          checkpoint.resume=auto to 20 (S); R's and S's losses (metrics.jsonl) and final
+#          checkpoints (rank files byte for byte, trainer_state) against A's, PASS when bitwise or
+#          within 2x the A2-vs-A noise. Then A's step 20 is exported (fp32 and bf16) and scored on
+#          one .bin of hairpin tokens by `moetrain eval` (GPU bf16 / fp32, CPU, the exports) and by
+#          transformers' MixtralForCausalLM (scripts/ckpt_check.py hf, CPU fp32): rel 1e-5 against
+#          moetrain in fp32, 1e-2 in bf16. PASS/FAIL/SKIP/NOTE lines → d.log; everything, with
+#          every command's log, in more.tgz (ckpt/). CKPT_DEVICE=cpu runs it without a GPU
+#          (development; the transformers part says SKIP where torch is missing).
 # DL: seconds this call may take (default 560). Under $OUT (at most 8 files come back): d.log
 # (everything in short), attn.log, prof8.log, sweep.jsonl, head.jsonl, more.tgz (full logs).
-# Exit status: that of the attention/GEMM test when `tests` ran, else 0.
+# Exit status: that of the attention/GEMM test when `tests` ran, else 0 (the ckpt verdict is in
+# d.log: "ckpt: N passed, N failed, N skipped"; it needs only build/moetrain carried).
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build/gpu_session}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
@@ -82,6 +94,13 @@ for step in $STEPS; do
         build/tests/gpu/test_cuda_gemm_attn > $LOGS/san_$tool.log 2>&1
       say "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $LOGS/san_$tool.log | tail -1) $(tail -1 $LOGS/san_$tool.log)"
     done ;;
+  ckpt)  # checkpoint save/resume exactness and the Hugging Face export (scripts/ckpt_check.sh)
+    [ "$(left)" -lt 45 ] && { say "skipped: too little time"; continue; }
+    cdl=$(( $(left) - 10 )); [ $cdl -gt 100 ] && cdl=100; ck0=$SECONDS
+    CKPT_DL=$cdl CKPT_WORK=/tmp/gs_ckpt timeout -k 5 $((cdl + 20)) scripts/ckpt_check.sh $LOGS/ckpt > $LOGS/ckpt.log 2>&1
+    say "ckpt rc=$? ($((SECONDS - ck0)) s; full output in more.tgz: ckpt.log, ckpt/)"
+    grep -E '^ckpt: (PASS|FAIL|SKIP|NOTE|[0-9]+ passed|.* on train\.device=)|^ckpt:   [a-z0-9]+:? (eval on|[0-9]+ training)' \
+      $LOGS/ckpt.log | cut -c1-300 | tee -a $L ;;
   *) say "unknown step $step" ;;
   esac
 done

@@ -97,10 +97,13 @@ struct Backend {
     // logsumexp of the scaled scores over s ≤ t (what attn_bwd recomputes P from).
     void (*attn_fwd)(Backend*, void* out, float* lse, const void* q, const void* k,
                      const void* v, int B, int T, int Hq, int Hkv, int D);
-    // Overwrites dq, dk, dv.
+    // Overwrites dq, dk, dv. ws: device memory the op may use as workspace during the call
+    // (ws_bytes of it; NULL, 0 = none). The CUDA backend stores dS there when it fits, which
+    // saves recomputing S and dP for dq (cuda_attn_bwd_wg.cu); dq then differs from the
+    // no-workspace result in the last bits (dS is rounded once instead of twice alike).
     void (*attn_bwd)(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out,
                      const float* lse, const void* q, const void* k, const void* v, int B, int T,
-                     int Hq, int Hkv, int D);
+                     int Hq, int Hkv, int D, void* ws, size_t ws_bytes);
 
     // ---- GEMMs -------------------------------------------------------------------------------
     void (*gemm)(Backend*, const GemmDesc*, const void* A, const void* B, void* C);

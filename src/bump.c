@@ -29,6 +29,12 @@ void bump_reset(Bump* b) {
     b->cur = b->chunks;
 }
 
+void* bump_all(Bump* b, size_t* bytes) {
+    bump_reset(b);
+    *bytes = b->chunks->size;
+    return b->chunks->base;
+}
+
 void* bump_alloc(Bump* b, size_t bytes) {
     bytes = (bytes + 255) & ~(size_t)255;
     for (;;) {

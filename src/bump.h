@@ -18,4 +18,7 @@ typedef struct Bump {
 void bump_init(Bump* b, Backend* be, size_t planned_bytes);
 void* bump_alloc(Bump* b, size_t bytes);  // 256-byte aligned
 void bump_reset(Bump* b);
+// Resets b and hands out its first (planned) chunk whole, *bytes of it: one op's workspace
+// (the attention backward's dS), valid until the next bump_alloc or reset.
+void* bump_all(Bump* b, size_t* bytes);
 void bump_free(Bump* b);

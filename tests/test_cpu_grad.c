@@ -86,7 +86,7 @@ static void test_attention_grad(void) {
     be->attn_fwd(be, o, lse, q, k, v, B, T, Hq, Hkv, D);
     // causality: output at t = 0 is v at t = 0 (its kv head)
     EXPECT(fabsf(o[0] - v[0]) < 1e-6f, "attention at t=0 copies v");
-    be->attn_bwd(be, dq, dk, dv, r, o, lse, q, k, v, B, T, Hq, Hkv, D);
+    be->attn_bwd(be, dq, dk, dv, r, o, lse, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
     const double an = dotd(dq, uq, nq) + dotd(dk, uk, nk) + dotd(dv, uv, nk);
     const float eps = 1e-2f;
     double L[2];

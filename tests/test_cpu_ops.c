@@ -310,7 +310,7 @@ static void attn_case(int B, int T, int Hq, int Hkv, int D, float in_scale, int 
     EXPECT(le < tol, "attn lse vs naive: max rel error %.3g", le);
     if (grads) {
         float *dq = fill(nq, NAN), *dk = fill(nk, NAN), *dv = fill(nk, NAN);
-        be->attn_bwd(be, dq, dk, dv, r, out, lse, q, k, v, B, T, Hq, Hkv, D);
+        be->attn_bwd(be, dq, dk, dv, r, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
         AttnCtx c = {q, k, v, out, lse, r, B, T, Hq, Hkv, D};
         FdVar vq = {"q", q, dq, nq}, vk = {"k", k, dk, nk}, vv = {"v", v, dv, nk};
         FD_EXPECT("attention", &vq, attn_loss, &c, EPS_SMOOTH, TOL_SMOOTH);
@@ -444,7 +444,7 @@ static float* run_mix(int threads, size_t* len) {
     float *out = p, *dq = p + nq, *lse = p + 2 * nq;
     p += 2 * nq + B * Hq * T;
     be->attn_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D);
-    be->attn_bwd(be, dq, p, p + nk, r, out, lse, q, k, v, B, T, Hq, Hkv, D);
+    be->attn_bwd(be, dq, p, p + nk, r, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
     p += 2 * nk;
     float *x = rnd(64 * 33, 1), *w = rnd(33, 1), *y = rnd(64 * 33, 1), rs[64];
     be->rmsnorm_fwd(be, y, rs, x, w, 64, 33, 1e-5f);

@@ -39,7 +39,8 @@ void cpu_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int i
 void cpu_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
                   int Hq, int Hkv, int D);
 void cpu_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
-                  const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D);
+                  const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
+                  size_t ws_bytes);
 
 // ---- cpu_moe.c: router, expert-major index, permutes, SwiGLU ------------------------------
 void cpu_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,

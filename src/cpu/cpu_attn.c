@@ -114,7 +114,9 @@ void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const voi
 // Two passes, each output row owned by one work item: dq by query rows, dk/dv by blocks of SB
 // keys of one kv head (looping over that head's query heads). P is recomputed in each pass.
 void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout_, const void* out_, const float* lse,
-                  const void* q_, const void* k_, const void* v_, int B, int T, int Hq, int Hkv, int D) {
+                  const void* q_, const void* k_, const void* v_, int B, int T, int Hq, int Hkv, int D, void* ws,
+                  size_t ws_bytes) {
+    (void)ws, (void)ws_bytes;  // the spec needs no workspace
     float *dq = dq_, *dk = dk_, *dv = dv_;                // dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D]
     const float *dout = dout_, *out = out_;               // [B, T, Hq, D]; lse [B, Hq, T]
     const float *q = q_, *k = k_, *v = v_;

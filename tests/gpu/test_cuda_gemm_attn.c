@@ -143,23 +143,40 @@ static void attention_cases(const char* path) {
         float* orr = act_in(m, o, nq);
         float* g = act_in(m, randn(nq, 1.f), nq);
         float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
-        g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D);
+        g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
         void *gq = poison_act(be, nq), *gk = poison_act(be, nk), *gv = poison_act(be, nk);
         void *d_g = up_act(be, g, nq), *d_o = up_act(be, orr, nq);
         float* d_l = up_f32(be, l, nl);
-        be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-        snprintf(lab, sizeof lab, "%s attn_bwd dq D=%d T=%d", path, D, T);
-        float* got_q = down_act(be, gq, nq);
-        float* got_q_copy = dupf(got_q, nq);
-        cmp(m, lab, got_q, rq, nq, TOL(TOL_F32, TOL_ATTN_BWD));
-        snprintf(lab, sizeof lab, "%s attn_bwd dk D=%d T=%d", path, D, T);
-        cmp(m, lab, down_act(be, gk, nk), rk, nk, TOL(TOL_F32, TOL_ATTN_BWD));
-        snprintf(lab, sizeof lab, "%s attn_bwd dv D=%d T=%d", path, D, T);
-        cmp(m, lab, down_act(be, gv, nk), rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
-        // again: bit-identical (no atomics anywhere)
-        be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-        snprintf(lab, sizeof lab, "%s attn_bwd deterministic", path);
-        cmp_bits(m, lab, got_q_copy, down_act(be, gq, nq), nq);
+        // Three ways, each against the CPU and rerun for the same bits: no workspace (dq
+        // recomputes S and dP), a workspace for every pair's dS (one chunk), and one for 1.5
+        // pairs with MOETRAIN_ATTN_BWD=ds (one pair per chunk: the chunk offsets). The stored-dS
+        // kernels run only on the wgmma path; elsewhere the workspace is ignored.
+        const size_t nt = (size_t)(T + 63) / 64, pair = (size_t)(Hq / Hkv) * (nt * (nt + 1) / 2) * 64 * 64 * 2;
+        const struct { const char* name; size_t bytes; const char* env; } wv[] = {
+            {"recompute", 0, NULL}, {"ds", pair * B * Hkv, NULL}, {"ds-chunked", pair + pair / 2, "ds"}};
+        for (int w = 0; w < 3; w++) {
+            void* ws = wv[w].bytes ? dev_alloc(be, wv[w].bytes) : NULL;
+            if (wv[w].env) setenv("MOETRAIN_ATTN_BWD", wv[w].env, 1);
+            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+            snprintf(lab, sizeof lab, "%s/%s attn_bwd dq D=%d T=%d", path, wv[w].name, D, T);
+            float* got_q = down_act(be, gq, nq);
+            float* got_q_copy = dupf(got_q, nq);
+            cmp(m, lab, got_q, rq, nq, TOL(TOL_F32, TOL_ATTN_BWD));
+            snprintf(lab, sizeof lab, "%s/%s attn_bwd dk D=%d T=%d", path, wv[w].name, D, T);
+            float* got_k = down_act(be, gk, nk);
+            float* got_k_copy = dupf(got_k, nk);
+            cmp(m, lab, got_k, rk, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+            snprintf(lab, sizeof lab, "%s/%s attn_bwd dv D=%d T=%d", path, wv[w].name, D, T);
+            cmp(m, lab, down_act(be, gv, nk), rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+            // again, over poisoned outputs: bit-identical (no atomics anywhere)
+            gq = poison_act(be, nq), gk = poison_act(be, nk);
+            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+            snprintf(lab, sizeof lab, "%s/%s attn_bwd deterministic dq", path, wv[w].name);
+            cmp_bits(m, lab, got_q_copy, down_act(be, gq, nq), nq);
+            snprintf(lab, sizeof lab, "%s/%s attn_bwd deterministic dk", path, wv[w].name);
+            cmp_bits(m, lab, got_k_copy, down_act(be, gk, nk), nk);
+            if (wv[w].env) unsetenv("MOETRAIN_ATTN_BWD");
+        }
         free(q), free(k), free(v), free(o), free(l), free(orr), free(g), free(rq), free(rk), free(rv);
         dev_free_all();
     }
@@ -192,7 +209,8 @@ static double time_ms(Backend* be, void (*fn)(void*), void* ctx, int reps) {
 typedef struct BenchCtx {
     Backend* be;
     int B, T, Hq, Hkv, D, M, N, K, G;
-    void *q, *k, *v, *o, *dq, *dk, *dv, *g, *A, *Bm, *C, *x, *y, *w;
+    void *q, *k, *v, *o, *dq, *dk, *dv, *g, *A, *Bm, *C, *x, *y, *w, *ws;
+    size_t ws_bytes;
     float *lse, *rstd, *f0, *f1, *f2, *f3;
     int32_t* tgt;
     int off[9];
@@ -205,7 +223,7 @@ static void b_attn_fwd(void* c_) {
 static void b_attn_bwd(void* c_) {
     BenchCtx* c = c_;
     c->be->attn_bwd(c->be, c->dq, c->dk, c->dv, c->g, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv,
-                    c->D);
+                    c->D, c->ws, c->ws_bytes);
 }
 static void b_gemm(void* c_) {
     BenchCtx* c = c_;
@@ -284,14 +302,25 @@ static void bench(void) {
     const double fl_attn = 4.0 * c.B * c.Hq * (double)c.T * c.T * c.D / 2;  // causal: half the square
     printf("\nbench (bf16, H200 as found)                       ms     TFLOP/s or GB/s\n");
     double t = 0;
+    // the stored-dS backward's workspace: every (batch row, kv head) pair's causal 64 × 64 tiles
+    const size_t nt = (size_t)c.T / 64, ds_bytes = (size_t)c.B * c.Hq * (nt * (nt + 1) / 2) * 64 * 64 * 2;
+    void* ds = dev_alloc(be, ds_bytes);
     for (int path = 0; path < 2; path++) {  // wgmma (on an H200), then mma.sync
         setenv("MOETRAIN_ATTN", path ? "mma" : "wgmma", 1);
         const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
         printf("attn_fwd %s B1 T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, t, fl_attn / t / 1e9);
+        c.ws = NULL, c.ws_bytes = 0;
         t = time_ms(be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
                2.5 * fl_attn / t / 1e9);
+        if (path == 0) {
+            c.ws = ds, c.ws_bytes = ds_bytes;
+            t = time_ms(be, b_attn_bwd, &c, 5);
+            printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
+                   ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
+            c.ws = NULL, c.ws_bytes = 0;
+        }
     }
     unsetenv("MOETRAIN_ATTN");
     free(r);
