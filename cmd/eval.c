@@ -126,6 +126,7 @@ int cmd_eval(int argc, char** argv) {
         c.checkpoint.every = 0;
         c.checkpoint.required = 0;
         c.log.dir[0] = 0;
+        c.train.keep_swiglu = 0;  // no backward here: nothing to keep, no arena to reserve for it
         if (hf) {
             snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", ck);
             snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");

@@ -48,6 +48,7 @@ static const ConfigKey KEYS[] = {
     KEY(train, max_bad_steps, K_INT, "5", 1, IMAX, NULL, "non-finite steps in a row (skipped) before the run stops"),
     KEY(train, eval_every, K_INT, "0", 0, IMAX, NULL, "validation every N steps (0 = at the end only)"),
     KEY(train, eval_batches, K_INT, "4", 0, IMAX, NULL, "validation micro-batches per rank (0 = the whole split)"),
+    BOOL(train, keep_swiglu, "false", "keep the experts' SwiGLU output h from the forward for the backward instead of recomputing it: one SwiGLU pass less per layer for micro_batch × seq_len × top_k × model.ffn × dtype bytes more saved activations per layer (1.25× that with parallel.ep > 1; `plan` counts it)"),
     KEY(optim, lr, K_FLOAT, "3e-4", 0, 10, NULL, "peak learning rate (AdamW)"),
     KEY(optim, min_lr_ratio, K_FLOAT, "0.1", 0, 1, NULL, "final learning rate as a fraction of optim.lr"),
     KEY(optim, warmup, K_INT, "100", 0, IMAX, NULL, "linear warmup steps"),

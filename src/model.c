@@ -39,8 +39,13 @@ static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M,
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm) {
+    model_create_opts(m, c, B, T, NULL, be, comm);
+}
+
+void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
     memset(m, 0, sizeof *m);
     m->c = *c;
+    m->keep_swiglu = o && o->keep_swiglu;
     m->be = be;
     m->comm = comm;
     m->world = comm->size[GROUP_WORLD];
@@ -290,6 +295,7 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     be->zero(be, m->loss_acc, sizeof(float));
     bump_reset(&m->bump);
     m->fresh = a->backward && a->fresh;
+    m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
     if (m->fresh) {  // the gradients that ops add into (+=) start from zero; GEMMs overwrite theirs
         be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)V * H);
         be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);

@@ -27,6 +27,8 @@ typedef struct MoeSaved {
     void* xe;          // [R, H] act: received rows, expert-major (bump)
     float* scale_e;    // [R] routing weight of each received row (bump)
     void* gu;          // [R, 2F] act: gate|up (bump)
+    void* h;           // [R, F] act: SwiGLU output (bump), kept for the backward with
+                       // train.keep_swiglu in a step with a backward; NULL otherwise (recomputed)
     int R;             // rows received
     int* send_rows;    // host [ep] rows sent to each EP rank
     int* recv_rows;    // host [ep] rows received from each EP rank
@@ -91,6 +93,8 @@ typedef struct Model {
     float* loss_acc;    // [1] CE sum of this micro-batch
     float z_grad;       // z-loss gradient scale per router row (router_bwd)
     int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
+    int keep_swiglu;    // ModelOpts.keep_swiglu: the MoE arenas are planned to keep h per layer
+    int keep_h;         // this micro-batch keeps h (keep_swiglu and a backward follows)
     int force_exchange; // MOETRAIN_FORCE_EXCHANGE=1: the dispatcher's exchange path (all_to_all_v,
                         // block reorders) runs even at EP = 1 (tests: the NCCL calls on one GPU)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world
@@ -110,13 +114,21 @@ typedef struct Model {
     int head_chunk;     // tokens per lm_head chunk
     int32_t* counts;    // [E] int32 backend: rows per expert (moe_index)
     int32_t* h_counts;  // host [E]
-    Bump bump;          // MoE rows received (xe, scale_e, gu), reset per micro-batch
+    Bump bump;          // MoE rows received (xe, scale_e, gu; h when kept), reset per micro-batch
     Bump tmp;           // MoE per-layer scratch, reset per layer
 } Model;
 
+// Run options that change what the model keeps in memory (not the math: gradients are the same).
+typedef struct ModelOpts {
+    int keep_swiglu;  // train.keep_swiglu: the backward reads the experts' SwiGLU output h saved by
+                      // the forward (R·F act elements per layer more) instead of recomputing it
+} ModelOpts;
+
 // Builds the model for this rank: layout, memory (parameters, gradients, activations).
 // Arenas are padded to a multiple of 8 × the ZeRO group size (world for dense, edp for experts).
+// model_create = model_create_opts with every option off (o = NULL).
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm);
+void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm);
 void model_free(Model* m);
 
 // Deterministic init by tensor name and seed (independent of the layout): HF's normal(0,

@@ -7,6 +7,7 @@
 //   all_to_all_v rows and routing weights → received blocks (src s, local expert e)
 //   reorder blocks to expert-major (e, s) → xe [R, H]
 //   gu = xe · w13ᵀ; h = silu(gate)·up·w; y = h · w2ᵀ                     grouped GEMMs, swiglu
+//   (h is scratch, recomputed by the backward from gu; train.keep_swiglu saves it instead)
 //   reorder back, reverse all_to_all_v, out[n] += Σ_slot y[(n, slot)]   unpermute_fwd
 // With ep = 1 the exchange and the reorders vanish: xe is the permuted buffer itself.
 #include "moe.h"
@@ -50,10 +51,14 @@ void moe_saved_free(Model* m, MoeSaved* s) {
 void moe_plan_bumps(Model* m) {
     const size_t R = (size_t)m->N * m->c.top_k;  // rows received with perfect balance
     const size_t H = m->c.hidden, F = m->c.ffn;
-    const size_t saved = R * ((H + 2 * F) * esz(m) + sizeof(float)) + 3 * 256;
+    // saved per layer: xe [R,H], gu [R,2F], scale_e [R]; with train.keep_swiglu also h [R,F]
+    const size_t saved = R * ((H + (m->keep_swiglu ? 3 : 2) * F) * esz(m) + sizeof(float)) +
+                         (m->keep_swiglu ? 4 : 3) * 256;
     // per-layer scratch, the larger of forward and backward: h [R,F] (dh reuses it; d(gate|up)
     // overwrites the saved gu), expert out / dxe [R,H]; with EP > 1 also the received, reordered
-    // and returned rows (3 more [R,H]).
+    // and returned rows (3 more [R,H]). Kept the same with train.keep_swiglu: a forward without a
+    // backward (eval) still puts h here, and the attention backward takes the whole arena as its
+    // workspace (model.c), so its chunking does not change with the key.
     const int xchg = m->ep > 1 || m->force_exchange;
     const size_t scratch = R * ((F + (xchg ? 4 : 1) * H) * esz(m) + 2 * sizeof(float)) + 8 * 256;
     // With EP > 1 a rank receives more than N·k rows when routing favours its experts: 25%
@@ -157,6 +162,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     s->xe = bump_alloc(&m->bump, (size_t)R * H * esz(m));
     s->scale_e = bump_alloc(&m->bump, (size_t)R * sizeof(float));
     s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
+    s->h = m->keep_h ? bump_alloc(&m->bump, (size_t)R * F * esz(m)) : NULL;  // train.keep_swiglu
     prof_mark("fwd.exchange_counts");
 
     if (!xchg) {
@@ -177,7 +183,7 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
     // experts
     int off[65];
     expert_offsets(m, s, off);
-    void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
+    void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     grouped(m, s, off, s->gu, s->xe, at(m, m->w[1], o->w13), 2 * F, H, 1, (size_t)2 * F * H);
     prof_mark("fwd.w13");
@@ -222,17 +228,20 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     }
     prof_mark("bwd.dispatch");
 
-    // experts: recompute h, then w2, swiglu, w13 backward
-    // Memory: dh overwrites h once w2's weight gradient has read it, and d(gate|up) overwrites
-    // the saved gu in place (swiglu_bwd allows it; gu is dead after this layer's backward).
-    void* h = bump_alloc(&m->tmp, (size_t)R * F * esz(m));
+    // experts: h (saved by the forward with train.keep_swiglu, else recomputed), then w2, swiglu,
+    // w13 backward. Memory: dh overwrites h once w2's weight gradient has read it (the saved h
+    // too: it is dead after that), and d(gate|up) overwrites the saved gu in place (swiglu_bwd
+    // allows it; gu is dead after this layer's backward).
+    void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* dh = h;
     void* dgu = s->gu;
     float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     GroupDesc g = {.groups = m->e_local, .host_off = off};
-    be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
-    prof_mark("bwd.swiglu_recompute");
+    if (!s->h) {
+        be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
+        prof_mark("bwd.swiglu_recompute");
+    }
     g.b_stride = (size_t)H * F;
     be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2, m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w2_wgrad");

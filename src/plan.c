@@ -58,6 +58,9 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     //                                       top-k ids, weights, dest rows
     //    s·R·((H + 2F)·a + 4)               received rows xe [R,H], gate|up gu [R,2F], weights
     //                                       (s = 1.25 with EP > 1, else 1)
+    //    s·R·F·a with train.keep_swiglu     the experts' SwiGLU output h [R,F], kept for the
+    //                                       backward instead of recomputed (the scratch below
+    //                                       keeps its h: eval and the attention backward use it)
     //  once: a·N·2H + 4·3N                  final x, final norm out, rstd, tokens, targets
     //  scratch (reused by every layer):
     //    a·N·(2·max(H, Hq·D) + H + Hq·D + 2·Hkv·D + E + k·H) + 4·N·(E + 2k)
@@ -69,9 +72,11 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
     const double slack = m->ep > 1 ? 1.25 : 1.0;  // moe.c: rows beyond N·k arrive only with EP > 1
+    const double kept_h = c->train.keep_swiglu ? F : 0;
     const double per_layer = a * N * (4 * H + 2 * Hq * D + 2 * Hkv * D) + f4 * N * (2 + Hq + 2 * E + 3 * k) +
-                             slack * R * ((H + 2 * F) * a + 4);
+                             slack * R * ((H + 2 * F + kept_h) * a + 4);
     m->act_saved = per_layer * mc->layers + a * N * 2 * H + f4 * 3 * N;
+    m->kept_swiglu = slack * R * kept_h * a * mc->layers;
     const double wide = H > Hq * D ? H : Hq * D;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
                      slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
@@ -131,6 +136,9 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
         fprintf(f, "  %-34s %9.2f %s\n", rows[i].what, gib(rows[i].bytes) * scale, unit);
     fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB; not counted: CUDA context, cuBLASLt/NCCL buffers%s)\n",
             "total", gib(m.total) * scale, unit, gpu_gib, m.ep > 1 ? ", routing imbalance beyond 25%" : "");
+    if (m.kept_swiglu > 0)
+        fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
+                "layer)\n", gib(m.kept_swiglu) * scale, unit, gib(m.kept_swiglu / mc->layers) * scale, unit);
     if (gib(m.total) > gpu_gib)
         fprintf(f, "WARNING: %.1f GiB per rank exceeds the %.1f GiB GPU: raise parallel.ep or the world size (--world), "
                 "or lower train.micro_batch or train.seq_len\n", gib(m.total), gpu_gib);

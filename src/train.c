@@ -119,7 +119,8 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     data_describe(t->data, desc, sizeof desc);
     log_info("data: %s\n", desc);
 
-    model_create(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, t->be, t->comm);
+    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu};
+    model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
     optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, tc->steps, &t->model);
     t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
     const int N = t->model.N;

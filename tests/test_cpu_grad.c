@@ -16,6 +16,7 @@
 #include "comm.h"
 #include "model.h"
 #include "optim.h"
+#include "plan.h"
 #include "test.h"
 
 #define TOL_OP 2e-3
@@ -415,6 +416,86 @@ static void test_forced_exchange(void) {
     for (int v = 0; v < 2; v++) free(g[v][0]), free(g[v][1]);
 }
 
+// train.keep_swiglu (ModelOpts.keep_swiglu): the backward reads the SwiGLU output h the forward
+// saved instead of recomputing it. Same rows, same op, so the loss and every gradient must be
+// bit for bit the ones of the recompute, on the direct and the exchange path; with a forward-only
+// pass (eval) between two accumulating micro-batches, which must not keep h. The saved arena
+// grows by exactly what `plan` predicts (R·F fp32 per layer) and is planned large enough.
+static void test_keep_swiglu(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    enum { B = 2, T = 8, N = B * T };
+    int32_t tok[3 * N], tgt[3 * N];
+    for (int i = 0; i < 3 * N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
+    // what plan.c predicts for the kept h: the same model on the CPU (fp32), EP = 1
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model = c;
+    cfg.train.micro_batch = B, cfg.train.global_batch = B, cfg.train.seq_len = T, cfg.train.device = DEVICE_CPU;
+    PlanMemory pm[2];
+    Err e = {{0}};
+    for (int keep = 0; keep < 2; keep++) {
+        cfg.train.keep_swiglu = keep;
+        EXPECT(plan_memory(&cfg, 1, &pm[keep], &e) == 0, "plan: %s", e.msg);
+    }
+    const double want_h = (double)c.layers * N * c.top_k * c.ffn * sizeof(float);
+    EXPECT(pm[1].kept_swiglu == want_h && pm[0].kept_swiglu == 0, "plan: kept h %.0f bytes, want %.0f", pm[1].kept_swiglu,
+           want_h);
+    EXPECT(pm[1].act_saved - pm[0].act_saved == want_h && pm[1].act_scratch == pm[0].act_scratch &&
+               pm[1].total - pm[0].total == want_h,
+           "plan: keep_swiglu adds R·F·4 per layer to the saved activations only");
+    for (int xchg = 0; xchg < 2; xchg++) {
+        float* g[2][2];
+        double loss[2][3];
+        size_t arena[2] = {0, 0};
+        for (int keep = 0; keep < 2; keep++) {
+            Model m;
+            const ModelOpts o = {.keep_swiglu = keep};
+            model_create_opts(&m, &c, B, T, &o, be, g_comm);
+            m.force_exchange = xchg;
+            for (int i = 0; i < m.pl.n; i++) {
+                const ParamInfo* p = &m.pl.p[i];
+                model_init_tensor(&c, p, 13, (float*)m.w[p->arena] + p->offset);
+            }
+            bump_all(&m.bump, &arena[keep]);  // the planned saved arena, bytes
+            for (int j = 0; j < 3; j++) {  // train, eval (forward only), train (accumulates)
+                MicroArgs a = {.tokens = tok + j * N, .targets = tgt + j * N, .backward = j != 1,
+                               .ce_scale = 1.0f / (2 * N), .aux_scale = c.aux_coef / 2, .z_scale = c.z_coef / 2,
+                               .fresh = j == 0};
+                StepLoss l = model_step(&m, &a);
+                loss[keep][j] = l.ce_sum + l.aux + l.z;
+                for (int ly = 0; ly < c.layers; ly++)
+                    EXPECT((m.ls[ly].moe.h != NULL) == (keep && j != 1), "layer %d micro-batch %d: h %s", ly, j,
+                           m.ls[ly].moe.h ? "kept" : "not kept");
+            }
+            if (!xchg)  // EP = 1: planned exactly, no growth with the kept h either
+                EXPECT(m.bump.grown == 0 && m.tmp.grown == 0, "keep %d: MoE arenas grew (saved %zu, scratch %zu chunks)",
+                       keep, m.bump.grown, m.tmp.grown);
+            for (int ar = 0; ar < 2; ar++) {
+                g[keep][ar] = xmalloc(sizeof(float) * m.numel[ar]);
+                memcpy(g[keep][ar], m.grad[ar], sizeof(float) * m.numel[ar]);
+            }
+            if (keep) {
+                for (int j = 0; j < 3; j++)
+                    EXPECT(loss[1][j] == loss[0][j], "exchange %d micro-batch %d: loss %.9g (kept h) vs %.9g (recomputed)",
+                           xchg, j, loss[1][j], loss[0][j]);
+                for (int ar = 0; ar < 2; ar++) {
+                    size_t diff = 0;
+                    for (size_t i = 0; i < m.numel[ar]; i++) diff += memcmp(&g[1][ar][i], &g[0][ar][i], sizeof(float)) != 0;
+                    EXPECT(diff == 0, "exchange %d arena %d: %zu of %zu gradient elements differ (kept h vs recomputed)",
+                           xchg, ar, diff, m.numel[ar]);
+                }
+            }
+            model_free(&m);
+        }
+        // the planned saved arena: R·F fp32 and one 256-byte alignment more per layer
+        const size_t want = (size_t)want_h + 256 * (size_t)c.layers;
+        EXPECT(arena[1] - arena[0] == want, "saved arena %zu → %zu bytes, want +%zu", arena[0], arena[1], want);
+        for (int v = 0; v < 2; v++) free(g[v][0]), free(g[v][1]);
+    }
+}
+
 int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
@@ -435,6 +516,7 @@ int main(int argc, char** argv) {
     RUN(test_grad_accumulation);
     RUN(test_fresh_gradients);
     RUN(test_forced_exchange);
+    RUN(test_keep_swiglu);
     g_comm->destroy(g_comm);
     be->destroy(be);
     dist_finalize();

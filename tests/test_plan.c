@@ -1,6 +1,7 @@
 // test_plan.c — `moetrain plan`: Mixtral-8x7B's parameter count, the per-rank memory model
 // (checked against an independent count from the architecture), the 141 GiB fit of
-// L1_8x7B_ep at EP=8, the WARNING when a layout does not fit, and cmd_plan's command line.
+// L1_8x7B_ep at EP=8, what train.keep_swiglu adds, the WARNING when a layout does not fit, and
+// cmd_plan's command line.
 #define _DEFAULT_SOURCE
 #include <fcntl.h>
 #include <limits.h>
@@ -92,6 +93,47 @@ static void test_memory_l1(void) {
     EXPECT(m3.weights == 2 * m.weights && m3.master == held * 4 && m3.grads == held * 4, "fp32, no ZeRO-1");
     // an impossible layout is an error, not a table
     EXPECT(plan_memory(&c, 12, &m, &e) == -1 && strstr(e.msg, "multiple of parallel.ep (8)"), "world 12: %s", e.msg);
+}
+
+// train.keep_swiglu: the experts' SwiGLU output h [R,F] per layer joins the saved activations
+// (R = micro_batch × seq_len × top_k; 25% slack with EP > 1, like the rest of the MoE rows);
+// the per-layer scratch is unchanged (eval and the attention backward still use its h).
+static void test_memory_keep_swiglu(void) {
+    Err e = {{0}};
+    const double GiB = (double)(1ull << 30);
+    // bench_8x7B_L2 at micro-batch 8, seq 4096, one H200: 65,536 rows × 14,336 × bf16 per layer
+    const char* mb8[] = {"train.micro_batch=8", "train.global_batch=8", NULL};
+    const char* mb8k[] = {"train.micro_batch=8", "train.global_batch=8", "train.keep_swiglu=true", NULL};
+    Config off = load("bench_8x7B_L2", mb8), on = load("bench_8x7B_L2", mb8k);
+    EXPECT(!off.train.keep_swiglu && on.train.keep_swiglu, "the key parses; default false");
+    PlanMemory a, b;
+    EXPECT(plan_memory(&off, 1, &a, &e) == 0 && plan_memory(&on, 1, &b, &e) == 0, "plan bench: %s", e.msg);
+    const double per_layer = 8.0 * 4096 * 2 * 14336 * 2;  // 1,879,048,192 bytes = 1.75 GiB
+    EXPECT(b.kept_swiglu == 2 * per_layer && a.kept_swiglu == 0, "kept h %.0f, want %.0f", b.kept_swiglu, 2 * per_layer);
+    EXPECT(b.act_saved - a.act_saved == 2 * per_layer && b.act_scratch == a.act_scratch && b.total - a.total == 2 * per_layer,
+           "saved +%.2f GiB, scratch %+.2f GiB, total +%.2f GiB", (b.act_saved - a.act_saved) / GiB,
+           (b.act_scratch - a.act_scratch) / GiB, (b.total - a.total) / GiB);
+    // L1_8x7B_ep at EP 8: 32 layers of 4096 × 2 rows with the 25% slack
+    Config l1 = load("L1_8x7B_ep", NULL), l1k = load("L1_8x7B_ep", (const char*[]){"train.keep_swiglu=true", NULL});
+    EXPECT(plan_memory(&l1, 8, &a, &e) == 0 && plan_memory(&l1k, 8, &b, &e) == 0, "plan L1: %s", e.msg);
+    const double l1_h = 32 * 1.25 * 4096 * 2 * 14336 * 2;
+    EXPECT(b.total - a.total == l1_h && b.kept_swiglu == l1_h, "L1 at EP 8: +%.2f GiB, want %.2f", (b.total - a.total) / GiB,
+           l1_h / GiB);
+    // the report says what the key costs; without it, nothing
+    char* t = NULL;
+    size_t n = 0;
+    FILE* f = open_memstream(&t, &n);
+    EXPECT(plan_report(&on, 1, 141, f, &e) == 0, "report: %s", e.msg);
+    fclose(f);
+    EXPECT(strstr(t, "train.keep_swiglu: 3.50 GiB of the saved activations") && strstr(t, "1.75 GiB per layer"),
+           "report with the key: %s", t);
+    free(t);
+    t = NULL;
+    f = open_memstream(&t, &n);
+    EXPECT(plan_report(&off, 1, 141, f, &e) == 0, "report: %s", e.msg);
+    fclose(f);
+    EXPECT(!strstr(t, "keep_swiglu"), "report without the key: %s", t);
+    free(t);
 }
 
 static char* report(const Config* c, int world, double gpu) {
@@ -187,6 +229,7 @@ int main(void) {
     RUN(test_thousands);
     RUN(test_mixtral_counts);
     RUN(test_memory_l1);
+    RUN(test_memory_keep_swiglu);
     RUN(test_report);
     RUN(test_cmd_plan);
     TEST_END();
