@@ -7,6 +7,7 @@
 # (the whole build/ is over the 64 MiB a call may carry; .bench holds hf_mixtral_baseline.py)
 #
 # Steps:
+#   t:NAME one GPU test binary (t:test_cuda_ops)
 #   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings, _model,
 #          _golden, _ops). If the
 #          attention test fails, every later step runs with MOETRAIN_ATTN=mma.
@@ -18,6 +19,9 @@
 #          SWEEP_HF (default eager), one Hugging Face process → sweep.jsonl
 #   head   scripts/bench.sh at micro-batch 4 and 8, seq 4096, against HEAD_HF (default
 #          "eager eager+compile") → head.jsonl
+#   diag   the attention kernels alone (test_cuda_gemm_attn with MOETRAIN_GPU_BENCH=attn at B 1
+#          and 8), PyTorch's SDPA backends at the same shape (scripts/attn_ref.py), and Nsight
+#          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log)
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
@@ -65,6 +69,10 @@ for step in $STEPS; do
       timeout 90 build/tests/gpu/$t > $LOGS/$t.log 2>&1; say "$t rc=$? $(tail -1 $LOGS/$t.log)"; grep FAIL $LOGS/$t.log | head -5 | tee -a $L
     done
     ;;
+  t:*)  # t:NAME: one GPU test binary, e.g. t:test_cuda_ops
+    t=${step#t:}; timeout 150 build/tests/gpu/$t > $LOGS/$t.log 2>&1; r=$?
+    say "$t rc=$r $(tail -1 $LOGS/$t.log)"; grep -E "FAIL|embed_bwd" $LOGS/$t.log | head -20 | tee -a $L
+    [ $r -ne 0 ] && frc=$r ;;
   ab:*)  # ab:MBS:SET1,SET2,...: bench_8x7B_L2 at micro-batch MBS under each env setting; the fastest is exported
     [ "$(left)" -lt 120 ] && { say "skipped: too little time"; continue; }
     IFS=: read -r _ mbs sets <<< "$step"; best=; bms=
@@ -86,6 +94,21 @@ for step in $STEPS; do
   head)
     [ "$(left)" -lt 150 ] && { say "skipped: too little time"; continue; }
     bs head MBS="4 8" SEQ=4096 HF_VARIANTS="${HEAD_HF:-eager eager+compile}" ;;
+  diag)
+    MOETRAIN_GPU_BENCH=attn timeout 120 build/tests/gpu/test_cuda_gemm_attn > $LOGS/attn_bench.log 2>&1
+    say "attention bench rc=$?"; grep -E "^attn_" $LOGS/attn_bench.log | tee -a $L
+    [ "$(left)" -gt 90 ] && { PYTHONUNBUFFERED=1 timeout 90 python3 scripts/attn_ref.py 1 8 > $LOGS/attn_ref.log 2>&1
+      grep -E "^attn_ref|rror" $LOGS/attn_ref.log | tee -a $L; }
+    for kv in "k_attn_fwd_wg 0" "k_attn_dkdv_wg 6" "k_attn_dq_ds 0"; do  # 6: skip the recompute path's dkdv
+      set -- $kv
+      [ "$(left)" -lt 60 ] && break
+      MOETRAIN_GPU_BENCH=attn MOETRAIN_ATTN_B=8 timeout 120 ncu --clock-control none -k "regex:$1" --launch-skip $2 -c 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+        build/tests/gpu/test_cuda_gemm_attn >> $W/ncu.log 2>&1
+      say "ncu $1 rc=$?"
+    done
+    grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" $W/ncu.log | head -60 | tee -a $L ;;
   san)
     [ "$(left)" -lt 60 ] && { say "skipped: too little time"; continue; }
     for tool in memcheck racecheck; do

@@ -244,6 +244,10 @@ static void b_ce(void* c_) {
     BenchCtx* c = c_;
     c->be->cross_entropy(c->be, c->C, c->f0, c->tgt, c->M, c->N, 0.f);
 }
+static void b_embed_bwd(void* c_) {
+    BenchCtx* c = c_;
+    c->be->embed_bwd(c->be, c->f0, c->x, c->tgt, c->M, c->K, c->N);
+}
 static void b_adam(void* c_) {
     BenchCtx* c = c_;
     c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
@@ -291,9 +295,10 @@ static void gemm_survey(void) {
     dev_free_all();
 }
 
-static void bench(void) {
-    Backend* be = g_modes[1].gpu;  // bf16
-    BenchCtx c = {.be = be, .B = 1, .T = 4096, .Hq = 32, .Hkv = 8, .D = 128};
+// The attention kernels at Mixtral's shape (T 4096, 32 query heads, 8 kv heads, D 128) and B
+// batch rows: forward, the recompute backward, the stored-dS backward (wgmma), then mma.sync.
+static void bench_attn(Backend* be, int B) {
+    BenchCtx c = {.be = be, .B = B, .T = 4096, .Hq = 32, .Hkv = 8, .D = 128};
     const size_t nq = (size_t)c.B * c.T * c.Hq * c.D, nk = (size_t)c.B * c.T * c.Hkv * c.D;
     float* r = randn(nq, 1.f);
     c.q = up_act(be, r, nq), c.k = up_act(be, r, nk), c.v = up_act(be, r + nk, nk), c.g = up_act(be, r, nq);
@@ -309,7 +314,7 @@ static void bench(void) {
         setenv("MOETRAIN_ATTN", path ? "mma" : "wgmma", 1);
         const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
-        printf("attn_fwd %s B1 T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, t, fl_attn / t / 1e9);
+        printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
         c.ws = NULL, c.ws_bytes = 0;
         t = time_ms(be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
@@ -325,6 +330,14 @@ static void bench(void) {
     unsetenv("MOETRAIN_ATTN");
     free(r);
     dev_free_all();
+}
+
+static void bench(void) {
+    Backend* be = g_modes[1].gpu;  // bf16
+    BenchCtx c = {.be = be};
+    double t = 0;
+    float* r;
+    bench_attn(be, 1);
 
     c.M = 4096, c.N = 14336, c.K = 4096;
     r = randn((size_t)c.N * c.K, 1.f);
@@ -367,10 +380,63 @@ static void bench(void) {
     printf("cross_entropy 2048x32000 (loss only)      %9.3f   %7.1f GB/s\n", t, 2.0 * c.M * c.N / t / 1e6);
     free(tg), free(r);
     dev_free_all();
+
+    // embed_bwd, 32768 tokens, H 4096, V 32000: uniform tokens; Zipf (P(rank k) ∝ 1/k, ranks
+    // scattered over the ids: runs up to ~3000); all tokens equal (one run: the worst case). GB/s
+    // counts dout once and each touched fp32 row of dtable read and written.
+    c.M = 32768, c.K = 4096, c.N = 32000;
+    const size_t nr = (size_t)1 << 24;
+    r = randn(nr, 1.f);
+    c.x = rand_act(be, r, nr, (size_t)c.M * c.K);
+    c.f0 = dev_alloc(be, 4 * (size_t)c.N * c.K);
+    tg = xmalloc(4 * (size_t)c.M);
+    double* cdf = xmalloc(sizeof(double) * c.N);
+    char* seen = xmalloc(c.N);
+    double z = 0;
+    for (int k = 0; k < c.N; k++) cdf[k] = z += 1.0 / (k + 1);
+    for (int pat = 0; pat < 3; pat++) {
+        for (int i = 0; i < c.M; i++) {
+            if (pat == 0) tg[i] = (int)(rng_u64(&g_rng) % c.N);
+            else if (pat == 2) tg[i] = 12345;
+            else {
+                const double u = rng_uniform(&g_rng) * z;
+                int lo = 0, hi = c.N - 1;
+                while (lo < hi) {
+                    const int mid = (lo + hi) / 2;
+                    if (cdf[mid] > u) hi = mid;
+                    else lo = mid + 1;
+                }
+                tg[i] = (int)(((long long)lo * 7919 + 13) % c.N);
+            }
+        }
+        memset(seen, 0, c.N);
+        int distinct = 0;
+        for (int i = 0; i < c.M; i++) distinct += !seen[tg[i]], seen[tg[i]] = 1;
+        c.tgt = up_i32(be, tg, c.M);
+        t = time_ms(be, b_embed_bwd, &c, 20);
+        const double bytes = 2.0 * c.M * c.K + 8.0 * distinct * c.K;
+        printf("embed_bwd 32768x4096 V32000 %-8s (%5d rows) %9.3f   %7.1f GB/s\n",
+               pat == 0 ? "uniform" : pat == 1 ? "zipf" : "same", distinct, t, bytes / t / 1e6);
+    }
+    free(tg), free(r), free(cdf), free(seen);
+    dev_free_all();
 }
 
 int main(void) {
     if (gpu_setup("test_cuda_gemm_attn")) return 1;
+    // MOETRAIN_GPU_BENCH=attn: only the attention timings, at B = 1 and 8 (no tests: for ncu)
+    const char* ba = getenv("MOETRAIN_GPU_BENCH");
+    if (ba && !strcmp(ba, "attn")) {  // MOETRAIN_ATTN_B="1 8" (default): the batch sizes
+        const char* bl = getenv("MOETRAIN_ATTN_B");
+        char* end;
+        for (const char* p = bl && bl[0] ? bl : "1 8";; p = end) {
+            const long B = strtol(p, &end, 10);
+            if (end == p) break;
+            if (B > 0 && B <= 64) bench_attn(g_modes[1].gpu, (int)B);
+        }
+        gpu_teardown();
+        return 0;
+    }
     RUN(test_gemm);
     RUN(test_gemm_grouped);
     RUN(test_attention);
