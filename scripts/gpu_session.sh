@@ -21,7 +21,8 @@
 #          "eager eager+compile") → head.jsonl
 #   diag   the attention kernels alone (test_cuda_gemm_attn with MOETRAIN_GPU_BENCH=attn at B 1
 #          and 8), PyTorch's SDPA backends at the same shape (scripts/attn_ref.py), and Nsight
-#          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log)
+#          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log); NCU=0
+#          skips ncu, REF=0 the PyTorch reference
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
@@ -97,8 +98,9 @@ for step in $STEPS; do
   diag)
     MOETRAIN_GPU_BENCH=attn timeout 120 build/tests/gpu/test_cuda_gemm_attn > $LOGS/attn_bench.log 2>&1
     say "attention bench rc=$?"; grep -E "^attn_" $LOGS/attn_bench.log | tee -a $L
-    [ "$(left)" -gt 90 ] && { PYTHONUNBUFFERED=1 timeout 90 python3 scripts/attn_ref.py 1 8 > $LOGS/attn_ref.log 2>&1
+    [ "$(left)" -gt 90 ] && [ "${REF:-1}" = 1 ] && { PYTHONUNBUFFERED=1 timeout 90 python3 scripts/attn_ref.py 1 8 > $LOGS/attn_ref.log 2>&1
       grep -E "^attn_ref|rror" $LOGS/attn_ref.log | tee -a $L; }
+    [ "${NCU:-1}" = 0 ] && continue  # NCU=0: timings only
     for kv in "k_attn_fwd_wg 0" "k_attn_dkdv_wg 6" "k_attn_dq_ds 0"; do  # 6: skip the recompute path's dkdv
       set -- $kv
       [ "$(left)" -lt 60 ] && break
