@@ -14,11 +14,30 @@
 // (the heuristic runs at the rounded size; each call sets the exact rows/cols on the cached
 // layouts, which is a host-side attribute write). Should cuBLASLt refuse the cached algorithm
 // at the exact size, an exact-size plan is built and cached instead.
+//
+// Autotuning (MOETRAIN_GEMM_TUNE=1, the default; 0 turns it off): cuBLASLt's heuristic ranks up
+// to GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest at our
+// shapes (the bench_8x7B_L2 survey on an H200 at 8,192 rows per expert: the w13 dgrad 689 →
+// 745 TFLOP/s, the w2 forward 626 → 686, the lm_head dgrad 633 → 697 with another candidate).
+// A plan's first calls each run the next candidate — real work on real data, every candidate
+// computes the same product — between two events; the elapsed times are read without blocking
+// (cudaEventQuery) on later calls of the plan, normalized by the call's FLOPs (the dynamic
+// dimension varies), and once every candidate has a time the plan keeps the fastest, unless it
+// beats the heuristic's first pick by less than GEMM_TUNE_MARGIN (timing noise must not flip the
+// choice). No host synchronization and no extra GEMM. The pick can differ between runs (timing),
+// so bitwise-reproducible GPU runs (the resume checks) set MOETRAIN_GEMM_TUNE=0.
+// MOETRAIN_GEMM_TUNE_LOG=1 prints each plan's candidates and pick.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_common.cuh"
 
 enum { CACHE_CAP = 1024 };  // plans; a run uses a few dozen
+enum { GEMM_TUNE_MAX = 8 };   // candidates timed per plan
+enum { GEMM_TUNE_ROUNDS = 2 };  // timings per candidate (the least counts: a first call may include a module load)
+static const double GEMM_TUNE_MARGIN = 0.97;  // a candidate replaces the first pick below 97% of its time
 
 typedef struct GemmKey {
     int M, N, K;          // the plan's dims (a dynamic one rounded up)
@@ -35,21 +54,47 @@ typedef struct GemmPlan {
     int cur_M, cur_K;     // dims the layouts currently describe
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;  // cuBLASLt's A (our B), B (our A), C/D
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;          // the one in use
+    // autotuning: the heuristic's candidates [n_cand]; timed calls so far (call j times candidate
+    // j % n_cand); per timed call its events, GFLOPs and ms per GFLOP (< 0 pending, inf refused)
+    int tuned, n_cand, next;
+    cublasLtMatmulAlgo_t cand[GEMM_TUNE_MAX];
+    cudaEvent_t ev[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS][2];
+    double gflop[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS], rate[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS];
 } GemmPlan;
 
 struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
+    int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 1), MOETRAIN_GEMM_TUNE_LOG
 };
 
-struct GemmCache* gemm_cache_create(void) { return (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache)); }
+static int env_flag(const char* name, int dflt) {
+    const char* e = getenv(name);
+    if (!e || !e[0]) return dflt;
+    CHECK(!strcmp(e, "0") || !strcmp(e, "1"), "%s=%s: expected 0 or 1", name, e);
+    return e[0] == '1';
+}
+
+struct GemmCache* gemm_cache_create(void) {
+    struct GemmCache* g = (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache));
+    g->tune = env_flag("MOETRAIN_GEMM_TUNE", 1);
+    g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
+    return g;
+}
+
+static void tune_release(GemmPlan* p) {  // the events of the candidates that got them
+    for (int i = 0; i < p->next; i++)
+        for (int e = 0; e < 2; e++)
+            if (p->ev[i][e]) cudaEventDestroy(p->ev[i][e]), p->ev[i][e] = NULL;
+}
 
 void gemm_cache_destroy(struct GemmCache* g) {
     if (!g) return;
     for (int i = 0; i < CACHE_CAP; i++) {
         GemmPlan* p = &g->slot[i];
         if (!p->used) continue;
+        tune_release(p);
         cublasLtMatrixLayoutDestroy(p->la);
         cublasLtMatrixLayoutDestroy(p->lb);
         cublasLtMatrixLayoutDestroy(p->lc);
@@ -94,7 +139,7 @@ static void set_dims(GemmPlan* p, int M, int K) {
     p->cur_K = K;
 }
 
-static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k) {
+static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     p->used = 1;
@@ -121,16 +166,60 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k) {
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
     int nres = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
+                                                      tune ? GEMM_TUNE_MAX : 1, res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0)
         FATAL("cuBLASLt has no algorithm for the GEMM M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d "
               "(%s inputs, %s output, %d-byte aligned): %s; check the model dimensions (multiples of 8 are safest)",
               M, N, K, k->ta, k->tb, k->lda, k->ldb, k->ldc, k->bf16 ? "bf16" : "fp32",
               ct == CUDA_R_16BF ? "bf16" : "fp32", k->align, cublasLt_status_name(s));
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    p->n_cand = 0;
+    for (int i = 0; i < nres; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
+    p->tuned = p->n_cand <= 1;  // nothing to choose from
+}
+
+// Reads the finished timings without blocking; once every candidate has one, keeps the fastest
+// (GEMM_TUNE_MARGIN against the first pick) and releases the events.
+static void tune_poll(struct GemmCache* g, GemmPlan* p) {
+    const int calls = p->n_cand * GEMM_TUNE_ROUNDS;
+    int pending = p->next < calls;
+    for (int i = 0; i < p->next; i++) {
+        if (p->rate[i] >= 0) continue;
+        const cudaError_t e = cudaEventQuery(p->ev[i][1]);
+        if (e == cudaErrorNotReady) {
+            if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // a status, not an error
+            pending = 1;
+            continue;
+        }
+        CUDA_CK(e);
+        float ms = 0;
+        CUDA_CK(cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]));
+        p->rate[i] = ms / p->gflop[i];
+    }
+    if (pending) return;
+    double r[GEMM_TUNE_MAX];  // per candidate, its best timing
+    for (int i = 0; i < p->n_cand; i++) r[i] = INFINITY;
+    for (int j = 0; j < calls; j++) r[j % p->n_cand] = fmin(r[j % p->n_cand], p->rate[j]);
+    int best = 0;
+    for (int i = 1; i < p->n_cand; i++)
+        if (r[i] < r[best]) best = i;
+    if (best != 0 && !(r[best] < GEMM_TUNE_MARGIN * r[0])) best = 0;
+    p->algo = p->cand[best];
+    p->tuned = 1;
+    tune_release(p);
+    if (g->tune_log) {
+        const GemmKey* k = &p->key;
+        printf("gemm_tune M%d N%d K%d ta%d tb%d c_f32 %d dyn %d: pick #%d of %d;", k->M, k->N, k->K, k->ta, k->tb,
+               k->c_f32, k->dyn, best, p->n_cand);
+        for (int i = 0; i < p->n_cand; i++) printf(" %.0f", isfinite(r[i]) && r[i] > 0 ? 1e3 / r[i] : 0.0);  // TFLOP/s
+        printf(" TFLOP/s\n");
+        fflush(stdout);
+    }
 }
 
 static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
@@ -140,7 +229,7 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
         GemmPlan* p = &g->slot[(h + probe) % CACHE_CAP];
         if (!p->used) {
             CHECK(g->used < CACHE_CAP * 3 / 4, "cuda gemm: more than %d distinct GEMM shapes", CACHE_CAP * 3 / 4);
-            plan_build(c, p, k);
+            plan_build(c, p, k, g->tune);
             g->used++;
             return p;
         }
@@ -179,8 +268,21 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
     GemmPlan* p = plan_get(c, &k);
     if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);
     const float alpha = d->alpha, beta = d->beta;
-    cublasStatus_t s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                                      &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+    cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!p->tuned) tune_poll(c->gemm, p);
+    if (!p->tuned && p->next < p->n_cand * GEMM_TUNE_ROUNDS) {  // time a candidate on this call
+        const int j = p->next++;
+        for (int e = 0; e < 2; e++) CUDA_CK(cudaEventCreate(&p->ev[j][e]));
+        CUDA_CK(cudaEventRecord(p->ev[j][0], c->stream));
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                           &p->cand[j % p->n_cand], c->lt_ws, c->lt_ws_bytes, c->stream);
+        CUDA_CK(cudaEventRecord(p->ev[j][1], c->stream));
+        p->gflop[j] = 2e-9 * M * N * (double)K;
+        p->rate[j] = s == CUBLAS_STATUS_SUCCESS ? -1.0 : INFINITY;  // refused at this size: never picked
+    }
+    if (s != CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->lt_ws,
+                           c->lt_ws_bytes, c->stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && dyn) {  // the rounded plan's algorithm refused this size
         k.M = M;
         k.K = K;
@@ -266,7 +368,7 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     k.ldc = d->ldc ? d->ldc : N;
     k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
     GemmPlan p;
-    plan_build(c, &p, &k);  // the layouts and descriptor; p.algo is the first pick
+    plan_build(c, &p, &k, 0);  // the layouts and descriptor; p.algo is the first pick
     cublasLtMatmulPreference_t pref;
     CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = c->lt_ws_bytes;
