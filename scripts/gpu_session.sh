@@ -14,7 +14,8 @@
 #   ab:MBS:SET1,SET2,...   bench_8x7B_L2 at micro-batch MBS under each environment setting
 #          (e.g. ab:8:MOETRAIN_ATTN=wgmma,MOETRAIN_ATTN=mma); the fastest is exported for the
 #          later steps (and said in d.log).
-#   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof8.log
+#   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof.log; profev the same
+#          from device events without syncs (MOETRAIN_PROFILE=events) → profev.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
 #          SWEEP_HF (default eager), one Hugging Face process → sweep.jsonl
 #   head   scripts/bench.sh at micro-batch 4 and 8, seq 4096, against HEAD_HF (default
@@ -85,10 +86,11 @@ for step in $STEPS; do
       if [ -n "$ms" ] && { [ -z "$bms" ] || awk "BEGIN{exit !($ms < $bms)}"; }; then best=$set; bms=$ms; fi
     done
     [ -n "$best" ] && { export "${best?}"; say "$best for the rest"; } ;;
-  prof)
+  prof|profev)  # prof: a sync per stage; profev: device events (MOETRAIN_PROFILE=events), the plain step
     [ "$(left)" -lt 70 ] && { say "skipped: too little time"; continue; }
-    MOETRAIN_PROFILE=1 timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 \
-      train.steps=6 > $W/prof8.log 2>&1; sed -n '/^profile/,$p' $W/prof8.log | head -14 | tee -a $L ;;
+    pm=1; [ $step = profev ] && pm=events
+    MOETRAIN_PROFILE=$pm timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 \
+      train.steps=${PROF_STEPS:-6} > $W/$step.log 2>&1; sed -n '/^profile/,$p' $W/$step.log | head -${PROF_LINES:-14} | tee -a $L ;;
   sweep)
     [ "$(left)" -lt 200 ] && { say "skipped: too little time"; continue; }
     bs sweep MBS="${MBS:-1 2 4 8}" SEQ="${SEQ:-1024 4096 8192}" HF_VARIANTS="${SWEEP_HF:-eager}" RUN_TIMEOUT=$(( $(left) - 20 )) ;;

@@ -6,6 +6,11 @@
 // (a launch latency per stage, ~10 µs), and the sum of the stages is that slower step; the
 // shares are what to read. With profiling off a mark is one predictable branch.
 //
+// MOETRAIN_PROFILE=events (CUDA backend): no syncs; each mark records a CUDA event on the
+// backend's stream, read at the end of the optimizer step, so the table is the plain step's own
+// device timeline (a stage's time is from the previous mark to its own, gaps included; the
+// first stage of a step also holds the gap since the previous step's optimizer).
+//
 // Steps before the third are not counted (warm-up: cuBLASLt plans, arena growth).
 #pragma once
 #include <stdio.h>
