@@ -13,9 +13,6 @@
 // stage a P·V reads is refilled only after every warp waited for that P·V (wg_wait, then the block
 // barrier). Two CTAs fit an SM (81 KB of shared memory each at D = 128), so one CTA's softmax
 // overlaps the other's matrix work. Heavy (late) query tiles are scheduled first.
-#include <stdlib.h>
-#include <string.h>
-
 #include "cuda_attn.cuh"
 #include "wgmma.cuh"
 
@@ -147,206 +144,6 @@ __global__ void __launch_bounds__(FW_THREADS) k_attn_fwd_wg(bf16* out, float* ls
     }
 }
 
-// ---- the second design (MOETRAIN_ATTN_FWD=v2: 64-key tiles, v3: 128-key tiles) ---------------
-// The same contract and math, with the instruction count per tile cut where the first design
-// spends it (ncu on the H200: issue-bound, the ALU pipe the busiest, 2 warps per scheduler):
-//   - Q lives in registers as the A fragments of its D/16 k-steps (read once from global memory),
-//     so S = Q·Kᵀ is an RS wgmma: half the shared-memory reads of the SS form, and no Q tile.
-//   - K has one shared buffer, V two: K(j+1) is loaded once every warp's S(j) is done, V(j+1) once
-//     every warp's P·V(j − 1) is done (the same barrier), so no stage waits longer than in the
-//     first design, in 1 + 2 tiles instead of 2 + 2 + Q.
-//   - Tile loads with the per-thread addresses fixed up front: a thread copies column chunk
-//     tid % (D/8) of rows tid / (D/8) + 8i (D = 128), whose SW128 position is a constant plus
-//     1024·i, so a 16-byte cp.async costs an address add; bounds are checked only in a tail tile.
-//   - The row maximum is taken over the raw scores (the scale is positive) and each exponent is
-//     one FFMA: p = 2^(s·scale·log2 e − max·scale·log2 e).
-//   - BC = 128 (v3) halves the per-key cost of the O rescale, the row reductions and the barriers
-//     (S is m64n128, 64 floats per thread). Both: two CTAs per SM (three at BC = 64 would cap the
-//     registers at 168, and ptxas then serializes the wgmmas).
-// A query tile of 64 rows never sees a fully masked key tile (tiles start at multiples of BC ≤ q0).
-
-// Rows [r0, r0 + R) of a [T, stride] bf16 matrix into an SW128 tile, 128 threads; src and doff are
-// the thread's fixed parts (see k_attn_fwd_wg2). full: every row < T; else rows r0 + rb + RP·i ≥ T
-// (left = T − r0 − rb) are zero-filled from the valid address `safe`.
-template <int R, int D>
-__device__ __forceinline__ void wg_load_tile_fixed(uint32_t dst, const bf16* src, size_t stride, bool full, int left,
-                                                   const bf16* safe) {
-    constexpr int RP = 128 / (D / 8);  // rows per pass of the 128 threads
-#pragma unroll
-    for (int i = 0; i < R / RP; i++) {
-        const bf16* sp = src + (size_t)i * RP * stride;
-        const uint32_t d = dst + (uint32_t)(i * RP * 128);
-        if (full) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(sp));
-        } else {
-            const bool ok = RP * i < left;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(ok ? sp : safe),
-                         "r"(ok ? 16 : 0));
-        }
-    }
-}
-
-template <int D, int BC, int MINB>
-__global__ void __launch_bounds__(FW_THREADS, MINB) k_attn_fwd_wg2(bf16* out, float* lse, const bf16* q,
-                                                                  const bf16* k, const bf16* v, int T, int Hq,
-                                                                  int Hkv, float sl2) {
-    constexpr uint32_t KT = BC * D * 2;  // bytes of one [BC][D] K or V tile
-    constexpr int KS = D / 16, NS = BC / 2, PK = BC / 16;
-    constexpr int CPR = D / 8, RP = FW_THREADS / CPR;  // loader: chunks per row, rows per pass
-    static_assert(RP % 8 == 0, "the loader's swizzle phase must not depend on the pass");
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
-    const uint32_t Ks = base, Vb = base + KT;  // V stage s at Vb + s·KT
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, c4 = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
-    const int q0 = qt * FW_BR;
-    const size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
-    const bf16* qb = q + (size_t)b * T * qs + (size_t)h * D;
-    const bf16* kb = k + (size_t)b * T * ks + (size_t)kh * D;
-    const bf16* vb = v + (size_t)b * T * ks + (size_t)kh * D;
-    const int kt_end = (min(q0 + FW_BR, T) + BC - 1) / BC;
-
-    // the loader's fixed parts: column chunk lj of rows lrb + RP·i
-    const int lj = tid % CPR, lrb = tid / CPR;
-    const uint32_t doff = (uint32_t)((lj >> 3) * BC * 128 + lrb * 128 + (((lj & 7) ^ (lrb & 7)) << 4));
-    const bf16* kl = kb + (size_t)lrb * ks + lj * 8;
-    const bf16* vl = vb + (size_t)lrb * ks + lj * 8;
-    auto load_kv = [&](int kt, int vst) {
-        const int k0 = kt * BC, left = T - k0 - lrb;
-        const bool full = k0 + BC <= T;
-        wg_load_tile_fixed<BC, D>(Ks + doff, kl + (size_t)k0 * ks, ks, full, left, kb);
-        wg_load_tile_fixed<BC, D>(Vb + vst * KT + doff, vl + (size_t)k0 * ks, ks, full, left, vb);
-        cp_async_commit();
-    };
-    load_kv(0, 0);
-
-    // Q as A fragments (rows row0 and row0 + 8 of this warp; zero past T)
-    const int row0 = q0 + w * 16 + g;  // this thread's rows: row0, row0 + 8
-    uint32_t qf[KS][4];
-    {
-        const bool lo = row0 < T, hi = row0 + 8 < T;
-        const bf16* ql = qb + (size_t)(lo ? row0 : 0) * qs + 2 * c4;
-        const bf16* qh = qb + (size_t)(hi ? row0 + 8 : 0) * qs + 2 * c4;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            qf[kk][0] = lo ? __ldg((const unsigned int*)(ql + 16 * kk)) : 0u;
-            qf[kk][1] = hi ? __ldg((const unsigned int*)(qh + 16 * kk)) : 0u;
-            qf[kk][2] = lo ? __ldg((const unsigned int*)(ql + 16 * kk + 8)) : 0u;
-            qf[kk][3] = hi ? __ldg((const unsigned int*)(qh + 16 * kk + 8)) : 0u;
-        }
-    }
-
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    wg_reg_fence<D / 2>(o);
-    float mraw[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};  // row max of the raw scores; row sums
-
-    for (int kt = 0; kt < kt_end; kt++) {
-        const int k0 = kt * BC, st = kt & 1;
-        const uint32_t Vs = Vb + st * KT;
-        cp_async_wait<0>();  // K(kt), V(kt) landed for this thread's copies
-        wg_fence_smem();
-        __syncthreads();     // ... and for everyone's
-
-        float s[NS];
-        wg_arrive();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) wg_rs<BC, 0>(s, qf[kk], wg_desc_k(Ks, BC, 0, kk), kk > 0);
-        wg_commit();
-        wg_reg_fence<NS>(s);
-        wg_wait<0>();  // S of tile kt, and the P·V of tile kt − 1
-        wg_reg_fence<NS>(s);
-        wg_reg_fence<D / 2>(o);
-        __syncthreads();  // every warp's S(kt) (K buffer free) and P·V(kt − 1) (V stage st ^ 1 free)
-        if (kt + 1 < kt_end) load_kv(kt + 1, st ^ 1);
-
-        const bool need_mask = k0 + BC - 1 > q0 + w * 16 || k0 + BC > T;
-        float mx[2] = {mraw[0], mraw[1]};
-#pragma unroll
-        for (int i = 0; i < NS; i++) {
-            float x = s[i];
-            if (need_mask) {
-                const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-                if (key > row || key >= T) x = -INFINITY;
-            }
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
-        }
-        float corr[2], ms[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            corr[r] = fast_exp2((mraw[r] - mx[r]) * sl2);  // 0 on the first tile (−inf); mx is finite
-            mraw[r] = mx[r];
-            ms[r] = mx[r] * sl2;
-            lr[r] *= corr[r];
-        }
-        uint32_t a[PK][4];  // a[kk]: the A fragment of P's k-step kk (keys 16kk..16kk+15 of the tile)
-#pragma unroll
-        for (int i = 0; i < NS; i += 2) {
-            float p[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int ii = i + e, r = (ii >> 1) & 1;
-                p[e] = fast_exp2(fmaf(s[ii], sl2, -ms[r]));
-                if (need_mask) {
-                    const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
-                    if (key > row || key >= T) p[e] = 0.f;
-                }
-                lr[r] += p[e];
-            }
-            a[i >> 3][(i >> 1) & 3] = pack_bf16(p[0], p[1]);
-        }
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] *= corr[(i >> 1) & 1];
-
-        // O += P·V: V read MN-major from its stage
-        wg_reg_fence<D / 2>(o);
-        wg_reg_fence_u<PK * 4>(&a[0][0]);
-        wg_arrive();
-#pragma unroll
-        for (int kk = 0; kk < PK; kk++) wg_rs<D, 1>(o, a[kk], wg_desc_mn(Vs, BC, kk), kk > 0 || kt > 0);
-        wg_commit();
-        wg_reg_fence<D / 2>(o);
-    }
-    wg_wait<0>();
-    wg_reg_fence<D / 2>(o);
-
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / lr[r];
-        bf16* ob = out + ((size_t)b * T + row) * qs + (size_t)h * D;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(uint32_t*)(ob + j * 8 + 2 * c4) = pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-        if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mraw[r] * sl2 + log2f(lr[r])) * LN2;
-    }
-}
-
-template <int D, int BC, int MINB>
-static void launch_fwd_wg2(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B,
-                           int T, int Hq, int Hkv) {
-    const size_t smem = (size_t)3 * BC * D * 2 + 1024;  // K + 2 × V, + room to align to 1024
-    static bool attr = false;                          // per instantiation
-    if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_wg2<D, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem));
-        attr = true;
-    }
-    const dim3 grid((T + FW_BR - 1) / FW_BR, Hq, B);
-    k_attn_fwd_wg2<D, BC, MINB><<<grid, FW_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv,
-                                                                        LOG2E / sqrtf((float)D));
-    LAUNCH_CK(c);
-}
-
 template <int D>
 static void launch_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B,
                           int T, int Hq, int Hkv) {
@@ -363,31 +160,11 @@ static void launch_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
 
 // Runs the wgmma forward when it applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16 and
 // alignment); returns 0 otherwise.
-// MOETRAIN_ATTN_FWD: v1 (the first design), v2 (64-key tiles, Q in registers), v3 (128-key tiles);
-// read per call (the tests switch it). Unset or auto: ATTN_FWD_DEFAULT.
-#define ATTN_FWD_DEFAULT 1
-static int fwd_variant(void) {
-    const char* e = getenv("MOETRAIN_ATTN_FWD");
-    if (!e || !e[0] || !strcmp(e, "auto")) return ATTN_FWD_DEFAULT;
-    CHECK(!strcmp(e, "v1") || !strcmp(e, "v2") || !strcmp(e, "v3"), "MOETRAIN_ATTN_FWD=%s: expected auto, v1, v2 or v3",
-          e);
-    return e[1] - '0';
-}
-
 int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D) {
     if (!cuda_wgmma_ok(c)) return 0;
-    if (D != 128 && D != 64) return 0;
-    const int var = fwd_variant();
-    if (var == 1) {
-        if (D == 128) launch_fwd_wg<128>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-        else launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-    } else if (var == 2) {
-        if (D == 128) launch_fwd_wg2<128, 64, 2>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-        else launch_fwd_wg2<64, 64, 2>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-    } else {
-        if (D == 128) launch_fwd_wg2<128, 128, 2>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-        else launch_fwd_wg2<64, 128, 2>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-    }
+    if (D == 128) launch_fwd_wg<128>(c, out, lse, q, k, v, B, T, Hq, Hkv);
+    else if (D == 64) launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
+    else return 0;
     return 1;
 }

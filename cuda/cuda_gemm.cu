@@ -15,17 +15,20 @@
 // layouts, which is a host-side attribute write). Should cuBLASLt refuse the cached algorithm
 // at the exact size, an exact-size plan is built and cached instead.
 //
-// Autotuning (MOETRAIN_GEMM_TUNE=1, the default; 0 turns it off): cuBLASLt's heuristic ranks up
-// to GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest at our
-// shapes (the bench_8x7B_L2 survey on an H200 at 8,192 rows per expert: the w13 dgrad 689 →
-// 745 TFLOP/s, the w2 forward 626 → 686, the lm_head dgrad 633 → 697 with another candidate).
+// Autotuning (MOETRAIN_GEMM_TUNE=1; off by default): cuBLASLt's heuristic ranks up to
+// GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest when each
+// candidate is timed alone (the bench_8x7B_L2 survey on an H200 at 8,192 rows per expert: the
+// w13 dgrad 689 → 745 TFLOP/s, the w2 forward 626 → 686 with another candidate). Timed inside
+// the training step, though, the first pick was the fastest or within 3% for nearly every plan,
+// and the step did not get faster (docs/performance.md, change 21), so it is a tool for other
+// GPUs and shapes, not the default.
 // A plan's first calls each run the next candidate — real work on real data, every candidate
 // computes the same product — between two events; the elapsed times are read without blocking
 // (cudaEventQuery) on later calls of the plan, normalized by the call's FLOPs (the dynamic
 // dimension varies), and once every candidate has a time the plan keeps the fastest, unless it
 // beats the heuristic's first pick by less than GEMM_TUNE_MARGIN (timing noise must not flip the
 // choice). No host synchronization and no extra GEMM. The pick can differ between runs (timing),
-// so bitwise-reproducible GPU runs (the resume checks) set MOETRAIN_GEMM_TUNE=0.
+// so runs compared bit for bit (the resume checks) keep it off.
 // MOETRAIN_GEMM_TUNE_LOG=1 prints each plan's candidates and pick.
 #include <math.h>
 #include <stdio.h>
@@ -66,7 +69,7 @@ typedef struct GemmPlan {
 struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
-    int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 1), MOETRAIN_GEMM_TUNE_LOG
+    int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
 };
 
 static int env_flag(const char* name, int dflt) {
@@ -78,7 +81,7 @@ static int env_flag(const char* name, int dflt) {
 
 struct GemmCache* gemm_cache_create(void) {
     struct GemmCache* g = (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache));
-    g->tune = env_flag("MOETRAIN_GEMM_TUNE", 1);
+    g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     return g;
 }

@@ -130,22 +130,14 @@ static void attention_cases(const char* path) {
         float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);
         g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D);
         void *dq_ = up_act(be, q, nq), *dk_ = up_act(be, k, nk), *dv_ = up_act(be, v, nk);
+        void* dO = poison_act(be, nq);
+        float* dL = poison(be, 4 * nl);
+        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
         char lab[64];
-        // the wgmma path: every forward design (MOETRAIN_ATTN_FWD; the labels say which)
-        static const char* const fvar[] = {"v1", "v2", "v3"};
-        const int nfv = strcmp(path, "wgmma") ? 1 : 3;
-        for (int fv = 0; fv < nfv; fv++) {
-            const char* vn = nfv > 1 ? fvar[fv] : "";
-            if (nfv > 1) setenv("MOETRAIN_ATTN_FWD", vn, 1);
-            void* dO = poison_act(be, nq);
-            float* dL = poison(be, 4 * nl);
-            be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-            snprintf(lab, sizeof lab, "%s%s%s attn_fwd out D=%d T=%d", path, nfv > 1 ? "/" : "", vn, D, T);
-            cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
-            snprintf(lab, sizeof lab, "%s%s%s attn_fwd lse D=%d T=%d", path, nfv > 1 ? "/" : "", vn, D, T);
-            cmp(m, lab, down_f32(be, dL, nl), l, nl, TOL(TOL_F32, TOL_FP32_OUT));
-            if (nfv > 1) unsetenv("MOETRAIN_ATTN_FWD");
-        }
+        snprintf(lab, sizeof lab, "%s attn_fwd out D=%d T=%d", path, D, T);
+        cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
+        snprintf(lab, sizeof lab, "%s attn_fwd lse D=%d T=%d", path, D, T);
+        cmp(m, lab, down_f32(be, dL, nl), l, nl, TOL(TOL_F32, TOL_FP32_OUT));
 
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
         float* orr = act_in(m, o, nq);
@@ -326,14 +318,8 @@ static void bench_attn(Backend* be, int B) {
     for (int path = 0; path < 2; path++) {  // wgmma (on an H200), then mma.sync
         setenv("MOETRAIN_ATTN", path ? "mma" : "wgmma", 1);
         const char* pn = path ? "mma  " : "wgmma";
-        for (int fv = 0; fv < (path ? 1 : 3); fv++) {  // wgmma: each forward design
-            static const char* const fvar[] = {"v1", "v2", "v3"};
-            if (!path) setenv("MOETRAIN_ATTN_FWD", fvar[fv], 1);
-            t = time_ms(be, b_attn_fwd, &c, 10);
-            printf("attn_fwd %s%s B%d T4096 Hq32 Hkv8 D128 %9.3f   %7.1f TFLOP/s\n", pn, path ? "  " : fvar[fv], B, t,
-                   fl_attn / t / 1e9);
-        }
-        unsetenv("MOETRAIN_ATTN_FWD");
+        t = time_ms(be, b_attn_fwd, &c, 10);
+        printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
         c.ws = NULL, c.ws_bytes = 0;
         t = time_ms(be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
