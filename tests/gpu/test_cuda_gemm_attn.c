@@ -329,6 +329,14 @@ static void bench_attn(Backend* be, int B) {
             t = time_ms(be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
                    ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
+            if (B > 1) {  // a workspace for half the pairs: two chunks, as in the step at micro-batch 8
+                setenv("MOETRAIN_ATTN_BWD", "ds", 1);
+                c.ws_bytes = ds_bytes / 2;
+                t = time_ms(be, b_attn_bwd, &c, 5);
+                printf("attn_bwd wgmma stored dS, 2 chunks          %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
+                       2.5 * fl_attn / t / 1e9);
+                unsetenv("MOETRAIN_ATTN_BWD");
+            }
             c.ws = NULL, c.ws_bytes = 0;
         }
     }
