@@ -396,6 +396,9 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
 
     be->cross_entropy = cuda_cross_entropy;
     be->adamw = cuda_adamw;
+    be->split_pack = cuda_split_pack;
+    be->split_unpack = cuda_split_unpack;
+    be->adamw_split = cuda_adamw_split;
 
     be->peak_bytes = cu_peak_bytes;
     be->destroy = cu_destroy;

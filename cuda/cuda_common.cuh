@@ -179,5 +179,9 @@ void cuda_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targ
 // cuda_optim.cu
 void cuda_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
                 float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cuda_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
+                      float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cuda_split_pack(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
+void cuda_split_unpack(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
 // cuda_backend.cu: C = beta·C on a [M, N] matrix with row stride ldc (the K = 0 / alpha = 0 GEMM)
 void cuda_scale_matrix(Backend*, void* C, int c_f32, int M, int N, int ldc, float beta);

@@ -4,6 +4,12 @@
 //   p ← p · (1 − lr·wd) − lr · (m / bc1) / (sqrt(v / bc2) + eps),  bc_i = 1 − β_i^step
 // fp32 math (the CPU spec uses double; the difference is ~1 ulp of the update). 4 elements per
 // thread with 16-byte loads when every pointer allows it.
+// Split masters (backend.h split_pack; the identity and its proof: src/cpu/cpu_optim.c): the
+// master is the bf16 weight w plus an int16 remainder; adamw_split joins them into the fp32
+// master, runs the same adam1 as k_adamw, and splits the result: 28 bytes per element (w, rem,
+// m, v, grad in; w, rem, m, v out) instead of k_adamw's 30 with a bf16 copy. 8 elements per
+// iteration with 16-byte accesses (w, rem: one uint4 each; m, v, grad: two float4) from the
+// first element where w is 16-byte aligned (a scalar head before it, a scalar tail after).
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -87,4 +93,184 @@ void cuda_adamw(Backend* be, float* master, void* param, float* m, float* v, con
     CudaImpl* c = CI(be);
     if (is_bf16(be)) launch_adamw<bf16>(c, master, (bf16*)param, m, v, grad, n, a);
     else launch_adamw<float>(c, master, param == (void*)master ? NULL : (float*)param, m, v, grad, n, a);
+}
+
+// ---- split masters ----------------------------------------------------------------------------
+
+// fp32 bits from the bf16 bits w and the remainder bits r (each in the low 16 bits): w·2^16 + r
+// with r sign-extended, mod 2^32.
+__device__ __forceinline__ float split_join(uint32_t w, uint32_t r) {
+    return __uint_as_float((w << 16) + (uint32_t)(int32_t)(int16_t)(uint16_t)r);
+}
+// x → (w, r): w = high half + the top bit of the low half (ties away from zero), r = low half.
+__device__ __forceinline__ void split_part(float x, uint32_t& w, uint32_t& r) {
+    const uint32_t u = __float_as_uint(x);
+    w = ((u >> 16) + ((u >> 15) & 1u)) & 0xffffu;
+    r = u & 0xffffu;
+}
+// Half j (0..7) of four 32-bit words holding eight 16-bit values (little endian: even j low).
+__device__ __forceinline__ uint32_t half_of(const uint32_t q[4], int j) { return j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xffffu; }
+
+// Elements before w reaches a 16-byte boundary; the vector path starts there when every other
+// pointer is 16-byte aligned at that element too and at least 8 elements remain.
+static size_t split_head(const void* w) { return ((16 - (uintptr_t)w % 16) % 16) / 2; }
+static bool al16(const void* p) { return (uintptr_t)p % 16 == 0; }
+
+template <bool VEC>
+__global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, size_t head,
+                              AdamArgs a) {
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0, i0 = 0;
+    if (VEC) {
+        const size_t n8 = (n - head) / 8;
+        uint4 *w8 = (uint4*)(w + head), *r8 = (uint4*)(rem + head);
+        float4 *m4 = (float4*)(m + head), *v4 = (float4*)(v + head);
+        const float4* g4 = (const float4*)(grad + head);
+        for (size_t i = tid; i < n8; i += step) {
+            const uint4 wv = w8[i], rv = r8[i];
+            const float4 m0 = m4[2 * i], m1 = m4[2 * i + 1], v0 = v4[2 * i], v1 = v4[2 * i + 1];
+            const float4 g0 = g4[2 * i], g1 = g4[2 * i + 1];
+            const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w}, rq[4] = {rv.x, rv.y, rv.z, rv.w};
+            float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+            float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            const float gg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+            uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float p = split_join(half_of(wq, j), half_of(rq, j));
+                adam1(p, mm[j], vv[j], gg[j], a);
+                uint32_t pw, pr;
+                split_part(p, pw, pr);
+                wo[j >> 1] |= pw << (16 * (j & 1));
+                ro[j >> 1] |= pr << (16 * (j & 1));
+            }
+            w8[i] = make_uint4(wo[0], wo[1], wo[2], wo[3]);
+            r8[i] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+            m4[2 * i] = make_float4(mm[0], mm[1], mm[2], mm[3]);
+            m4[2 * i + 1] = make_float4(mm[4], mm[5], mm[6], mm[7]);
+            v4[2 * i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            v4[2 * i + 1] = make_float4(vv[4], vv[5], vv[6], vv[7]);
+        }
+        done = head + 8 * n8;
+        i0 = head;  // the scalar loops below: [0, head) and [done, n)
+    }
+    for (size_t k = tid; k < i0 + (n - done); k += step) {
+        const size_t i = k < i0 ? k : done + (k - i0);
+        float p = split_join(w[i], (uint16_t)rem[i]), mm = m[i], vv = v[i];
+        adam1(p, mm, vv, grad[i], a);
+        uint32_t pw, pr;
+        split_part(p, pw, pr);
+        w[i] = (uint16_t)pw;
+        rem[i] = (int16_t)(uint16_t)pr;
+        m[i] = mm;
+        v[i] = vv;
+    }
+}
+
+template <bool VEC>
+__global__ void k_split_pack(uint16_t* w, int16_t* rem, const float* x, size_t n, size_t head) {
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0, i0 = 0;
+    if (VEC) {
+        const size_t n8 = (n - head) / 8;
+        uint4* w8 = (uint4*)(w + head);
+        uint4* r8 = rem ? (uint4*)(rem + head) : nullptr;
+        const float4* x4 = (const float4*)(x + head);
+        for (size_t i = tid; i < n8; i += step) {
+            const float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
+            const float xx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t pw, pr;
+                split_part(xx[j], pw, pr);
+                wo[j >> 1] |= pw << (16 * (j & 1));
+                ro[j >> 1] |= pr << (16 * (j & 1));
+            }
+            w8[i] = make_uint4(wo[0], wo[1], wo[2], wo[3]);
+            if (rem) r8[i] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+        }
+        done = head + 8 * n8;
+        i0 = head;
+    }
+    for (size_t k = tid; k < i0 + (n - done); k += step) {
+        const size_t i = k < i0 ? k : done + (k - i0);
+        uint32_t pw, pr;
+        split_part(x[i], pw, pr);
+        w[i] = (uint16_t)pw;
+        if (rem) rem[i] = (int16_t)(uint16_t)pr;
+    }
+}
+
+template <bool VEC>
+__global__ void k_split_unpack(float* x, const uint16_t* w, const int16_t* rem, size_t n, size_t head) {
+    const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0, i0 = 0;
+    if (VEC) {
+        const size_t n8 = (n - head) / 8;
+        const uint4 *w8 = (const uint4*)(w + head), *r8 = (const uint4*)(rem + head);
+        float4* x4 = (float4*)(x + head);
+        for (size_t i = tid; i < n8; i += step) {
+            const uint4 wv = w8[i], rv = r8[i];
+            const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w}, rq[4] = {rv.x, rv.y, rv.z, rv.w};
+            float xx[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) xx[j] = split_join(half_of(wq, j), half_of(rq, j));
+            x4[2 * i] = make_float4(xx[0], xx[1], xx[2], xx[3]);
+            x4[2 * i + 1] = make_float4(xx[4], xx[5], xx[6], xx[7]);
+        }
+        done = head + 8 * n8;
+        i0 = head;
+    }
+    for (size_t k = tid; k < i0 + (n - done); k += step) {
+        const size_t i = k < i0 ? k : done + (k - i0);
+        x[i] = split_join(w[i], (uint16_t)rem[i]);
+    }
+}
+
+void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
+                      float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    // w, rem [n] split masters (bf16 bits whatever the act dtype); m, v, grad [n] fp32
+    CHECK(step >= 1, "adamw_split: step is 1-based, got %d", step);
+    if (n == 0) return;
+    AdamArgs a;  // exactly cuda_adamw's
+    a.lr = lr;
+    a.b1 = b1;
+    a.b2 = b2;
+    a.eps = eps;
+    a.decay = (float)(1.0 - (double)lr * wd);
+    a.gs = grad_scale;
+    a.bc1 = (float)(1.0 - pow((double)b1, step));
+    a.bc2 = (float)(1.0 - pow((double)b2, step));
+    CudaImpl* c = CI(be);
+    const size_t h = split_head(w);
+    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
+    const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_adamw_split<true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
+    else k_adamw_split<false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    LAUNCH_CK(c);
+}
+
+void cuda_split_pack(Backend* be, uint16_t* w, int16_t* rem, const float* x, size_t n) {
+    // w, rem [n] (rem may be NULL: w only); x [n] fp32
+    if (n == 0) return;
+    CudaImpl* c = CI(be);
+    const size_t h = split_head(w);
+    const bool vec = n >= h + 8 && al16(w + h) && (!rem || al16(rem + h)) && al16(x + h);
+    const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_split_pack<true><<<g, 256, 0, c->stream>>>(w, rem, x, n, h);
+    else k_split_pack<false><<<g, 256, 0, c->stream>>>(w, rem, x, n, 0);
+    LAUNCH_CK(c);
+}
+
+void cuda_split_unpack(Backend* be, float* x, const uint16_t* w, const int16_t* rem, size_t n) {
+    // x [n] fp32; w, rem [n]
+    if (n == 0) return;
+    CudaImpl* c = CI(be);
+    const size_t h = split_head(w);
+    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(x + h);
+    const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_split_unpack<true><<<g, 256, 0, c->stream>>>(x, w, rem, n, h);
+    else k_split_unpack<false><<<g, 256, 0, c->stream>>>(x, w, rem, n, 0);
+    LAUNCH_CK(c);
 }

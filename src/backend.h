@@ -187,6 +187,24 @@ struct Backend {
                   size_t n, float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int step);
 
+    // Split fp32 masters (bf16 runs, precision.master=split): an fp32 master x is kept as its
+    // bf16 compute weight w plus a 16-bit remainder rem, exactly (proof: cpu_optim.c). On bits,
+    //   pack:   w = (x >> 16) + ((x >> 15) & 1)  (mod 2^16),  rem = (int16_t)(x & 0xffff)
+    //   unpack: x = (w << 16) + (int32_t)rem     (mod 2^32)
+    // so w is x rounded to bf16 to nearest, ties away from zero (round-to-nearest-even differs
+    // only when the low half is exactly 0x8000 and w's truncation is even). w holds bf16 bits
+    // whatever the act dtype. Every 32-bit pattern round-trips, non-finite ones included.
+    // pack: w [n], rem [n] from x [n] fp32; rem = NULL writes w only.
+    void (*split_pack)(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
+    // unpack: x [n] fp32 from w [n], rem [n].
+    void (*split_unpack)(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
+    // AdamW on a split master (w [n], rem [n]) with m/v/grad fp32: unpacks each master, applies
+    // exactly adamw's arithmetic (same backend, same operation order: the new master has the
+    // bits adamw gives), packs it back.
+    void (*adamw_split)(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad,
+                        size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                        float grad_scale, int step);
+
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);
 

@@ -38,7 +38,8 @@ static const ConfigKey KEYS[] = {
     BOOL(model, tie_embeddings, "false", "must be false: Mixtral's lm_head is untied"),
     KEY(parallel, ep, K_INT, "1", 1, 4096, NULL, "expert-parallel group size; divides the world size and model.experts"),
     BOOL(parallel, zero1, "true", "shard optimizer state (fp32 master, Adam m, v) over data-parallel ranks (ZeRO-1)"),
-    ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 masters always; the CPU computes in fp32)"),
+    ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 master weights always: see precision.master; the CPU computes in fp32)"),
+    ENUM(precision, master, "split", "split|fp32", "how bf16 runs keep the fp32 master weights: split = the bf16 weight plus a 16-bit remainder (exact, 2 B/param less memory and AdamW traffic; the bf16 weight is the master rounded to nearest with ties away from zero), fp32 = a separate fp32 copy (the bf16 weight rounded to nearest even). Ignored in fp32 mode and on the CPU"),
     KEY(train, steps, K_INT, "300", 1, IMAX, NULL, "optimizer steps"),
     KEY(train, micro_batch, K_INT, "8", 1, 1 << 20, NULL, "sequences per rank per forward/backward"),
     KEY(train, global_batch, K_INT, "16", 1, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro_batch × world (the rest is gradient accumulation)"),
@@ -145,6 +146,7 @@ static const char* enum_of(const char* key, int v) {
     return b;
 }
 const char* dtype_name(DType d) { return enum_of("precision.dtype", (int)d); }
+const char* master_mode_name(MasterMode m) { return enum_of("precision.master", (int)m); }
 const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
 const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
 const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }

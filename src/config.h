@@ -11,6 +11,7 @@
 #define CFG_STR 512
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
+typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
@@ -39,7 +40,9 @@ typedef struct ParallelConfig {
 } ParallelConfig;
 
 typedef struct PrecisionConfig {
-    DType dtype;  // compute/storage dtype of weights and activations (fp32 masters always)
+    DType dtype;        // compute/storage dtype of weights and activations (fp32 masters always)
+    MasterMode master;  // bf16 runs: the fp32 masters as bf16 weight + int16 remainder (split)
+                        // or a separate fp32 copy; ignored in fp32 mode
 } PrecisionConfig;
 
 typedef struct TrainConfig {
@@ -142,6 +145,7 @@ int config_equal(const Config* a, const Config* b, const char** first_diff);
 
 // Enum names, for logs.
 const char* dtype_name(DType d);
+const char* master_mode_name(MasterMode m);
 const char* device_name(DeviceKind d);
 const char* schedule_name(Schedule s);
 const char* data_format_name(DataFormat f);

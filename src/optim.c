@@ -28,7 +28,8 @@ static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
         s->norm_lo = (size_t)s->grank * part;  // count each element once in the global norm
         s->norm_n = part;
     }
-    s->master = be->alloc(be, sizeof(float) * s->n);
+    if (o->split) s->rem = be->alloc(be, sizeof(int16_t) * s->n);
+    else s->master = be->alloc(be, sizeof(float) * s->n);
     s->m = be->alloc(be, sizeof(float) * s->n);
     s->v = be->alloc(be, sizeof(float) * s->n);
     s->seg = xcalloc((size_t)m->pl.n, sizeof(OptSeg));
@@ -46,10 +47,11 @@ static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
     }
 }
 
-void optim_create(Optim* o, const OptimConfig* c, int zero1, int steps_total, Model* m) {
+void optim_create(Optim* o, const OptimConfig* c, int zero1, MasterMode master, int steps_total, Model* m) {
     memset(o, 0, sizeof *o);
     o->c = *c;
     o->zero1 = zero1;
+    o->split = master == MASTER_SPLIT && m->be->act_dtype == DTYPE_BF16;
     o->zero_grads = 1;
     o->steps_total = steps_total;
     for (int a = 0; a < 2; a++) shard_init(o, m, a, c);
@@ -61,7 +63,8 @@ void optim_free(Optim* o, Model* m) {
     Backend* be = m->be;
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
-        be->free(be, s->master);
+        if (s->master) be->free(be, s->master);
+        if (s->rem) be->free(be, s->rem);
         be->free(be, s->m);
         be->free(be, s->v);
         if (s->gshard != m->grad[a]) be->free(be, s->gshard);
@@ -94,8 +97,17 @@ float optim_lr(const OptimConfig* c, int total, int s) {
 
 static float* which_buf(OptShard* s, int which) { return which == 0 ? s->master : which == 1 ? s->m : s->v; }
 
+// Split masters: the owned slice of the compute weights (bf16 bits), element i of the shard at [i].
+static uint16_t* shard_w(const Model* m, int a, const OptShard* s) { return (uint16_t*)m->w[a] + s->lo; }
+
 void optim_gather(Optim* o, Model* m, int a, int which) {
     OptShard* s = &o->sh[a];
+    if (which == 0 && o->split) {  // unpack into this rank's place in the staging, then gather in place
+        float* own = m->grad[a] + s->lo;
+        m->be->split_unpack(m->be, own, shard_w(m, a, s), s->rem, s->n);
+        if (o->zero1 && s->gsize > 1) m->comm->all_gather(m->comm, s->group, m->grad[a], own, s->n * sizeof(float));
+        return;
+    }
     float* src = which_buf(s, which);
     if (o->zero1 && s->gsize > 1)
         m->comm->all_gather(m->comm, s->group, m->grad[a], src, s->n * sizeof(float));
@@ -105,6 +117,10 @@ void optim_gather(Optim* o, Model* m, int a, int which) {
 
 void optim_scatter(Optim* o, Model* m, int a, int which) {
     OptShard* s = &o->sh[a];
+    if (which == 0 && o->split) {
+        m->be->split_pack(m->be, shard_w(m, a, s), s->rem, m->grad[a] + s->lo, s->n);
+        return;
+    }
     m->be->copy(m->be, which_buf(s, which), m->grad[a] + s->lo, s->n * sizeof(float));
 }
 
@@ -112,8 +128,11 @@ void optim_load_from_staging(Optim* o, Model* m) {
     Backend* be = m->be;
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
+        // every compute weight from the full staging on every rank (no collective), rounded as
+        // the optimizer rounds: split masters need their own rounding (ties away from zero)
+        if (o->split) be->split_pack(be, m->w[a], NULL, m->grad[a], m->padded[a]);
+        else be->f32_to_act(be, m->w[a], m->grad[a], m->padded[a]);
         optim_scatter(o, m, a, 0);
-        be->f32_to_act(be, m->w[a], m->grad[a], m->padded[a]);
         be->zero(be, s->m, sizeof(float) * s->n);
         be->zero(be, s->v, sizeof(float) * s->n);
         be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
@@ -158,8 +177,12 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
             for (int i = 0; i < s->nseg; i++) {
                 const OptSeg* g = &s->seg[i];
                 void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
-                be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, s->gshard + g->lo, g->n,
-                          st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
+                if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
+                    be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, s->gshard + g->lo, g->n,
+                                    st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
+                else
+                    be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, s->gshard + g->lo, g->n,
+                              st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
             }
             if (o->zero1 && s->gsize > 1)
                 cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);

@@ -44,7 +44,10 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
                          (ze ? (double)m->expert / m->edp : (double)m->expert);
     const double gshard = (zd ? (double)m->dense / world : 0) + (ze ? (double)m->expert / m->edp : 0);
     m->weights = held * a;
-    m->master = owned * f4;
+    // fp32 masters: a separate copy, or with bf16 weights and precision.master=split the bf16
+    // weight itself plus a 16-bit remainder (optim.c OptShard.rem)
+    m->split_master = a == 2 && c->precision.master == MASTER_SPLIT;
+    m->master = owned * (m->split_master ? 2 : f4);
     m->adam = 2 * owned * f4;
     m->grads = held * f4 + gshard * f4;
 
@@ -122,7 +125,7 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
             c->parallel.zero1 ? "on" : "off");
     struct { const char* what; double bytes; } rows[] = {
         {a == 2 ? "weights (bf16 compute copy)" : "weights (fp32 compute copy)", m.weights},
-        {"fp32 master weights", m.master},
+        {m.split_master ? "fp32 masters: 16-bit remainders" : "fp32 master weights", m.master},
         {"gradients (fp32)", m.grads},
         {"Adam m + v (fp32)", m.adam},
         {"activations saved for backward", m.act_saved},

@@ -14,7 +14,9 @@ typedef struct PlanMemory {
     int64_t dense, expert;    // parameters held by one rank (dense replicated, local experts)
     // bytes per rank
     double weights;           // compute copy (precision.dtype)
-    double master;            // fp32 master weights (ZeRO-1 shard)
+    int split_master;         // bf16 weights with precision.master=split: masters = weight + remainder
+    double master;            // fp32 master weights (ZeRO-1 shard): 4 B/param, or 2 B/param (the
+                              // int16 remainders) when split_master; the bf16 half is in weights
     double grads;             // fp32 gradients (full, not sharded)
     double adam;              // fp32 Adam m + v (ZeRO-1 shard)
     double act_saved;         // activations saved for backward, all layers

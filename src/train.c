@@ -121,7 +121,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 
     const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
-    optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, tc->steps, &t->model);
+    optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
     t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
     const int N = t->model.N;
     t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
@@ -237,9 +237,9 @@ int trainer_run(Trainer* t) {
     int rc = EXIT_OK;
     Err e = {{0}};
 
-    log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s\n",
+    log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
-             t->be->name, dtype_name(t->be->act_dtype));
+             t->be->name, dtype_name(t->be->act_dtype), t->opt.split ? " (split fp32 masters)" : "");
     // Fault injection for the tests: MOETRAIN_FAIL_RANK=r makes rank r fail at its second step.
     const char* fail_env = getenv("MOETRAIN_FAIL_RANK");
     const int fail_rank = fail_env ? atoi(fail_env) : -1;

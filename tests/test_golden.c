@@ -79,7 +79,7 @@ static const float ce_scale = 1.0f / (B * (T - 1));
 static void test_forward(void) {
     Optim o;
     OptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .schedule = SCHED_CONSTANT};
-    optim_create(&o, &oc, 0, 5, &m);
+    optim_create(&o, &oc, 0, MASTER_SPLIT, 5, &m);
     EXPECT(stage("") == 0, "fixture has every parameter under its HF name");
     optim_load_from_staging(&o, &m);
     MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 0};
@@ -104,7 +104,7 @@ static void test_forward(void) {
 static void test_gradients(void) {
     Optim o;
     OptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .schedule = SCHED_CONSTANT};
-    optim_create(&o, &oc, 0, 5, &m);
+    optim_create(&o, &oc, 0, MASTER_SPLIT, 5, &m);
     stage("");
     optim_load_from_staging(&o, &m);
     MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = ce_scale, .aux_scale = mc.aux_coef};
@@ -129,7 +129,7 @@ static void test_gradients(void) {
 static void test_adamw_steps(void) {
     Optim o;
     OptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .schedule = SCHED_CONSTANT};
-    optim_create(&o, &oc, 0, 5, &m);
+    optim_create(&o, &oc, 0, MASTER_SPLIT, 5, &m);
     stage("");
     optim_load_from_staging(&o, &m);
     const float* ref = getf("adam_losses", 5);

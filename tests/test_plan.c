@@ -63,7 +63,8 @@ static void test_memory_l1(void) {
     EXPECT(m.weights == held * 2, "bf16 weights %.0f, want %.0f", m.weights, held * 2);
     // ZeRO-1: dense over the world (8), experts over edp (1: not sharded)
     const double owned = (double)pc.dense / 8 + (double)pc.expert / 8;
-    EXPECT(m.master == owned * 4 && m.adam == owned * 8, "master / Adam shards");
+    // bf16 with precision.master=split (the default): the masters' memory is the int16 remainders
+    EXPECT(m.split_master && m.master == owned * 2 && m.adam == owned * 8, "master (split) / Adam shards");
     EXPECT(m.grads == held * 4 + (double)pc.dense / 8 * 4, "fp32 grads + the dense reduce-scatter slice");
     EXPECT(m.act_saved > 20 * GiB && m.act_saved < 32 * GiB, "saved activations %.1f GiB", m.act_saved / GiB);
     // an H200 has 140.4 GiB; keep 4 GiB for the CUDA context, cuBLASLt and NCCL buffers
@@ -90,7 +91,18 @@ static void test_memory_l1(void) {
     Config c3 = load("L1_8x7B_ep", (const char*[]){"precision.dtype=fp32", "parallel.zero1=false", NULL});
     PlanMemory m3;
     EXPECT(plan_memory(&c3, 8, &m3, &e) == 0, "fp32: %s", e.msg);
-    EXPECT(m3.weights == 2 * m.weights && m3.master == held * 4 && m3.grads == held * 4, "fp32, no ZeRO-1");
+    EXPECT(m3.weights == 2 * m.weights && m3.master == held * 4 && m3.grads == held * 4 && !m3.split_master,
+           "fp32, no ZeRO-1 (precision.master is ignored in fp32)");
+    // precision.master=fp32 in bf16: a separate fp32 copy, 2 bytes per owned parameter more
+    Config c4 = load("L1_8x7B_ep", (const char*[]){"precision.master=fp32", NULL});
+    PlanMemory m4;
+    EXPECT(plan_memory(&c4, 8, &m4, &e) == 0, "master fp32: %s", e.msg);
+    EXPECT(!m4.split_master && m4.master == owned * 4 && m4.total - m.total == owned * 2 && m4.weights == m.weights,
+           "bf16 with fp32 masters: master %.0f, total +%.0f", m4.master, m4.total - m.total);
+    // the CPU computes in fp32: no split there either
+    Config c5 = load("L1_8x7B_ep", (const char*[]){"train.device=cpu", NULL});
+    PlanMemory m5;
+    EXPECT(plan_memory(&c5, 8, &m5, &e) == 0 && !m5.split_master && m5.master == owned * 4, "CPU: fp32 masters");
     // an impossible layout is an error, not a table
     EXPECT(plan_memory(&c, 12, &m, &e) == -1 && strstr(e.msg, "multiple of parallel.ep (8)"), "world 12: %s", e.msg);
 }
@@ -151,7 +163,8 @@ static void test_report(void) {
     char* t = report(&c, 8, 141);
     EXPECT(strstr(t, "46,702,792,704 total") && strstr(t, "active per token:  12,879,925,248"), "counts: %s", t);
     EXPECT(strstr(t, "training FLOPs per token: ") && strstr(t, "world 8 = ep 8 x edp 1"), "FLOPs and layout: %s", t);
-    EXPECT(strstr(t, "weights (bf16") && strstr(t, "fp32 master") && strstr(t, "Adam m + v") && strstr(t, "total "),
+    EXPECT(strstr(t, "weights (bf16") && strstr(t, "fp32 masters: 16-bit remainders") && strstr(t, "Adam m + v") &&
+               strstr(t, "total "),
            "the memory table: %s", t);
     EXPECT(strstr(t, "fits: ") && !strstr(t, "WARNING"), "fits 141 GiB: %s", t);
     free(t);
@@ -161,6 +174,10 @@ static void test_report(void) {
     Config one = load("L1_8x7B_ep", (const char*[]){"parallel.ep=1", NULL});
     t = report(&one, 1, 141);
     EXPECT(strstr(t, "WARNING: "), "the whole 8x7B on one GPU does not fit: %s", t);
+    free(t);
+    Config c32 = load("L1_8x7B_ep", (const char*[]){"precision.master=fp32", NULL});
+    t = report(&c32, 8, 141);
+    EXPECT(strstr(t, "fp32 master weights") && !strstr(t, "remainders"), "precision.master=fp32: %s", t);
     free(t);
     Config tiny = load("L0_sanity", NULL);
     t = report(&tiny, 2, 141);

@@ -65,3 +65,7 @@ void cpu_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targe
 // ---- cpu_optim.c --------------------------------------------------------------------------
 void cpu_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cpu_split_pack(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
+void cpu_split_unpack(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
+void cpu_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
+                     float beta1, float beta2, float eps, float wd, float grad_scale, int step);

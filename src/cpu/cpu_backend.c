@@ -161,6 +161,9 @@ Backend* cpu_backend_create(void) {
 
     be->cross_entropy = cpu_cross_entropy;
     be->adamw = cpu_adamw;
+    be->split_pack = cpu_split_pack;
+    be->split_unpack = cpu_split_unpack;
+    be->adamw_split = cpu_adamw_split;
 
     be->peak_bytes = cpu_peak_bytes;
     be->destroy = cpu_destroy;

@@ -35,6 +35,7 @@ enum { B = 2, T = 77, STEPS = 3 };
 typedef struct Side {
     Backend* be;
     Comm* comm;
+    MasterMode master;  // precision.master (0 = split, the default; bf16 sides only)
     Model m;
     Optim o;
 } Side;
@@ -45,7 +46,7 @@ static int32_t tok[B * T], tgt[B * T];
 
 static void side_init(Side* s) {
     model_create(&s->m, &mc, B, T, s->be, s->comm);
-    optim_create(&s->o, &oc, 1, 10, &s->m);
+    optim_create(&s->o, &oc, 1, s->master, 10, &s->m);
     size_t max = 0;
     for (int i = 0; i < s->m.pl.n; i++) max = s->m.pl.p[i].numel > max ? s->m.pl.p[i].numel : max;
     float* h = xmalloc(sizeof(float) * max);
@@ -159,6 +160,121 @@ static void compare_steps(int bf16) {
     side_free(&cpu);
 }
 
+// The split masters at the trainer level, on the GPU in bf16: a side with split masters (S) and
+// one with fp32 masters (F) from the same init; each step S runs the model (forward, backward),
+// F receives S's gradients, and both run optim_step (norm, clipping, AdamW per tensor segment
+// with its weight decay). Gradients are copied, not recomputed, so the GPU's run-to-run noise
+// cannot enter: the optimizers must agree bit for bit.
+//   - masters, m, v (optim_gather) bitwise equal after load and after every step;
+//   - S's compute weights = the tie-away rounding of the master, F's = round-to-nearest-even
+//     (adamw's copy), so they differ only at ties with an even truncation;
+//   - a resume as trainer_restore does it (S's gathered masters staged into a fresh split side,
+//     load, m and v scattered) gives S's compute weights and remainders bit for bit.
+static uint16_t bf16_away(float x) {  // nearest, ties away from zero, by value (test_cpu_ops.c)
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t hi = u >> 16, up_bits = (hi + 1) & 0xffffu;
+    const double ax = fabs((double)x), t = fabs((double)bf16_to_f32((uint16_t)hi));
+    const double up = (up_bits & 0x7fffu) == 0x7f80u ? ldexp(1, 128) : fabs((double)bf16_to_f32((uint16_t)up_bits));
+    return (uint16_t)(up - ax <= ax - t ? hi + 1 : hi);
+}
+
+static float* gathered(Side* s, int a, int which) {  // optim_gather → host [padded]
+    optim_gather(&s->o, &s->m, a, which);
+    float* h = xmalloc(sizeof(float) * s->m.padded[a]);
+    s->be->to_host(s->be, h, s->m.grad[a], sizeof(float) * s->m.padded[a]);
+    return h;
+}
+
+static uint16_t* weights16(Side* s, int a) {  // the bf16 compute weights [padded]
+    uint16_t* h = xmalloc(2 * s->m.padded[a]);
+    s->be->to_host(s->be, h, s->m.w[a], 2 * s->m.padded[a]);
+    return h;
+}
+
+// Masters, m, v of S and F bitwise; S's / F's weights the tie-away / nearest-even rounding.
+static void check_split(Side* S, Side* F, const char* when) {
+    for (int a = 0; a < 2; a++) {
+        const size_t n = S->m.padded[a];
+        size_t bad[3] = {0, 0, 0}, ws = 0, wf = 0, ties = 0;
+        float* master = NULL;
+        for (int which = 0; which < 3; which++) {
+            float *x = gathered(S, a, which), *y = gathered(F, a, which);
+            bad[which] = 0;
+            for (size_t i = 0; i < n; i++) bad[which] += memcmp(&x[i], &y[i], 4) != 0;
+            free(x);
+            if (which == 0) master = y;
+            else free(y);
+        }
+        uint16_t *w_s = weights16(S, a), *w_f = weights16(F, a);
+        for (size_t i = 0; i < n; i++) {
+            ws += w_s[i] != bf16_away(master[i]);
+            wf += w_f[i] != f32_to_bf16(master[i]);
+            ties += w_s[i] != w_f[i];
+        }
+        EXPECT(bad[0] + bad[1] + bad[2] == 0, "%s, arena %d: masters %zu, m %zu, v %zu of %zu differ (split vs fp32)",
+               when, a, bad[0], bad[1], bad[2], n);
+        EXPECT(ws == 0 && wf == 0, "%s, arena %d: %zu split weights not tie-away, %zu fp32-master weights not RNE", when,
+               a, ws, wf);
+        printf("     %s, %s arena: masters, m, v bitwise equal; %zu weights differ at ties\n", when,
+               a ? "expert" : "dense", ties);
+        free(master), free(w_s), free(w_f);
+        S->be->zero(S->be, S->m.grad[a], sizeof(float) * n);  // the staging held state
+        F->be->zero(F->be, F->m.grad[a], sizeof(float) * n);
+    }
+}
+
+static void test_bf16_split_master(void) {
+    Side S = {.be = g_gpu[1], .comm = g_nccl[1], .master = MASTER_SPLIT};
+    Side F = {.be = g_gpu[1], .comm = g_nccl[1], .master = MASTER_FP32};
+    side_init(&S);
+    side_init(&F);
+    EXPECT(S.o.split && !F.o.split && S.o.sh[0].rem && !S.o.sh[0].master, "split masters in S only");
+    check_split(&S, &F, "after load");
+    S.o.zero_grads = 0;  // as the trainer: each step's micro-batch overwrites the gradients
+    double first = 0, last = 0;
+    for (int s = 0; s < STEPS; s++) {
+        const double l = step_loss(&S, 1, 1);
+        if (s == 0) first = l;
+        last = l;
+        for (int a = 0; a < 2; a++) S.be->copy(S.be, F.m.grad[a], S.m.grad[a], sizeof(float) * S.m.padded[a]);
+        StepStats ss = optim_step(&S.o, &S.m, s, s + 1), sf = optim_step(&F.o, &F.m, s, s + 1);
+        EXPECT(!ss.skipped && ss.grad_norm == sf.grad_norm, "step %d: grad norm %.9g vs %.9g", s, ss.grad_norm,
+               sf.grad_norm);
+        char when[32];
+        snprintf(when, sizeof when, "step %d", s);
+        check_split(&S, &F, when);
+    }
+    EXPECT(isfinite(last) && last < first, "the loss falls with split masters: %.5f -> %.5f", first, last);
+    Side R = {.be = g_gpu[1], .comm = g_nccl[1], .master = MASTER_SPLIT};
+    side_init(&R);
+    for (int a = 0; a < 2; a++) {
+        optim_gather(&S.o, &S.m, a, 0);
+        R.be->copy(R.be, R.m.grad[a], S.m.grad[a], sizeof(float) * S.m.padded[a]);
+    }
+    optim_load_from_staging(&R.o, &R.m);
+    for (int which = 1; which < 3; which++)
+        for (int a = 0; a < 2; a++) {
+            optim_gather(&S.o, &S.m, a, which);
+            R.be->copy(R.be, R.m.grad[a], S.m.grad[a], sizeof(float) * S.m.padded[a]);
+            optim_scatter(&R.o, &R.m, a, which);
+        }
+    for (int a = 0; a < 2; a++) {
+        const size_t n = S.m.padded[a];
+        uint16_t *ws = weights16(&S, a), *wr = weights16(&R, a);
+        int16_t *rs = xmalloc(2 * n), *rr = xmalloc(2 * n);
+        S.be->to_host(S.be, rs, S.o.sh[a].rem, 2 * n);
+        R.be->to_host(R.be, rr, R.o.sh[a].rem, 2 * n);
+        EXPECT(!memcmp(ws, wr, 2 * n) && !memcmp(rs, rr, 2 * n), "arena %d: resumed split masters differ", a);
+        float *ms = gathered(&S, a, 1), *mr = gathered(&R, a, 1);
+        EXPECT(!memcmp(ms, mr, sizeof(float) * n), "arena %d: resumed m differs", a);
+        free(ws), free(wr), free(rs), free(rr), free(ms), free(mr);
+    }
+    side_free(&R);
+    side_free(&F);
+    side_free(&S);
+}
+
 static void test_fp32_grads(void) { compare_grads(0, 0); }
 static void test_bf16_grads(void) { compare_grads(1, 0); }
 static void test_fp32_grads_nccl_exchange(void) { compare_grads(0, 1); }
@@ -197,6 +313,7 @@ int main(int argc, char** argv) {
     RUN(test_fp32_grads_nccl_exchange);
     RUN(test_fp32_steps);
     RUN(test_bf16_steps);
+    RUN(test_bf16_split_master);
     for (int d = 0; d < 2; d++) g_nccl[d]->destroy(g_nccl[d]), g_gpu[d]->destroy(g_gpu[d]);
     cpu.comm->destroy(cpu.comm);
     cpu.be->destroy(cpu.be);
