@@ -12,8 +12,9 @@
 #          _golden, _ops). If the
 #          attention test fails, every later step runs with MOETRAIN_ATTN=mma.
 #   ab:MBS:SET1,SET2,...   bench_8x7B_L2 at micro-batch MBS under each environment setting
-#          (e.g. ab:8:MOETRAIN_ATTN=wgmma,MOETRAIN_ATTN=mma); the fastest is exported for the
-#          later steps (and said in d.log).
+#          (e.g. ab:8:MOETRAIN_ATTN=wgmma,MOETRAIN_ATTN=mma), or config overrides (a setting
+#          with a dot: train.keep_swiglu=true, several joined by +); the fastest environment
+#          setting is exported for the later steps (and said in d.log).
 #   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof.log; profev the same
 #          from device events without syncs (MOETRAIN_PROFILE=events) → profev.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
@@ -79,12 +80,14 @@ for step in $STEPS; do
     [ "$(left)" -lt 120 ] && { say "skipped: too little time"; continue; }
     IFS=: read -r _ mbs sets <<< "$step"; best=; bms=
     for set in ${sets//,/ }; do
-      env $set timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs \
+      ev=$set; ov=; case $set in *.*=*) ev=; ov=${set//+/ } ;; esac  # a.b=v (+ joins several): config overrides
+      env $ev timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs $ov \
         > $LOGS/ab_${mbs}_${set//[^A-Za-z0-9]/_}.log 2>&1
       line=$(bench_line $LOGS/ab_${mbs}_${set//[^A-Za-z0-9]/_}.log); ms=$(echo "$line" | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p')
       say "$set mbs=$mbs: $line | $(grep '^step 12' $LOGS/ab_${mbs}_${set//[^A-Za-z0-9]/_}.log | cut -c1-110)"
       if [ -n "$ms" ] && { [ -z "$bms" ] || awk "BEGIN{exit !($ms < $bms)}"; }; then best=$set; bms=$ms; fi
     done
+    case $best in *.*=*) best= ;; esac  # only environment settings carry over
     [ -n "$best" ] && { export "${best?}"; say "$best for the rest"; } ;;
   prof|profev)  # prof: a sync per stage; profev: device events (MOETRAIN_PROFILE=events), the plain step
     [ "$(left)" -lt 70 ] && { say "skipped: too little time"; continue; }
