@@ -247,7 +247,12 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
     CudaImpl* c = CI(be);
     const int M = d->M, N = d->N, K = d->K;
     if (M == 0 || N == 0) return;
+    const void* Cin = d->c_in ? d->c_in : C;  // the addend (beta · Cin)
     if (K == 0 || d->alpha == 0.f) {
+        const size_t es = (d->c_f32 || !is_bf16(be)) ? 4 : 2;
+        if (Cin != C && d->beta != 0.f)
+            CUDA_CK(cudaMemcpy2DAsync(C, (size_t)ldc * es, Cin, (size_t)ldc * es, (size_t)N * es, (size_t)M,
+                                      cudaMemcpyDeviceToDevice, c->stream));
         cuda_scale_matrix(be, C, d->c_f32, M, N, ldc, d->beta);
         return;
     }
@@ -266,6 +271,7 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
     int al = ptr_align(A), t;
     if ((t = ptr_align(B)) < al) al = t;
     if ((t = ptr_align(C)) < al) al = t;
+    if ((t = ptr_align(Cin)) < al) al = t;
     k.align = al;
     k.dyn = dyn;
     GemmPlan* p = plan_get(c, &k);
@@ -277,21 +283,21 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
         const int j = p->next++;
         for (int e = 0; e < 2; e++) CUDA_CK(cudaEventCreate(&p->ev[j][e]));
         CUDA_CK(cudaEventRecord(p->ev[j][0], c->stream));
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc,
                            &p->cand[j % p->n_cand], c->lt_ws, c->lt_ws_bytes, c->stream);
         CUDA_CK(cudaEventRecord(p->ev[j][1], c->stream));
         p->gflop[j] = 2e-9 * M * N * (double)K;
         p->rate[j] = s == CUBLAS_STATUS_SUCCESS ? -1.0 : INFINITY;  // refused at this size: never picked
     }
     if (s != CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->lt_ws,
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc, &p->algo, c->lt_ws,
                            c->lt_ws_bytes, c->stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && dyn) {  // the rounded plan's algorithm refused this size
         k.M = M;
         k.K = K;
         k.dyn = 0;
         p = plan_get(c, &k);
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc, &p->algo,
                            c->lt_ws, c->lt_ws_bytes, c->stream);
     }
     if (s != CUBLAS_STATUS_SUCCESS)
@@ -315,6 +321,7 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
 // One cuBLASLt call per non-empty group (a grouped/batched kernel is the next step).
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
+    CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);

@@ -23,12 +23,16 @@
 // A, B are act dtype; C is act dtype, or fp32 when c_f32 (weight gradients, router logits).
 // lda/ldb/ldc are row strides in elements (0 = packed).
 // beta = 0 never reads C (old NaN/Inf in C is ignored); K = 0 gives C = beta · C.
+// c_in (gemm only; NULL = C itself): the addend is read from c_in instead, same layout as C
+// (ldc, dtype), and the result written to C: C = alpha · op(A) · op(B) + beta · c_in, a residual
+// add without a copy. c_in may equal C; it must not overlap it otherwise.
 typedef struct GemmDesc {
     int M, N, K;
     int trans_a, trans_b;
     int lda, ldb, ldc;
     float alpha, beta;
     int c_f32;
+    const void* c_in;
 } GemmDesc;
 
 // Grouped GEMM over contiguous row groups (the expert GEMMs): for g in [0, G):

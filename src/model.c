@@ -25,6 +25,11 @@ static void linear(Model* m, void* C, const void* A, const void* Wt, int M, int 
     GemmDesc d = {.M = M, .N = N, .K = K, .trans_b = 1, .alpha = 1, .beta = beta};
     m->be->gemm(m->be, &d, A, Wt, C);
 }
+// C = R + A · Wᵀ  (the residual R [M,N] read in place of C: no copy)
+static void linear_res(Model* m, void* C, const void* R, const void* A, const void* Wt, int M, int N, int K) {
+    GemmDesc d = {.M = M, .N = N, .K = K, .trans_b = 1, .alpha = 1, .beta = 1, .c_in = R};
+    m->be->gemm(m->be, &d, A, Wt, C);
+}
 // dX (+)= dY · W  (dY [M,N], W [N,K]) → [M,K]
 static void linear_dx(Model* m, void* dX, const void* dY, const void* Wt, int M, int N, int K, float beta) {
     GemmDesc d = {.M = M, .N = K, .K = N, .alpha = 1, .beta = beta};
@@ -198,9 +203,7 @@ static void layer_forward(Model* m, int l, void* x_out) {
     be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
     prof_mark("fwd.attn");
     // x_mid = x_in + att · Woᵀ
-    be->copy(be, s->x_mid, s->x_in, (size_t)N * H * dtype_size(be->act_dtype));
-    prof_mark("fwd.residual_copy");
-    linear(m, s->x_mid, s->att, W(m, 0, o->o), N, H, QD, 1);
+    linear_res(m, s->x_mid, s->x_in, s->att, W(m, 0, o->o), N, H, QD);
     prof_mark("fwd.o_gemm");
     be->rmsnorm_fwd(be, s->ln2, s->rstd2, s->x_mid, W(m, 0, o->ln2), N, H, c->rms_eps);
     prof_mark("fwd.norm");

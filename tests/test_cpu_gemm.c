@@ -20,19 +20,20 @@ static void gemm_ref(const GemmDesc* d, const float* A, int lda, const float* B,
         }
 }
 
-// One gemm against the reference; C has padding columns that must stay untouched.
-static void gemm_case(int M, int N, int K, int ta, int tb, int pad, float alpha, float beta) {
+// One gemm against the reference; C has padding columns that must stay untouched. cin: the
+// addend comes from a separate buffer (GemmDesc.c_in) and C's old values (NaN) are never read.
+static void gemm_case(int M, int N, int K, int ta, int tb, int pad, float alpha, float beta, int cin) {
     const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
-    float *A = rnd(na, 1), *B = rnd(nb, 1), *C = rnd(nc, 1);
-    if (beta == 0)
+    float *A = rnd(na, 1), *B = rnd(nb, 1), *C = rnd(nc, 1), *Cin = cin ? rnd(nc, 1) : NULL;
+    if (beta == 0 || cin)
         for (size_t i = 0; i < nc; i++) C[i] = NAN;  // must be ignored
     for (int i = 0; i < M; i++)
         for (int j = N; j < ldc; j++) C[(size_t)i * ldc + j] = 12345.0f;  // padding sentinel
     double* R = xmalloc(sizeof(double) * ((size_t)M * N + 1));
     GemmDesc d = {.M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .alpha = alpha, .beta = beta,
-                  .lda = pad ? lda : 0, .ldb = pad ? ldb : 0, .ldc = pad ? ldc : 0};
-    gemm_ref(&d, A, lda, B, ldb, C, ldc, R);
+                  .lda = pad ? lda : 0, .ldb = pad ? ldb : 0, .ldc = pad ? ldc : 0, .c_in = Cin};
+    gemm_ref(&d, A, lda, B, ldb, cin ? Cin : C, ldc, R);
     be->gemm(be, &d, A, B, C);
     double num = 0, den = 0;
     int pad_ok = 1;
@@ -45,10 +46,10 @@ static void gemm_case(int M, int N, int K, int ta, int tb, int pad, float alpha,
         for (int j = N; j < ldc; j++) pad_ok &= C[(size_t)i * ldc + j] == 12345.0f;
     }
     const double e = den > 0 ? sqrt(num / den) : sqrt(num);
-    EXPECT(e < TOL_FWD, "gemm M=%d N=%d K=%d ta=%d tb=%d pad=%d alpha=%g beta=%g: rel L2 %.3g", M, N, K, ta, tb, pad,
-           alpha, beta, e);
+    EXPECT(e < TOL_FWD, "gemm M=%d N=%d K=%d ta=%d tb=%d pad=%d alpha=%g beta=%g c_in=%d: rel L2 %.3g", M, N, K, ta,
+           tb, pad, alpha, beta, cin, e);
     EXPECT(pad_ok, "gemm M=%d N=%d K=%d: columns past N (ldc padding) untouched", M, N, K);
-    free(A), free(B), free(C), free(R);
+    free(A), free(B), free(C), free(Cin), free(R);
 }
 
 static void test_gemm_reference(void) {
@@ -61,7 +62,8 @@ static void test_gemm_reference(void) {
             for (int tb = 0; tb < 2; tb++)
                 for (int pad = 0; pad < 2; pad++)
                     for (int a = 0; a < 3; a++)
-                        gemm_case(sizes[s][0], sizes[s][1], sizes[s][2], ta, tb, pad * 3, ab[a][0], ab[a][1]);
+                        for (int cin = 0; cin < 2; cin++)
+                            gemm_case(sizes[s][0], sizes[s][1], sizes[s][2], ta, tb, pad * 3, ab[a][0], ab[a][1], cin);
 }
 
 static void test_gemm_edges(void) {

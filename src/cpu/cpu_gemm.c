@@ -116,6 +116,8 @@ static void gemm_f32(CpuImpl* impl, const GemmDesc* d, const float* A, const flo
           "gemm: row stride smaller than the row (lda=%d ldb=%d ldc=%d, M=%d N=%d K=%d)", lda, ldb, ldc, M, N, K);
     const float alpha = d->alpha, beta = d->beta;
     if (M == 0 || N == 0) return;
+    if (d->c_in && d->c_in != (const void*)C && beta != 0)  // the addend from c_in: copy it in first
+        for (int r = 0; r < M; r++) memcpy(C + (size_t)r * ldc, (const float*)d->c_in + (size_t)r * ldc, sizeof(float) * N);
     if (K == 0 || alpha == 0) {
         scale_c(C, ldc, M, N, beta);
         return;
@@ -165,6 +167,7 @@ void cpu_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void
 // are the row strides of A and C, shared by all groups; empty groups are skipped.
 void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
+    CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
     for (int i = 0; i < g->groups; i++) {

@@ -15,6 +15,7 @@ typedef struct GemmCase {
     int M, N, K, ta, tb, lda, ldb, ldc;
     float alpha, beta;
     int c_f32;
+    int cin;  // the addend from a separate buffer (GemmDesc.c_in); C itself poisoned
 } GemmCase;
 
 // The [rows, cols] block of a matrix with row stride ld.
@@ -35,6 +36,9 @@ static void test_gemm(void) {
         {300, 8, 64, 0, 1, 0, 0, 0, 1.f, 0.f, 1},     // router logits: N = experts
         {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0},     // K = 0: C = beta·C
         {256, 512, 384, 0, 1, 0, 0, 0, 1.f, 0.f, 0},  // a tensor-core sized one
+        {64, 96, 128, 0, 1, 0, 0, 0, 1.f, 1.f, 0, 1},  // a residual read from c_in (the o projection)
+        {37, 53, 70, 1, 0, 0, 0, 60, 0.7f, 0.5f, 1, 1},  // c_in with fp32 C, padded ldc
+        {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0, 1},    // K = 0 with c_in: C = beta · c_in
     };
     const int nc = (int)(sizeof cs / sizeof cs[0]);
     FOR_MODES for (int c = 0; c < nc; c++) {
@@ -56,13 +60,14 @@ static void test_gemm(void) {
         GemmDesc d = {g.M, g.N, g.K, g.ta, g.tb, g.lda, g.ldb, g.ldc, g.alpha, g.beta, g.c_f32};
         g_cpu->gemm(g_cpu, &d, A, B, C);
         void* dC;
-        if (g.beta == 0.f) dC = cf ? poison(be, 4 * ncc) : poison_act(be, ncc);  // not read when beta = 0
+        if (g.beta == 0.f || g.cin) dC = cf ? poison(be, 4 * ncc) : poison_act(be, ncc);  // not read
         else dC = cf ? (void*)up_f32(be, C0, ncc) : up_act(be, C0, ncc);
+        if (g.cin) d.c_in = cf ? (void*)up_f32(be, C0, ncc) : up_act(be, C0, ncc);
         be->gemm(be, &d, up_act(be, A, na), up_act(be, B, nb), dC);
         float* got = cf ? down_f32(be, dC, ncc) : down_act(be, dC, ncc);
         char label[64];
-        snprintf(label, sizeof label, "gemm %dx%dx%d t%d%d%s%s", g.M, g.N, g.K, g.ta, g.tb, g.beta != 0 ? " beta" : "",
-                 g.c_f32 ? " c_f32" : "");
+        snprintf(label, sizeof label, "gemm %dx%dx%d t%d%d%s%s%s", g.M, g.N, g.K, g.ta, g.tb, g.beta != 0 ? " beta" : "",
+                 g.c_f32 ? " c_f32" : "", g.cin ? " c_in" : "");
         float *gb = block_of(got, g.M, g.N, ldc), *rb = block_of(C, g.M, g.N, ldc);
         cmp(m, label, gb, rb, (size_t)g.M * g.N, m->bf16 ? (g.c_f32 ? TOL_FP32_OUT : TOL_BF16_SUM) : TOL_F32);
         free(rb), free(got), free(A), free(B), free(C0), free(C);
