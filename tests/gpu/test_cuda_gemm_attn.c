@@ -27,15 +27,15 @@ static float* block_of(const float* x, int rows, int cols, int ld) {
 
 static void test_gemm(void) {
     const GemmCase cs[] = {
-        {37, 53, 70, 0, 0, 0, 0, 0, 1.f, 0.f, 0},      // odd sizes, every transpose
-        {37, 53, 70, 0, 1, 0, 0, 0, 1.f, 0.f, 0},
-        {37, 53, 70, 1, 0, 0, 0, 0, 1.f, 0.5f, 0},
-        {37, 53, 70, 1, 1, 0, 0, 0, 0.7f, 1.f, 0},
-        {64, 96, 128, 0, 1, 136, 136, 104, 1.f, 0.f, 1},  // padded strides, fp32 C
-        {128, 64, 256, 1, 0, 0, 0, 0, 1.f, 1.f, 1},   // a weight gradient: C += Aᵀ B
-        {300, 8, 64, 0, 1, 0, 0, 0, 1.f, 0.f, 1},     // router logits: N = experts
-        {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0},     // K = 0: C = beta·C
-        {256, 512, 384, 0, 1, 0, 0, 0, 1.f, 0.f, 0},  // a tensor-core sized one
+        {37, 53, 70, 0, 0, 0, 0, 0, 1.f, 0.f, 0, 0},      // odd sizes, every transpose
+        {37, 53, 70, 0, 1, 0, 0, 0, 1.f, 0.f, 0, 0},
+        {37, 53, 70, 1, 0, 0, 0, 0, 1.f, 0.5f, 0, 0},
+        {37, 53, 70, 1, 1, 0, 0, 0, 0.7f, 1.f, 0, 0},
+        {64, 96, 128, 0, 1, 136, 136, 104, 1.f, 0.f, 1, 0},  // padded strides, fp32 C
+        {128, 64, 256, 1, 0, 0, 0, 0, 1.f, 1.f, 1, 0},   // a weight gradient: C += Aᵀ B
+        {300, 8, 64, 0, 1, 0, 0, 0, 1.f, 0.f, 1, 0},     // router logits: N = experts
+        {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0, 0},     // K = 0: C = beta·C
+        {256, 512, 384, 0, 1, 0, 0, 0, 1.f, 0.f, 0, 0},  // a tensor-core sized one
         {64, 96, 128, 0, 1, 0, 0, 0, 1.f, 1.f, 0, 1},  // a residual read from c_in (the o projection)
         {37, 53, 70, 1, 0, 0, 0, 60, 0.7f, 0.5f, 1, 1},  // c_in with fp32 C, padded ldc
         {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0, 1},    // K = 0 with c_in: C = beta · c_in
@@ -57,7 +57,7 @@ static void test_gemm(void) {
             C0 = t;
         }
         float* C = dupf(C0, ncc);
-        GemmDesc d = {g.M, g.N, g.K, g.ta, g.tb, g.lda, g.ldb, g.ldc, g.alpha, g.beta, g.c_f32};
+        GemmDesc d = {g.M, g.N, g.K, g.ta, g.tb, g.lda, g.ldb, g.ldc, g.alpha, g.beta, g.c_f32, NULL};
         g_cpu->gemm(g_cpu, &d, A, B, C);
         void* dC;
         if (g.beta == 0.f || g.cin) dC = cf ? poison(be, 4 * ncc) : poison_act(be, ncc);  // not read
