@@ -64,8 +64,17 @@ void moe_plan_bumps(Model* m) {
     // With EP > 1 a rank receives more than N·k rows when routing favours its experts: 25%
     // slack before the arenas grow. At EP = 1 every row stays here, exactly N·k: no slack.
     const double slack = m->ep > 1 ? 1.25 : 1.0;
+    size_t tmp = (size_t)(slack * (double)scratch);
+    // The attention backward takes this arena as its workspace (model.c): in bf16 the Hopper
+    // kernels store dS there, the causal 64 × 64 bf16 tiles of every batch row and query head
+    // (cuda_attn_bwd_wg.cu), in as few chunks as it holds. Large enough for one chunk: two cost
+    // ~0.9 ms more per layer at micro-batch 8 × 4096 on an H200 (docs/performance.md, change 23).
+    if (m->be->act_dtype == DTYPE_BF16) {
+        const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
+        if (ds > tmp) tmp = ds;
+    }
     bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * m->c.layers));
-    bump_init(&m->tmp, m->be, (size_t)(slack * (double)scratch));
+    bump_init(&m->tmp, m->be, tmp);
 }
 
 // Row offsets of the local experts in an expert-major buffer: off[e] = Σ_{e' < e} Σ_s blk[s][e'].

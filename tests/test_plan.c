@@ -114,10 +114,12 @@ static void test_memory_keep_swiglu(void) {
     Err e = {{0}};
     const double GiB = (double)(1ull << 30);
     // bench_8x7B_L2 at micro-batch 8, seq 4096, one H200: 65,536 rows × 14,336 × bf16 per layer
-    const char* mb8[] = {"train.micro_batch=8", "train.global_batch=8", NULL};
-    const char* mb8k[] = {"train.micro_batch=8", "train.global_batch=8", "train.keep_swiglu=true", NULL};
+    // (the bench config turns the key on; the key's own default is false)
+    const char* mb8[] = {"train.micro_batch=8", "train.global_batch=8", "train.keep_swiglu=false", NULL};
+    const char* mb8k[] = {"train.micro_batch=8", "train.global_batch=8", NULL};
     Config off = load("bench_8x7B_L2", mb8), on = load("bench_8x7B_L2", mb8k);
-    EXPECT(!off.train.keep_swiglu && on.train.keep_swiglu, "the key parses; default false");
+    EXPECT(!off.train.keep_swiglu && on.train.keep_swiglu && !load("L1_8x7B_ep", NULL).train.keep_swiglu,
+           "the key parses; default false; bench_8x7B_L2 sets it");
     PlanMemory a, b;
     EXPECT(plan_memory(&off, 1, &a, &e) == 0 && plan_memory(&on, 1, &b, &e) == 0, "plan bench: %s", e.msg);
     const double per_layer = 8.0 * 4096 * 2 * 14336 * 2;  // 1,879,048,192 bytes = 1.75 GiB
