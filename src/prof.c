@@ -67,7 +67,13 @@ void prof_mark(const char* stage) {
     if (!P.on) return;
 #ifdef MOETRAIN_CUDA
     if (P.events) {  // an event on the stream, read at the end of the step; no sync
-        if (P.nm == MAX_MARKS) return;
+        if (P.nm == MAX_MARKS) {
+            static int warned;
+            if (!warned++)
+                fprintf(stderr, "moetrain: MOETRAIN_PROFILE=events: more than %d stage marks in a step; the rest of "
+                                "such a step is not counted (MOETRAIN_PROFILE=1 counts every stage)\n", MAX_MARKS);
+            return;
+        }
         cuda_ck(cudaEventRecord(P.ev[P.nm], P.stream), "cudaEventRecord");
         P.stage_of[P.nm++] = stage_index(stage);
         return;

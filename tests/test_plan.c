@@ -235,6 +235,30 @@ static void test_cmd_plan(void) {
            out);
 }
 
+// The attention backward's dS in the MoE scratch (moe.c moe_plan_bumps): in bf16 the scratch grows
+// to hold the whole stored dS when that at most doubles it (bench_8x7B_L2 at micro-batch 8: 4.36 GB
+// against the MoE's 2.42 GB), not for long sequences (seq 32768: 34 GB), and never in fp32.
+static void test_memory_attn_ds(void) {
+    Err e = {{0}};
+    const char* mb8[] = {"train.micro_batch=8", "train.global_batch=8", NULL};
+    const char* mb8f[] = {"train.micro_batch=8", "train.global_batch=8", "precision.dtype=fp32", NULL};
+    const char* long1[] = {"train.micro_batch=1", "train.global_batch=1", "train.seq_len=32768", NULL};
+    PlanMemory a, f, l;
+    Config ca = load("bench_8x7B_L2", mb8), cf = load("bench_8x7B_L2", mb8f), cl = load("bench_8x7B_L2", long1);
+    EXPECT(plan_memory(&ca, 1, &a, &e) == 0 && plan_memory(&cf, 1, &f, &e) == 0 && plan_memory(&cl, 1, &l, &e) == 0,
+           "plan: %s", e.msg);
+    const double N = 8.0 * 4096, H = 4096, F = 14336, Hq = 32, D = 128, E = 8, k = 2, R = N * k;
+    const double dense2 = 2 * N * (2 * H + H + Hq * D + 2 * 8 * D + E + k * H) + 4 * N * (E + 2 * k);
+    const double moe2 = R * (F + H) * 2 + 8 * R, ds = 8192.0 * 8 * Hq * (64.0 * 65 / 2);
+    EXPECT(ds > moe2 && ds <= 2 * moe2 && a.act_scratch == dense2 + ds, "bf16 micro-batch 8: scratch %.0f, want %.0f",
+           a.act_scratch, dense2 + ds);
+    const double dense4 = 4 * N * (2 * H + H + Hq * D + 2 * 8 * D + E + k * H) + 4 * N * (E + 2 * k);
+    EXPECT(f.act_scratch == dense4 + R * (F + H) * 4 + 8 * R, "fp32: the MoE scratch alone (%.0f)", f.act_scratch);
+    const double Nl = 32768, Rl = Nl * k;
+    const double densel = 2 * Nl * (2 * H + H + Hq * D + 2 * 8 * D + E + k * H) + 4 * Nl * (E + 2 * k);
+    EXPECT(l.act_scratch == densel + Rl * (F + H) * 2 + 8 * Rl, "seq 32768: no 34 GB dS arena (%.0f)", l.act_scratch);
+}
+
 int main(void) {
     char exe[PATH_MAX];  // work from the repository root (build/tests/test_plan)
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -249,6 +273,7 @@ int main(void) {
     RUN(test_mixtral_counts);
     RUN(test_memory_l1);
     RUN(test_memory_keep_swiglu);
+    RUN(test_memory_attn_ds);
     RUN(test_report);
     RUN(test_cmd_plan);
     TEST_END();
