@@ -18,6 +18,19 @@ struct AdamArgs {
     float lr, b1, b2, eps, decay, gs, bc1, bc2;
 };
 
+static AdamArgs adam_args(float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    AdamArgs a;
+    a.lr = lr;
+    a.b1 = b1;
+    a.b2 = b2;
+    a.eps = eps;
+    a.decay = (float)(1.0 - (double)lr * wd);
+    a.gs = grad_scale;
+    a.bc1 = (float)(1.0 - pow((double)b1, step));
+    a.bc2 = (float)(1.0 - pow((double)b2, step));
+    return a;
+}
+
 // Every operation written out with its rounding (__fmul_rn, ...): the compiler may not contract
 // a·b + c into an FMA, which it otherwise does differently in k_adamw and k_adamw_split (measured
 // on the H200: v differed in ~40% of the elements), and the split path must give adamw's bits.
@@ -84,15 +97,7 @@ void cuda_adamw(Backend* be, float* master, void* param, float* m, float* v, con
     // master, m, v, grad [n] fp32; param [n] act (may be master when act is fp32)
     CHECK(step >= 1, "adamw: step is 1-based, got %d", step);
     if (n == 0) return;
-    AdamArgs a;
-    a.lr = lr;
-    a.b1 = b1;
-    a.b2 = b2;
-    a.eps = eps;
-    a.decay = (float)(1.0 - (double)lr * wd);
-    a.gs = grad_scale;
-    a.bc1 = (float)(1.0 - pow((double)b1, step));
-    a.bc2 = (float)(1.0 - pow((double)b2, step));
+    const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
     CudaImpl* c = CI(be);
     if (is_bf16(be)) launch_adamw<bf16>(c, master, (bf16*)param, m, v, grad, n, a);
     else launch_adamw<float>(c, master, param == (void*)master ? NULL : (float*)param, m, v, grad, n, a);
@@ -236,15 +241,7 @@ void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v
     // w, rem [n] split masters (bf16 bits whatever the act dtype); m, v, grad [n] fp32
     CHECK(step >= 1, "adamw_split: step is 1-based, got %d", step);
     if (n == 0) return;
-    AdamArgs a;  // exactly cuda_adamw's
-    a.lr = lr;
-    a.b1 = b1;
-    a.b2 = b2;
-    a.eps = eps;
-    a.decay = (float)(1.0 - (double)lr * wd);
-    a.gs = grad_scale;
-    a.bc1 = (float)(1.0 - pow((double)b1, step));
-    a.bc2 = (float)(1.0 - pow((double)b2, step));
+    const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);  // exactly cuda_adamw's
     CudaImpl* c = CI(be);
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);

@@ -68,7 +68,7 @@ for step in $STEPS; do
     MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn.log 2>&1; frc=$?
     say "test_cuda_gemm_attn rc=$frc"; grep -E "FAIL|passed|^attn_|^bench" $W/attn.log | head -30 | tee -a $L
     [ $frc -ne 0 ] && { export MOETRAIN_ATTN=mma; say "attention tests failed: the rest runs MOETRAIN_ATTN=mma"; }
-    for t in test_cuda_model test_cuda_golden test_cuda_ops; do
+    for t in test_cuda_model test_cuda_golden test_cuda_ops test_cuda_optim; do
       timeout 90 build/tests/gpu/$t > $LOGS/$t.log 2>&1; say "$t rc=$? $(tail -1 $LOGS/$t.log)"; grep FAIL $LOGS/$t.log | head -5 | tee -a $L
     done
     ;;

@@ -235,3 +235,57 @@ static inline void gpu_teardown(void) {
     for (int i = 0; i < 2; i++) g_modes[i].gpu->destroy(g_modes[i].gpu);
     g_cpu->destroy(g_cpu);
 }
+
+// ---- bitwise comparisons (embed_bwd, the split masters) ------------------------------------
+
+// Bitwise equality with the reference (frees got): the count of differing elements is recorded.
+static inline void cmp_exact(const Mode* m, const char* label, const char* what, float* got, const float* ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &ref[i], sizeof(float))) {
+            if (first == n) first = i;
+            bad++;
+        }
+    record(label, m->bf16, (double)bad, 0);
+    EXPECT(bad == 0, "%s [%s] %s: %zu of %zu elements differ in bits (first at %zu: got %.9g, want %.9g)", label,
+           m->name, what, bad, n, first, bad ? got[first] : 0.f, bad ? ref[first] : 0.f);
+    free(got);
+}
+
+static inline uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+// Finite x to bf16 bits, nearest, ties away from zero, by value (as tests/test_cpu_ops.c; test_cuda_optim, test_cuda_model): the
+// truncation (bits hi) or the next bf16 away from zero (hi + 1; 0x7f80 counts as 2^128).
+static inline uint16_t bf16_away(float x) {
+    const uint32_t hi = bits_of(x) >> 16, up_bits = (hi + 1) & 0xffffu;
+    const double ax = fabs((double)x), t = fabs((double)bf16_to_f32((uint16_t)hi));
+    const double up = (up_bits & 0x7fffu) == 0x7f80u ? ldexp(1, 128) : fabs((double)bf16_to_f32((uint16_t)up_bits));
+    return (uint16_t)(up - ax <= ax - t ? hi + 1 : hi);
+}
+
+// 16-bit downloads compared element for element (frees got); the count is recorded.
+static inline void cmp_u16(const Mode* m, const char* label, uint16_t* got, const uint16_t* ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != ref[i]) {
+            if (first == n) first = i;
+            bad++;
+        }
+    record(label, m->bf16, (double)bad, 0);
+    EXPECT(bad == 0, "%s [%s]: %zu of %zu differ (first at %zu: got 0x%04x, want 0x%04x)", label, m->name, bad, n, first,
+           bad ? got[first] : 0, bad ? ref[first] : 0);
+    free(got);
+}
+static inline uint16_t* down_u16(Backend* be, const void* d, size_t n) {
+    uint16_t* h = xmalloc(2 * (n ? n : 1));
+    be->to_host(be, h, d, 2 * n);
+    return h;
+}

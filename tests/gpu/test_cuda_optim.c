@@ -1,0 +1,195 @@
+// test_cuda_optim.c — the CUDA optimizer ops against the CPU spec: adamw (fp32 masters, the act
+// copy, unaligned pointers), and the split fp32 masters: split_pack / split_unpack on every low
+// half, adamw_split bit for bit against the CUDA adamw (the same arithmetic), the compute weight
+// the tie-away rounding of the master. MOETRAIN_GPU_BENCH set: adamw against adamw_split timed.
+// Needs a GPU: without one it fails.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_check.h"
+
+static void test_adamw(void) {
+    const size_t sizes[] = {1003, 4096};
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    const int step = 3;
+    FOR_MODES for (int c = 0; c < 2; c++) for (int off = 0; off < 2; off++) {  // off = 1: unaligned pointers
+        Backend* be = m->gpu;
+        const size_t n = sizes[c] - off;
+        float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f), *g = randn(n, 0.01f);
+        float *p = dupf(p0, n), *mm = dupf(m0, n), *vv = dupf(v0, n);
+        g_cpu->adamw(g_cpu, p, p, mm, vv, g, n, lr, b1, b2, eps, wd, gs, step);
+        // device copies at an offset of `off` floats (off = 1 defeats the 16-byte vector path)
+        float *dp = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dm = (float*)dev_alloc(be, 4 * (n + 1)) + off;
+        float *dv = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dg = (float*)dev_alloc(be, 4 * (n + 1)) + off;
+        be->to_device(be, dp, p0, 4 * n), be->to_device(be, dm, m0, 4 * n);
+        be->to_device(be, dv, v0, 4 * n), be->to_device(be, dg, g, 4 * n);
+        void* param = m->bf16 || c == 1 ? poison_act(be, n) : dp;  // fp32, first size: param aliases master
+        be->adamw(be, dp, param, dm, dv, dg, n, lr, b1, b2, eps, wd, gs, step);
+        float* gp = down_f32(be, dp, n);
+        float *d_ref = xmalloc(4 * n), *d_got = xmalloc(4 * n);
+        for (size_t i = 0; i < n; i++) d_ref[i] = p[i] - p0[i], d_got[i] = gp[i] - p0[i];
+        cmp(m, "adamw step (master_new - master)", d_got, d_ref, n, TOL_ADAM_STEP);
+        cmp(m, "adamw m", down_f32(be, dm, n), mm, n, TOL_F32);
+        cmp(m, "adamw v", down_f32(be, dv, n), vv, n, TOL_F32);
+        if (param != dp) {  // the act copy is the new master in the act dtype
+            float* pr = act_in(m, gp, n);
+            cmp(m, "adamw param copy", down_act(be, param, n), pr, n, 0);
+            free(pr);
+        }
+        free(gp), free(p0), free(m0), free(v0), free(g), free(p), free(mm), free(vv);
+        dev_free_all();
+    }
+}
+
+// ---- split fp32 masters ------------------------------------------------------------------------
+
+
+// split_pack / split_unpack on the GPU against the CPU spec, bit for bit: every low half under
+// high halves of every kind (±0, denormals, odd and even truncations, the largest finite whose
+// upper half rounds to the inf pattern, inf and NaN patterns), at element offsets 0 (16-byte
+// vectors from the start), 3 (a scalar head of 5) and 1 with fp32 misaligned against w (scalar
+// only); rem = NULL writes w alone. Outputs poisoned.
+static void test_split_pack(void) {
+    static const uint16_t his[] = {0x0000, 0x0001, 0x007f, 0x0080, 0x3f80, 0x3f81, 0x4049, 0x7f7e, 0x7f7f, 0x8000,
+                                   0x8001, 0x807f, 0xbf80, 0xbf81, 0xc2f7, 0xff7e, 0xff7f, 0x7f80, 0x7fc0, 0xffff};
+    enum { NH = sizeof his / sizeof his[0], L = 65536 };
+    const size_t n = (size_t)NH * L - 3;  // not a multiple of 8
+    float* x = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = float_of((uint32_t)his[i / L] << 16 | (uint32_t)(i % L));
+    uint16_t* w = xmalloc(2 * n);
+    int16_t* rem = xmalloc(2 * n);
+    g_cpu->split_pack(g_cpu, w, rem, x, n);
+    const int offs[][2] = {{0, 0}, {3, 3}, {0, 1}};  // element offsets of (w, rem) and of x
+    FOR_MODES for (int c = 0; c < 3; c++) {
+        Backend* be = m->gpu;
+        const int o16 = offs[c][0], o32 = offs[c][1];
+        float* dx = (float*)dev_alloc(be, 4 * (n + 8)) + o32;
+        be->to_device(be, dx, x, 4 * n);
+        uint16_t* dw = (uint16_t*)poison(be, 2 * (n + 8)) + o16;
+        int16_t* dr = (int16_t*)poison(be, 2 * (n + 8)) + o16;
+        be->split_pack(be, dw, dr, dx, n);
+        cmp_u16(m, "split_pack w", down_u16(be, dw, n), w, n);
+        cmp_u16(m, "split_pack rem", down_u16(be, dr, n), (const uint16_t*)rem, n);
+        uint16_t* dw2 = (uint16_t*)poison(be, 2 * (n + 8)) + o16;
+        be->split_pack(be, dw2, NULL, dx, n);
+        cmp_u16(m, "split_pack w (rem NULL)", down_u16(be, dw2, n), w, n);
+        float* back = (float*)poison(be, 4 * (n + 8)) + o32;
+        be->split_unpack(be, back, dw, dr, n);
+        cmp_exact(m, "split_unpack (round trip)", "bits", down_f32(be, back, n), x, n);
+        dev_free_all();
+    }
+    free(x), free(w), free(rem);
+}
+
+// adamw_split against the CUDA adamw with an fp32 master (param: a bf16 copy in bf16 mode, the
+// master itself in fp32 mode) on the same inputs over 4 consecutive steps: the unpacked master,
+// m and v bit for bit (the same adam1 arithmetic in both kernels); w the tie-away rounding of the
+// master, and adamw's bf16 copy (round-to-nearest-even) equal to w except at ties with even hi.
+// The masters start with ties, denormals, ±0 and values whose w is the inf pattern; lr = 0 in
+// the last variant keeps the ties through the steps (p·1 − 0 = p). Sizes n = 1003 and 4101 (tails);
+// element offsets of (w, rem) and of the fp32 arrays: (0, 0) vectors from the start, (3, 3) and
+// (1, 1) scalar heads of 5 and 7 before them, (0, 1) fp32 misaligned against w: the scalar
+// kernel. Outputs poisoned.
+static void test_adamw_split(void) {
+    const size_t sizes[] = {1003, 4101};
+    const int offs[][2] = {{0, 0}, {3, 3}, {1, 1}, {0, 1}};  // element offsets of (w, rem) and of fp32
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    FOR_MODES for (int c = 0; c < 2; c++) for (int oc = 0; oc < 4; oc++) for (int variant = 0; variant < 2; variant++) {
+        Backend* be = m->gpu;
+        const size_t n = sizes[c];
+        const int off = offs[oc][1], o16 = offs[oc][0];
+        const float lr = variant ? 0.0f : 1e-2f, wd = 0.1f, gs = 0.5f;
+        float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f);
+        for (size_t i = 0; i < n; i += 7) p0[i] = float_of((bits_of(p0[i]) & 0xffff0000u) | 0x8000u);  // ties
+        for (size_t i = 1; i < n; i += 50)  // denormals of both signs
+            p0[i] = float_of((i % 100 == 1 ? 0x80000000u : 0) | (uint32_t)(i * 977 % 0x7fffff));
+        p0[2] = 0.f, p0[3] = -0.f, p0[4] = float_of(0x7f7fc123u), p0[5] = float_of(0xff7f8000u);
+        float *dp = (float*)dev_alloc(be, 4 * (n + 8)) + off, *dm = (float*)dev_alloc(be, 4 * (n + 8)) + off;
+        float *dv = (float*)dev_alloc(be, 4 * (n + 8)) + off, *dg = (float*)dev_alloc(be, 4 * (n + 8)) + off;
+        float *dm2 = (float*)dev_alloc(be, 4 * (n + 8)) + off, *dv2 = (float*)dev_alloc(be, 4 * (n + 8)) + off;
+        uint16_t* dw = (uint16_t*)poison(be, 2 * (n + 8)) + o16;
+        int16_t* dr = (int16_t*)poison(be, 2 * (n + 8)) + o16;
+        be->to_device(be, dp, p0, 4 * n), be->to_device(be, dm, m0, 4 * n), be->to_device(be, dv, v0, 4 * n);
+        be->to_device(be, dm2, m0, 4 * n), be->to_device(be, dv2, v0, 4 * n);
+        be->split_pack(be, dw, dr, dp, n);
+        void* param = m->bf16 ? poison_act(be, n) : dp;
+        float* back = (float*)dev_alloc(be, 4 * (n + 8)) + off;
+        int ties0 = 0, ties = 0;
+        for (size_t i = 0; i < n; i++) ties0 += (bits_of(p0[i]) & 0xffffu) == 0x8000u;
+        for (int step = 1; step <= 4; step++) {
+            float* g = randn(n, 0.01f);
+            be->to_device(be, dg, g, 4 * n);
+            be->adamw(be, dp, param, dm, dv, dg, n, lr, b1, b2, eps, wd, gs, step);
+            be->adamw_split(be, dw, dr, dm2, dv2, dg, n, lr, b1, b2, eps, wd, gs, step);
+            be->to_device(be, back, g, 4 * n);  // overwritten below: a stale value cannot pass
+            be->split_unpack(be, back, dw, dr, n);
+            float* master = down_f32(be, dp, n);
+            cmp_exact(m, "adamw_split master vs adamw", "bits", down_f32(be, back, n), master, n);
+            float *mr = down_f32(be, dm, n), *vr = down_f32(be, dv, n);
+            cmp_exact(m, "adamw_split m vs adamw", "bits", down_f32(be, dm2, n), mr, n);
+            cmp_exact(m, "adamw_split v vs adamw", "bits", down_f32(be, dv2, n), vr, n);
+            free(mr), free(vr);
+            uint16_t* want = xmalloc(2 * n);
+            for (size_t i = 0; i < n; i++) {
+                want[i] = bf16_away(master[i]);
+                ties += (bits_of(master[i]) & 0xffffu) == 0x8000u;
+            }
+            uint16_t* w = down_u16(be, dw, n);
+            if (m->bf16) {  // adamw's copy rounds to nearest even: the same but at ties with even hi
+                uint16_t* cp = down_u16(be, param, n);
+                size_t other = 0;
+                for (size_t i = 0; i < n; i++) {
+                    const uint32_t u = bits_of(master[i]);
+                    const int even_tie = (u & 0xffffu) == 0x8000u && !((u >> 16) & 1);
+                    other += !even_tie && cp[i] != w[i];
+                    if (even_tie) cp[i] = w[i];
+                }
+                record("adamw_split w vs adamw's bf16 copy", 1, (double)other, 0);
+                EXPECT(other == 0, "adamw_split [%s]: w differs from adamw's bf16 copy in %zu non-tie elements", m->name,
+                       other);
+                free(cp);
+            }
+            cmp_u16(m, "adamw_split w (tie-away rounding)", w, want, n);
+            free(want), free(master), free(g);
+        }
+        if (variant)
+            EXPECT(ties0 > 100 && ties == 4 * ties0, "lr = 0 [%s]: the %d ties kept: %d over 4 steps", m->name, ties0, ties);
+        free(p0), free(m0), free(v0);
+        dev_free_all();
+    }
+}
+
+// MOETRAIN_GPU_BENCH set: adamw (fp32 master + bf16 copy, 30 B per parameter) against adamw_split
+// (28 B) on 2^27 parameters, bf16 mode, synchronized wall clock over 20 calls after a warm-up.
+// A measurement printed, not a test.
+static void time_adamw_split(void) {
+    Backend* be = g_modes[1].gpu;
+    const size_t n = (size_t)1 << 27;
+    float *p = dev_alloc(be, 4 * n), *mm = dev_alloc(be, 4 * n), *vv = dev_alloc(be, 4 * n), *g = dev_alloc(be, 4 * n);
+    void* w = dev_alloc(be, 2 * n);
+    int16_t* rem = dev_alloc(be, 2 * n);
+    double t[2];
+    for (int k = 0; k < 2; k++) {
+        for (int it = -2; it < 20; it++) {
+            if (it == 0) be->sync(be), t[k] = now_sec();
+            if (k == 0) be->adamw(be, p, w, mm, vv, g, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            else be->adamw_split(be, w, rem, mm, vv, g, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+        }
+        be->sync(be);
+        t[k] = (now_sec() - t[k]) / 20 * 1e3;
+    }
+    printf("adamw %zu params: fp32 master + bf16 copy %.3f ms (%.0f GB/s at 30 B), split %.3f ms (%.0f GB/s at 28 B)\n",
+           n, t[0], 30.0 * n / t[0] / 1e6, t[1], 28.0 * n / t[1] / 1e6);
+    dev_free_all();
+}
+
+int main(void) {
+    if (gpu_setup("test_cuda_optim")) return 1;
+    if (getenv("MOETRAIN_GPU_BENCH")) time_adamw_split();
+    RUN(test_adamw);
+    RUN(test_split_pack);
+    RUN(test_adamw_split);
+    gpu_teardown();
+    TEST_END();
+}
