@@ -158,11 +158,17 @@ static void launch_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
     LAUNCH_CK(c);
 }
 
-// Runs the wgmma forward when it applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16 and
-// alignment); returns 0 otherwise.
+// cuda_attn_fwd_ws.cu: the warp-specialised kernel (D = 128), or 0 when it does not apply.
+int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                int Hq, int Hkv, int D);
+
+// Runs a wgmma forward when one applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16 and
+// alignment): the warp-specialised kernel at D = 128 unless MOETRAIN_ATTN_FWD=wg, else this one;
+// returns 0 otherwise.
 int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D) {
     if (!cuda_wgmma_ok(c)) return 0;
+    if (attn_fwd_ws(c, out, lse, q, k, v, B, T, Hq, Hkv, D)) return 1;
     if (D == 128) launch_fwd_wg<128>(c, out, lse, q, k, v, B, T, Hq, Hkv);
     else if (D == 64) launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
     else return 0;

@@ -9,6 +9,8 @@
 
 #include "gpu_check.h"
 
+int cuda_attn_fwd_ws_stalled(void);  // cuda_attn_fwd_ws.cu: a wait of the kernel gave up (and clears it)
+
 // ---- GEMM ------------------------------------------------------------------------------------
 
 typedef struct GemmCase {
@@ -139,6 +141,7 @@ static void attention_cases(const char* path) {
         float* dL = poison(be, 4 * nl);
         be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
         char lab[64];
+        EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd D=%d T=%d: an mbarrier wait gave up", path, D, T);
         snprintf(lab, sizeof lab, "%s attn_fwd out D=%d T=%d", path, D, T);
         cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
         snprintf(lab, sizeof lab, "%s attn_fwd lse D=%d T=%d", path, D, T);
@@ -190,6 +193,15 @@ static void attention_cases(const char* path) {
 static void test_attention(void) {
     setenv("MOETRAIN_ATTN", "wgmma", 1);
     attention_cases("wgmma");
+    unsetenv("MOETRAIN_ATTN");
+}
+
+// The one-warpgroup wgmma forward, which the warp-specialised one replaces at D = 128.
+static void test_attention_fwd_wg(void) {
+    setenv("MOETRAIN_ATTN", "wgmma", 1);
+    setenv("MOETRAIN_ATTN_FWD", "wg", 1);
+    attention_cases("wgmma/fwd-wg");
+    unsetenv("MOETRAIN_ATTN_FWD");
     unsetenv("MOETRAIN_ATTN");
 }
 
@@ -325,6 +337,12 @@ static void bench_attn(Backend* be, int B) {
         const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
         printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
+        if (path == 0) {  // the one-warpgroup forward the warp-specialised one replaces
+            setenv("MOETRAIN_ATTN_FWD", "wg", 1);
+            t = time_ms(be, b_attn_fwd, &c, 10);
+            printf("attn_fwd wgmma one-warpgroup (wg)          %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
+            unsetenv("MOETRAIN_ATTN_FWD");
+        }
         c.ws = NULL, c.ws_bytes = 0;
         t = time_ms(be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
@@ -458,6 +476,7 @@ int main(void) {
     RUN(test_gemm);
     RUN(test_gemm_grouped);
     RUN(test_attention);
+    RUN(test_attention_fwd_wg);
     RUN(test_attention_mma);
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();

@@ -1,0 +1,331 @@
+// cuda_attn_fwd_ws.cu — causal GQA attention forward on Hopper, warp-specialised (sm_90a, D = 128):
+// the contract of cuda_attn.cu's forward (out[b,t,h,:], lse[b,h,t], bf16), replacing the
+// one-warpgroup kernel of cuda_attn_fwd_wg.cu at Mixtral's head dim (MOETRAIN_ATTN_FWD=wg keeps
+// that one).
+//
+// A CTA owns 128 query rows of one (b, h): three warpgroups, two consumers (warps 0-3: rows 0-63,
+// warps 4-7: rows 64-127) and a producer (one thread of warp 8 works; the group gives its
+// registers to the consumers: setmaxnreg 24 and 240).
+//   producer  one thread loads Q once, then K and V in 128-key tiles with the Tensor Memory
+//             Accelerator (cp.async.bulk.tensor, 128-byte swizzle: the SW128 tiles of wgmma.cuh)
+//             into two stages each, signalling "full" mbarriers by the bytes landed and waiting
+//             on "empty" mbarriers before refilling a stage.
+//   consumers per key tile j, in turns (two named barriers, FlashAttention-3's ping-pong):
+//               issue S_j = Q·K_jᵀ (8 wgmma m64n128k16, SS) and O += P_{j-1}·V_{j-1} (8 m64n128k16,
+//               RS: P from registers, V MN-major), then hand the turn to the other warpgroup;
+//               wait for both, release K_j and V_{j-1};
+//               softmax of S_j in registers (online, log2 domain) into P_j, O ·= its correction.
+//             While one warpgroup runs its softmax, the tensor cores work on the other's products.
+//             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
+// Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
+// A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_attn.cuh"
+#include "wgmma.cuh"
+
+enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
+#define WS_TILE (128u * 128u * 2u)  // bytes of one [128][128] bf16 tile (two 16 KB slabs)
+
+// ---- mbarriers, TMA, named barriers (sm_90) ------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#if WG_DEVICE
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {  // arrive + expect bytes
+#if WG_DEVICE
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if WG_DEVICE
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Set when an mbarrier wait gave up (cuda_attn_fwd_ws_stalled): a bug, never a slow load.
+__device__ int g_ws_stalled;
+
+// Waits until the phase with this parity has completed, or ~2^26 polls (seconds) have passed: then
+// it sets g_ws_stalled and returns, so that a broken pipeline fails a test instead of hanging the
+// GPU (a __trap here would cost the kernel its setmaxnreg register split: ptxas spills).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if WG_DEVICE
+    uint32_t done = 0;
+    for (long n = 0;; n++) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+        if (done) return;
+        if (n > (1l << 26)) {
+            g_ws_stalled = 1;
+            return;
+        }
+    }
+#endif
+}
+// One TMA box of a 4-d tensor map (coordinates innermost first) into shared memory at dst.
+__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                          uint32_t bar) {
+#if WG_DEVICE
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void nbar_sync(int id) {  // the two consumer warpgroups: 256 threads
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void nbar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                  const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2) {
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t Qs = base, Kb = base + WS_TILE, Vb = base + 3 * WS_TILE, bars = base + 5 * WS_TILE;
+    // mbarriers: full Q; full K[2], full V[2] (producer + bytes); empty K[2], empty V[2] (8 warps)
+    const uint32_t fullQ = bars, fullK = bars + 8, fullV = bars + 24, emptyK = bars + 40, emptyV = bars + 56;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform, visibly to the compiler
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
+    const int q0 = qt * WS_M;
+    const int n = (min(q0 + WS_M, T) + WS_N - 1) / WS_N;  // key tiles 0..n-1 (the last one diagonal)
+
+    if (tid == 0) {
+        mbar_init(fullQ, 1);
+        for (int s = 0; s < 2; s++) {
+            mbar_init(fullK + 8 * s, 1), mbar_init(fullV + 8 * s, 1);
+            mbar_init(emptyK + 8 * s, 8), mbar_init(emptyV + 8 * s, 8);
+        }
+#if WG_DEVICE
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    }
+    __syncthreads();
+
+    if (warp >= 8) {  // ---- producer warpgroup: its registers go to the consumers
+#if WG_DEVICE
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+#endif
+        if (warp == 8 && lane == 0) {
+            mbar_expect_tx(fullQ, WS_TILE);
+            tma_load4(Qs, &mq, 0, h, q0, b, fullQ);
+            tma_load4(Qs + WS_TILE / 2, &mq, 64, h, q0, b, fullQ);
+            for (int j = 0; j < n; j++) {
+                const int s = j & 1;
+                const uint32_t par = ((j >> 1) + 1) & 1;  // the phase of use (j / 2 − 1)
+                if (j >= 2) mbar_wait(emptyK + 8 * s, par);
+                mbar_expect_tx(fullK + 8 * s, WS_TILE);
+                tma_load4(Kb + s * WS_TILE, &mk, 0, kh, j * WS_N, b, fullK + 8 * s);
+                tma_load4(Kb + s * WS_TILE + WS_TILE / 2, &mk, 64, kh, j * WS_N, b, fullK + 8 * s);
+                if (j >= 2) mbar_wait(emptyV + 8 * s, par);
+                mbar_expect_tx(fullV + 8 * s, WS_TILE);
+                tma_load4(Vb + s * WS_TILE, &mv, 0, kh, j * WS_N, b, fullV + 8 * s);
+                tma_load4(Vb + s * WS_TILE + WS_TILE / 2, &mv, 64, kh, j * WS_N, b, fullV + 8 * s);
+            }
+        }
+    } else {
+
+    // ---- consumers: warpgroup wg owns rows 64wg..64wg+63 of the tile, warp w (of 4) 16 of them
+#if WG_DEVICE
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+#endif
+    const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3;
+    const int r0w = wg * 64;
+    const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    wg_reg_fence<64>(o);
+    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};  // running max (log2 units), row sum
+    uint32_t a[8][4];  // P of the last tile as A fragments: a[kk] = keys 16kk..16kk+15
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
+    mbar_wait(fullQ, 0);
+    if (wg == 1) nbar_arrive(1);  // warpgroup 0 takes the first turn
+
+    for (int j = 0; j < n; j++) {
+        const int s = j & 1, sp = s ^ 1;
+        mbar_wait(fullK + 8 * s, (j >> 1) & 1);
+        if (j > 0) mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
+        nbar_sync(1 + wg);  // my turn
+        float sacc[64];
+        wg_reg_fence<64>(o);
+        wg_reg_fence_u<32>(&a[0][0]);
+        // descriptors from opaque bases, so that ptxas rebuilds them per tile (two adds each) instead
+        // of keeping 24 of them live in 48 registers next to S, O and P
+        uint32_t qa = Qs + r0w * 128, ka = Kb + s * WS_TILE, va = Vb + sp * WS_TILE;
+        asm volatile("" : "+r"(qa), "+r"(ka), "+r"(va));
+        wg_arrive();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_ss<128>(sacc, wg_desc_k(qa, WS_M, 0, kk), wg_desc_k(ka, WS_N, 0, kk), kk > 0);
+        if (j > 0) {
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
+        }
+        wg_commit();
+        nbar_arrive(2 - wg);  // the other warpgroup's turn
+        wg_reg_fence<64>(sacc);
+        wg_wait<0>();
+        wg_reg_fence<64>(sacc);
+        wg_reg_fence<64>(o);
+        __syncwarp();
+        if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
+            mbar_arrive(emptyK + 8 * s);
+            if (j > 0) mbar_arrive(emptyV + 8 * sp);
+        }
+
+        // softmax of tile j (log2 domain; sacc only read)
+        const int k0 = j * WS_N;
+        const bool need_mask = k0 + WS_N - 1 > q0 + r0w + w * 16 || k0 + WS_N > T;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 64; i++) {
+            float x = sacc[i];
+            if (need_mask) {
+                const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
+                if (key > row || key >= T) x = -INFINITY;
+            }
+            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+        }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
+            corr[r] = fast_exp2(mr[r] - m2);
+            mr[r] = m2;
+            lr[r] *= corr[r];
+        }
+#pragma unroll
+        for (int i = 0; i < 64; i += 2) {
+            float p[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int ii = i + e, r = (ii >> 1) & 1;
+                float x = sacc[ii];
+                if (need_mask) {
+                    const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
+                    if (key > row || key >= T) x = -INFINITY;
+                }
+                p[e] = fast_exp2(fmaf(x, sl2, -mr[r]));
+                lr[r] += p[e];
+            }
+            a[i >> 3][(i >> 1) & 3] = pack_bf16(p[0], p[1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 64; i++) o[i] *= corr[(i >> 1) & 1];
+    }
+
+    // the last tile's P·V (outside the turns)
+    {
+        const int sp = (n - 1) & 1;
+        mbar_wait(fullV + 8 * sp, ((n - 1) >> 1) & 1);
+        wg_reg_fence<64>(o);
+        wg_reg_fence_u<32>(&a[0][0]);
+        wg_arrive();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_rs<128, 1>(o, a[kk], wg_desc_mn(Vb + sp * WS_TILE, WS_N, kk), kk > 0 || n > 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_reg_fence<64>(o);
+    }
+    if (wg == 0) nbar_sync(1);  // the other warpgroup's last hand-over (n + 1 arrivals on barrier 1)
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
+        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
+    }
+    const size_t qs = (size_t)Hq * WS_D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        const float inv = 1.f / lr[r];
+        bf16* ob = out + ((size_t)b * T + row) * qs + (size_t)h * WS_D;
+#pragma unroll
+        for (int jj = 0; jj < WS_D / 8; jj++)
+            *(uint32_t*)(ob + jj * 8 + 2 * c4) = pack_bf16(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mr[r] + log2f(lr[r])) * LN2;
+    }
+    }  // consumers
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static int tried = 0;
+    if (!tried) {
+        tried = 1;
+        void* p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+// [B, T, H, 128] bf16 as a 4-d tensor (d, h, t, b), boxes of 64 × 1 × 128 × 1 (one SW128 slab).
+static int make_map(CUtensorMap* m, const bf16* p, int B, int T, int H) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+    if (!fn) return 0;
+    const cuuint64_t dim[4] = {WS_D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t stride[3] = {(cuuint64_t)WS_D * 2, (cuuint64_t)H * WS_D * 2, (cuuint64_t)T * H * WS_D * 2};
+    const cuuint32_t box[4] = {64, 1, 128, 1}, estride[4] = {1, 1, 1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)p, dim, stride, box, estride,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
+extern "C" int cuda_attn_fwd_ws_stalled(void) {
+    int v = 0, z = 0;
+    CUDA_CK(cudaMemcpyFromSymbol(&v, g_ws_stalled, sizeof v));
+    CUDA_CK(cudaMemcpyToSymbol(g_ws_stalled, &z, sizeof z));
+    return v;
+}
+
+// MOETRAIN_ATTN_FWD: ws (or unset) = this kernel where it applies, wg = the one-warpgroup kernel.
+static int want_ws(void) {
+    const char* e = getenv("MOETRAIN_ATTN_FWD");
+    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
+    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_FWD=%s: expected ws or wg", e);
+    return 0;
+}
+
+// Runs the warp-specialised forward when it applies (the caller checked wgmma, bf16 and 16-byte
+// alignment; D = 128 here); returns 0 otherwise.
+int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                int Hq, int Hkv, int D) {
+    if (D != WS_D || !want_ws()) return 0;
+    CUtensorMap mq, mk, mv;
+    if (!make_map(&mq, q, B, T, Hq) || !make_map(&mk, k, B, T, Hkv) || !make_map(&mv, v, B, T, Hkv)) return 0;
+    const size_t smem = 5 * (size_t)WS_TILE + 128 + 1024;  // tiles, mbarriers, room to align to 1024
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
+    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, LOG2E / sqrtf((float)D));
+    LAUNCH_CK(c);
+    return 1;
+}
