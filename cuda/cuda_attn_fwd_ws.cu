@@ -19,71 +19,14 @@
 //             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
 // Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
 // A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_attn.cuh"
-#include "wgmma.cuh"
+#include "tma.cuh"
 
 enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
 #define WS_TILE (128u * 128u * 2u)  // bytes of one [128][128] bf16 tile (two 16 KB slabs)
-
-// ---- mbarriers, TMA, named barriers (sm_90) ------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-#if WG_DEVICE
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {  // arrive + expect bytes
-#if WG_DEVICE
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if WG_DEVICE
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-// Set when an mbarrier wait gave up (cuda_attn_fwd_ws_stalled): a bug, never a slow load.
-__device__ int g_ws_stalled;
-
-// Waits until the phase with this parity has completed, or ~2^26 polls (seconds) have passed: then
-// it sets g_ws_stalled and returns, so that a broken pipeline fails a test instead of hanging the
-// GPU (a __trap here would cost the kernel its setmaxnreg register split: ptxas spills).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if WG_DEVICE
-    uint32_t done = 0;
-    for (long n = 0;; n++) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-        if (done) return;
-        if (n > (1l << 26)) {
-            g_ws_stalled = 1;
-            return;
-        }
-    }
-#endif
-}
-// One TMA box of a 4-d tensor map (coordinates innermost first) into shared memory at dst.
-__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                          uint32_t bar) {
-#if WG_DEVICE
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-        "[%6];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-#endif
-}
-__device__ __forceinline__ void nbar_sync(int id) {  // the two consumer warpgroups: 256 threads
-    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void nbar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -105,16 +48,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             mbar_init(fullK + 8 * s, 1), mbar_init(fullV + 8 * s, 1);
             mbar_init(emptyK + 8 * s, 8), mbar_init(emptyV + 8 * s, 8);
         }
-#if WG_DEVICE
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
+        mbar_init_fence();
     }
     __syncthreads();
 
     if (warp >= 8) {  // ---- producer warpgroup: its registers go to the consumers
-#if WG_DEVICE
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-#endif
+        reg_dealloc<24>();
         if (warp == 8 && lane == 0) {
             mbar_expect_tx(fullQ, WS_TILE);
             tma_load4(Qs, &mq, 0, h, q0, b, fullQ);
@@ -135,9 +74,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     } else {
 
     // ---- consumers: warpgroup wg owns rows 64wg..64wg+63 of the tile, warp w (of 4) 16 of them
-#if WG_DEVICE
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-#endif
+    reg_alloc<240>();
     const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3;
     const int r0w = wg * 64;
     const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
@@ -150,13 +87,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
     mbar_wait(fullQ, 0);
-    if (wg == 1) nbar_arrive(1);  // warpgroup 0 takes the first turn
+    if (wg == 1) nbar_arrive<256>(1);  // warpgroup 0 takes the first turn
 
     for (int j = 0; j < n; j++) {
         const int s = j & 1, sp = s ^ 1;
         mbar_wait(fullK + 8 * s, (j >> 1) & 1);
         if (j > 0) mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
-        nbar_sync(1 + wg);  // my turn
+        nbar_sync<256>(1 + wg);  // my turn
         float sacc[64];
         wg_reg_fence<64>(o);
         wg_reg_fence_u<32>(&a[0][0]);
@@ -173,7 +110,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
         }
         wg_commit();
-        nbar_arrive(2 - wg);  // the other warpgroup's turn
+        nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
         wg_reg_fence<64>(sacc);
         wg_wait<0>();
         wg_reg_fence<64>(sacc);
@@ -241,7 +178,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         wg_wait<0>();
         wg_reg_fence<64>(o);
     }
-    if (wg == 0) nbar_sync(1);  // the other warpgroup's last hand-over (n + 1 arrivals on barrier 1)
+    if (wg == 0) nbar_sync<256>(1);  // the other warpgroup's last hand-over (n + 1 arrivals on barrier 1)
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -265,41 +202,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 
 // ---- host ---------------------------------------------------------------------------------------
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    static int tried = 0;
-    if (!tried) {
-        tried = 1;
-        void* p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        else
-            (void)cudaGetLastError();
-    }
-    return fn;
-}
-
-// [B, T, H, 128] bf16 as a 4-d tensor (d, h, t, b), boxes of 64 × 1 × 128 × 1 (one SW128 slab).
-static int make_map(CUtensorMap* m, const bf16* p, int B, int T, int H) {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-    if (!fn) return 0;
-    const cuuint64_t dim[4] = {WS_D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
-    const cuuint64_t stride[3] = {(cuuint64_t)WS_D * 2, (cuuint64_t)H * WS_D * 2, (cuuint64_t)T * H * WS_D * 2};
-    const cuuint32_t box[4] = {64, 1, 128, 1}, estride[4] = {1, 1, 1, 1};
-    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)p, dim, stride, box, estride,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
 extern "C" int cuda_attn_fwd_ws_stalled(void) {
     int v = 0, z = 0;
-    CUDA_CK(cudaMemcpyFromSymbol(&v, g_ws_stalled, sizeof v));
-    CUDA_CK(cudaMemcpyToSymbol(g_ws_stalled, &z, sizeof z));
+    CUDA_CK(cudaMemcpyFromSymbol(&v, g_tma_stalled, sizeof v));
+    CUDA_CK(cudaMemcpyToSymbol(g_tma_stalled, &z, sizeof z));
     return v;
 }
 
@@ -317,7 +224,9 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
                 int Hq, int Hkv, int D) {
     if (D != WS_D || !want_ws()) return 0;
     CUtensorMap mq, mk, mv;
-    if (!make_map(&mq, q, B, T, Hq) || !make_map(&mk, k, B, T, Hkv) || !make_map(&mv, v, B, T, Hkv)) return 0;
+    if (!tma_map_bthd(&mq, q, B, T, Hq, WS_M) || !tma_map_bthd(&mk, k, B, T, Hkv, WS_N) ||
+        !tma_map_bthd(&mv, v, B, T, Hkv, WS_N))
+        return 0;
     const size_t smem = 5 * (size_t)WS_TILE + 128 + 1024;  // tiles, mbarriers, room to align to 1024
     static bool attr = false;
     if (!attr) {

@@ -9,7 +9,9 @@
 
 #include "gpu_check.h"
 
-int cuda_attn_fwd_ws_stalled(void);  // cuda_attn_fwd_ws.cu: a wait of the kernel gave up (and clears it)
+// cuda_attn_fwd_ws.cu, cuda_attn_bwd_ws.cu: a wait of the kernel gave up (and clears the flag)
+int cuda_attn_fwd_ws_stalled(void);
+int cuda_attn_bwd_ws_stalled(void);
 
 // ---- GEMM ------------------------------------------------------------------------------------
 
@@ -166,6 +168,8 @@ static void attention_cases(const char* path) {
             void* ws = wv[w].bytes ? dev_alloc(be, wv[w].bytes) : NULL;
             if (wv[w].env) setenv("MOETRAIN_ATTN_BWD", wv[w].env, 1);
             be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+            EXPECT(!cuda_attn_bwd_ws_stalled(), "%s/%s attn_bwd D=%d T=%d: an mbarrier wait gave up", path,
+                   wv[w].name, D, T);
             snprintf(lab, sizeof lab, "%s/%s attn_bwd dq D=%d T=%d", path, wv[w].name, D, T);
             float* got_q = down_act(be, gq, nq);
             float* got_q_copy = dupf(got_q, nq);
@@ -196,11 +200,14 @@ static void test_attention(void) {
     unsetenv("MOETRAIN_ATTN");
 }
 
-// The one-warpgroup wgmma forward, which the warp-specialised one replaces at D = 128.
-static void test_attention_fwd_wg(void) {
+// The one-warpgroup wgmma forward and dk/dv kernels, which the warp-specialised ones replace at
+// D = 128.
+static void test_attention_one_wg(void) {
     setenv("MOETRAIN_ATTN", "wgmma", 1);
     setenv("MOETRAIN_ATTN_FWD", "wg", 1);
-    attention_cases("wgmma/fwd-wg");
+    setenv("MOETRAIN_ATTN_DKDV", "wg", 1);
+    attention_cases("wgmma/one-wg");
+    unsetenv("MOETRAIN_ATTN_DKDV");
     unsetenv("MOETRAIN_ATTN_FWD");
     unsetenv("MOETRAIN_ATTN");
 }
@@ -352,6 +359,11 @@ static void bench_attn(Backend* be, int B) {
             t = time_ms(be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
                    ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
+            setenv("MOETRAIN_ATTN_DKDV", "wg", 1);  // the one-warpgroup dk/dv kernel
+            t = time_ms(be, b_attn_bwd, &c, 5);
+            printf("attn_bwd wgmma stored dS, one-warpgroup dkdv %8.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
+                   2.5 * fl_attn / t / 1e9);
+            unsetenv("MOETRAIN_ATTN_DKDV");
             if (B > 1) {  // a workspace for half the pairs: two chunks, as in the step at micro-batch 8
                 setenv("MOETRAIN_ATTN_BWD", "ds", 1);
                 c.ws_bytes = ds_bytes / 2;
@@ -476,7 +488,7 @@ int main(void) {
     RUN(test_gemm);
     RUN(test_gemm_grouped);
     RUN(test_attention);
-    RUN(test_attention_fwd_wg);
+    RUN(test_attention_one_wg);
     RUN(test_attention_mma);
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();

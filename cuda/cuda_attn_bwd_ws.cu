@@ -1,0 +1,253 @@
+// cuda_attn_bwd_ws.cu — the attention backward's dK/dV kernel, warp-specialised (sm_90a, D = 128):
+// the same math, outputs and stored dSᵀ tiles as k_attn_dkdv_wg<128, true> (cuda_attn_bwd_wg.cu:
+// read its header), which it replaces when a dS workspace is given (MOETRAIN_ATTN_DKDV=wg keeps
+// that one). k_attn_dq_ds then reads the dSᵀ tiles as before.
+//
+// A CTA owns 128 keys of one (batch row, kv head) pair: three warpgroups, two consumers (warps
+// 0-3: keys 0-63, warps 4-7: keys 64-127) and a producer (warp 8; the group's registers go to the
+// consumers: setmaxnreg 24 / 240).
+//   producer  K and V once ([128][128] tiles, TMA); then per item — query head h of the group ×
+//             64-query tile, from the CTA's diagonal tile on — Q and dO ([64][128], TMA) and the
+//             tile's 64 lse and 64 Δ (its 32 lanes, plain loads into shared memory) into stage
+//             it % WK_NS; "full" counts the 32 lanes and the TMA bytes, "empty" the 8 consumer
+//             warps.
+//   consumers per item, each on its own 64 keys (the query tile before a warpgroup's keys is all
+//             masked: that warpgroup skips it):
+//               Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      2 × 8 wgmma m64n64k16 (SS)
+//               Pᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − Δ)     registers
+//               dV += Pᵀ·dO, dK += dSᵀ·Q     2 × 4 wgmma m64n128k16 (RS; dO, Q MN-major)
+//               the bf16 dSᵀ tile → shared (SW128 image, two buffers per warpgroup) → the
+//               workspace (16-byte stores), while dV and dK run; then the stage is released.
+//             The two warpgroups share every load; the tensor cores take one's products while the
+//             other computes its softmax part.
+// Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
+// (32 KB), mbarriers: 161 KB at WK_NS = 2.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_attn.cuh"
+#include "tma.cuh"
+
+enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
+#define WK_KV (128u * 128u * 2u)   // bytes of the [128][128] K (or V) tile
+#define WK_QT (64u * 128u * 2u)    // bytes of a [64][128] Q (or dO) tile
+#define WK_L (2u * 64u * 4u)       // bytes of a stage's lse[64] then Δ[64]
+#define WK_SD (64u * 64u * 2u)     // bytes of a dSᵀ image
+
+__global__ void __launch_bounds__(WK_THREADS, 1)
+    k_attn_dkdv_ws(bf16* dk, bf16* dv, bf16* ds, const float* lse, const float* delta,
+                   const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mo,
+                   const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv, int T, int Hq,
+                   int Hkv, int p0, float sl2, float scale) {
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw), base = (raw + 1023u) & ~1023u;
+    const uint32_t Ks = base, Vs = base + WK_KV, Qb = base + 2 * WK_KV;  // Q stage s: Qb + s·WK_QT
+    const uint32_t Ob = Qb + WK_NS * WK_QT, Sdb = Ob + WK_NS * WK_QT;     // dO stage s; dSᵀ buffer i: Sdb + i·WK_SD
+    const uint32_t Lb = Sdb + 4 * WK_SD, bars = Lb + WK_NS * WK_L;        // lse/Δ stage s: Lb + s·WK_L
+    const float* lsh = (const float*)(smem_raw + (Lb - raw));
+    // mbarriers: K+V once; full[s], empty[s]
+    const uint32_t fullKV = bars, full0 = bars + 8, empty0 = bars + 8 + 8 * WK_NS;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const int kb = blockIdx.x, pair = p0 + blockIdx.y, kh = pair % Hkv, b = pair / Hkv, grp = Hq / Hkv;
+    const int nqt = (T + WK_R - 1) / WK_R, per_h = nqt - 2 * kb, n_it = grp * per_h;
+
+    if (tid == 0) {
+        mbar_init(fullKV, 1);
+        for (int s = 0; s < WK_NS; s++) mbar_init(full0 + 8 * s, 32), mbar_init(empty0 + 8 * s, 8);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp >= 8) {  // ---- producer warpgroup
+        reg_dealloc<24>();
+        if (warp == 8) {
+            if (lane == 0) {
+                mbar_expect_tx(fullKV, 2 * WK_KV);
+                tma_load4(Ks, &mk, 0, kh, kb * 128, b, fullKV);
+                tma_load4(Ks + WK_KV / 2, &mk, 64, kh, kb * 128, b, fullKV);
+                tma_load4(Vs, &mv, 0, kh, kb * 128, b, fullKV);
+                tma_load4(Vs + WK_KV / 2, &mv, 64, kh, kb * 128, b, fullKV);
+            }
+            for (int it = 0; it < n_it; it++) {
+                const int s = it % WK_NS, u = it / WK_NS;
+                if (it >= WK_NS) mbar_wait(empty0 + 8 * s, (u + 1) & 1);  // use u − 1 released
+                const int h = kh * grp + it / per_h, q0 = (2 * kb + it % per_h) * WK_R, t = q0 + 2 * lane;
+                const size_t li = ((size_t)b * Hq + h) * T + t;
+                float* ls = (float*)lsh + s * (WK_L / 4);
+                ls[2 * lane] = t < T ? lse[li] : 0.f;
+                ls[2 * lane + 1] = t + 1 < T ? lse[li + 1] : 0.f;
+                ls[64 + 2 * lane] = t < T ? delta[li] : 0.f;
+                ls[64 + 2 * lane + 1] = t + 1 < T ? delta[li + 1] : 0.f;
+                const uint32_t full = full0 + 8 * s;
+                if (lane == 0) {
+                    mbar_expect_tx(full, 2 * WK_QT);
+                    tma_load4(Qb + s * WK_QT, &mq, 0, h, q0, b, full);
+                    tma_load4(Qb + s * WK_QT + WK_QT / 2, &mq, 64, h, q0, b, full);
+                    tma_load4(Ob + s * WK_QT, &mo, 0, h, q0, b, full);
+                    tma_load4(Ob + s * WK_QT + WK_QT / 2, &mo, 64, h, q0, b, full);
+                } else {
+                    mbar_arrive(full);
+                }
+            }
+        }
+    } else {
+        // ---- consumers: warpgroup wg owns keys 64wg..64wg+63 of the CTA's 128, warp w 16 of them
+        reg_alloc<240>();
+        const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3, tw = tid & 127;
+        const int ktw = 2 * kb + wg, kw0 = ktw * WK_R;  // this warpgroup's 64-key tile
+        const int key0 = kw0 + w * 16 + g;              // this thread's keys: key0, key0 + 8
+        const size_t ntri = (size_t)nqt * (nqt + 1) / 2;
+        float dka[64], dva[64];  // dK / scale, dV; the first products overwrite them
+        int started = 0, par = 0;
+        mbar_wait(fullKV, 0);
+
+        for (int it = 0; it < n_it; it++) {
+            const int s = it % WK_NS, u = it / WK_NS;
+            const int hh = it / per_h, qt = 2 * kb + it % per_h, qq0 = qt * WK_R;
+            mbar_wait(full0 + 8 * s, u & 1);
+            if (qt >= ktw) {  // (warpgroup-uniform) some query of the tile sees some key of ours
+                const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
+                const float* ls = lsh + s * (WK_L / 4);
+                float sT[32], dpT[32];  // Sᵀ and dPᵀ: rows = keys, columns = queries
+                wg_arrive();
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++)
+                    wg_ss<64>(sT, wg_desc_k(Ks, 128, 64 * wg, kk), wg_desc_k(Qs, WK_R, 0, kk), kk > 0);
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++)
+                    wg_ss<64>(dpT, wg_desc_k(Vs, 128, 64 * wg, kk), wg_desc_k(Os, WK_R, 0, kk), kk > 0);
+                wg_commit();
+                wg_reg_fence<32>(sT);
+                wg_reg_fence<32>(dpT);
+                wg_wait<0>();
+                wg_reg_fence<32>(sT);
+                wg_reg_fence<32>(dpT);
+
+                // Pᵀ (query < key and query ≥ T masked), dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
+                const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int qi = 8 * j + 2 * c4;  // this thread's query columns: qi, qi + 1
+                    const float2 l2 = *(const float2*)(ls + qi), d2 = *(const float2*)(ls + 64 + qi);
+                    const float lx = l2.x * LOG2E, ly = l2.y * LOG2E;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = 4 * j + e;
+                        float p = fast_exp2(sT[i] * sl2 - (e & 1 ? ly : lx));
+                        if (need_mask) {
+                            const int qry = qq0 + qi + (e & 1);
+                            if (qry < key0 + (e >> 1) * 8 || qry >= T) p = 0.f;
+                        }
+                        sT[i] = p;
+                        dpT[i] = p * (dpT[i] - (e & 1 ? d2.y : d2.x));
+                    }
+                }
+                uint32_t ap[4][4], as[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    wg_pack_a(ap[kk], sT, kk);
+                    wg_pack_a(as[kk], dpT, kk);
+                }
+                wg_reg_fence<64>(dka);
+                wg_reg_fence<64>(dva);
+                wg_reg_fence_u<16>(&ap[0][0]);
+                wg_reg_fence_u<16>(&as[0][0]);
+                wg_arrive();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    wg_rs<128, 1>(dva, ap[kk], wg_desc_mn(Os, WK_R, kk), kk > 0 || started);
+                    wg_rs<128, 1>(dka, as[kk], wg_desc_mn(Qs, WK_R, kk), kk > 0 || started);
+                }
+                wg_commit();
+                wg_reg_fence<64>(dka);
+                wg_reg_fence<64>(dva);
+                started = 1;
+
+                // the bf16 dSᵀ (the A of dK) → this warpgroup's shared image (buffer par) → global
+                const uint32_t Sd = Sdb + (uint32_t)(2 * wg + par) * WK_SD;
+                const int r = w * 16 + g;
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const int cq = 16 * kk + 2 * c4;
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r, cq)), "r"(as[kk][0]) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r + 8, cq)), "r"(as[kk][1]) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r, cq + 8)), "r"(as[kk][2]) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r + 8, cq + 8)), "r"(as[kk][3]) : "memory");
+                }
+                nbar_sync<128>(1 + wg);  // the warpgroup's image is complete (the other buffer is
+                                         // rewritten only after the next item's barrier: two buffers)
+                bf16* dst = ds + (((size_t)blockIdx.y * grp + hh) * ntri + (size_t)qt * (qt + 1) / 2 + ktw) * WK_DS;
+#pragma unroll
+                for (int i = 0; i < (int)(WK_SD / 16 / 128); i++) {
+                    const int ch = i * 128 + tw;
+                    uint4 x;
+                    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                                 : "r"(Sd + ch * 16)
+                                 : "memory");
+                    *(uint4*)(dst + ch * 8) = x;
+                }
+                par ^= 1;
+                wg_wait<0>();  // dV, dK done: the stage's Q and dO are no longer read
+                wg_reg_fence<64>(dka);
+                wg_reg_fence<64>(dva);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+
+        const size_t ks = (size_t)Hkv * 128, koff = (size_t)b * T * ks + (size_t)kh * 128;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + r * 8;
+            if (key >= T || !started) continue;  // (a warpgroup with no item has only keys ≥ T)
+            bf16* okk = dk + koff + (size_t)key * ks;
+            bf16* ovv = dv + koff + (size_t)key * ks;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                *(uint32_t*)(okk + j * 8 + 2 * c4) = pack_bf16(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
+                *(uint32_t*)(ovv + j * 8 + 2 * c4) = pack_bf16(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
+            }
+        }
+    }
+}
+
+// 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
+extern "C" int cuda_attn_bwd_ws_stalled(void) {
+    int v = 0, z = 0;
+    CUDA_CK(cudaMemcpyFromSymbol(&v, g_tma_stalled, sizeof v));
+    CUDA_CK(cudaMemcpyToSymbol(g_tma_stalled, &z, sizeof z));
+    return v;
+}
+
+// MOETRAIN_ATTN_DKDV: ws (or unset) = this kernel where it applies, wg = k_attn_dkdv_wg.
+static int want_ws(void) {
+    const char* e = getenv("MOETRAIN_ATTN_DKDV");
+    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
+    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_DKDV=%s: expected ws or wg", e);
+    return 0;
+}
+
+// dK, dV and the dSᵀ tiles of np pairs from p0 (the stored-dS path of launch_bwd_wg, D = 128) with
+// the warp-specialised kernel; 0 when it does not apply (the caller runs k_attn_dkdv_wg).
+int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse, const float* delta,
+                 const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, int p0, int np) {
+    if (D != 128 || !want_ws()) return 0;
+    CUtensorMap mq, mo, mk, mv;
+    if (!tma_map_bthd(&mq, q, B, T, Hq, WK_R) || !tma_map_bthd(&mo, dout, B, T, Hq, WK_R) ||
+        !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128))
+        return 0;
+    const size_t smem = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
+    const dim3 grid((unsigned)((T + 127) / 128), (unsigned)np);
+    k_attn_dkdv_ws<<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2,
+                                                           scale);
+    LAUNCH_CK(c);
+    return 1;
+}
