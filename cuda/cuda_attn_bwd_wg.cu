@@ -12,8 +12,8 @@
 //            dQ += dS·K              4 wgmma m64nDk16, A = dS packed to bf16 from the S registers,
 //                                    B = the K tile read MN-major
 //          Heavy (late) query tiles are scheduled first.
-//   dk/dv: (with a dS workspace at D = 128, cuda_attn_bwd_ws.cu's warp-specialised kernel instead,
-//          unless MOETRAIN_ATTN_DKDV=wg) a CTA owns 64 keys of one (b, kv head) and walks, for every query head of the group,
+//   dk/dv: (with a dS workspace at D = 128, cuda_attn_bwd_ws.cu's warp-specialised kernels instead,
+//          for dk/dv and for dq from dS, unless MOETRAIN_ATTN_DS=wg) a CTA owns 64 keys of one (b, kv head) and walks, for every query head of the group,
 //          the 64-query tiles from the diagonal one to the last. K and V stay in shared memory;
 //          Q, dO and the tile's 64 lse and 64 Δ values stream through two stages. Per query tile:
 //            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   2·D/16 wgmma m64n64k16 (rows = keys, columns = queries)
@@ -391,9 +391,12 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_ds(bf16* dq, const bf16*
 }
 
 int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes);
-// cuda_attn_bwd_ws.cu: the warp-specialised dk/dv kernel (D = 128), or 0 when it does not apply.
+// cuda_attn_bwd_ws.cu: the warp-specialised dk/dv and dq-from-dS kernels (D = 128), or 0 when
+// they do not apply.
 int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse, const float* delta,
                  const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, int p0, int np);
+int attn_dq_ws(CudaImpl* c, bf16* dq, const bf16* ds, const bf16* k, int B, int T, int Hq, int Hkv, int D, int p0,
+               int np);
 
 // Bytes of dS one (batch row, kv head) pair stores: grp heads × the causal 64 × 64 tiles.
 static size_t ds_pair_bytes(int T, int Hq, int Hkv) {
@@ -431,9 +434,11 @@ static void launch_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
                     dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, T, Hq, Hkv, p0, sl2, scale);
                 LAUNCH_CK(c);
             }
-            k_attn_dq_ds<D><<<dim3(nt, (unsigned)(np * grp)), WB_THREADS, sm_dq_ds, c->stream>>>(
-                dq, (const bf16*)ws, k, T, Hq, Hkv, p0, scale);
-            LAUNCH_CK(c);
+            if (!attn_dq_ws(c, dq, (const bf16*)ws, k, B, T, Hq, Hkv, D, p0, np)) {
+                k_attn_dq_ds<D><<<dim3(nt, (unsigned)(np * grp)), WB_THREADS, sm_dq_ds, c->stream>>>(
+                    dq, (const bf16*)ws, k, T, Hq, Hkv, p0, scale);
+                LAUNCH_CK(c);
+            }
         }
         return;
     }

@@ -1,7 +1,7 @@
-// cuda_attn_bwd_ws.cu — the attention backward's dK/dV kernel, warp-specialised (sm_90a, D = 128):
-// the same math, outputs and stored dSᵀ tiles as k_attn_dkdv_wg<128, true> (cuda_attn_bwd_wg.cu:
-// read its header), which it replaces when a dS workspace is given (MOETRAIN_ATTN_DKDV=wg keeps
-// that one). k_attn_dq_ds then reads the dSᵀ tiles as before.
+// cuda_attn_bwd_ws.cu — the stored-dS attention backward's two kernels, warp-specialised (sm_90a,
+// D = 128): dK/dV with the same math, outputs and stored dSᵀ tiles as k_attn_dkdv_wg<128, true>
+// (cuda_attn_bwd_wg.cu: read its header), and dQ from those tiles as k_attn_dq_ds, which they
+// replace when a dS workspace is given (MOETRAIN_ATTN_DS=wg keeps those).
 //
 // A CTA owns 128 keys of one (batch row, kv head) pair: three warpgroups, two consumers (warps
 // 0-3: keys 0-63, warps 4-7: keys 64-127) and a producer (warp 8; the group's registers go to the
@@ -22,6 +22,11 @@
 //             other computes its softmax part.
 // Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
 // (32 KB), mbarriers: 161 KB at WK_NS = 2.
+//
+// dq (k_attn_dq_ws): k_attn_dq_ds's work — a CTA owns 64 query rows of one query head and adds
+// dS·K over the key tiles up to the diagonal, in key order (deterministic) — with a producer warp
+// feeding WQ_NS stages: the 8 KB dSᵀ image by one bulk copy, the K tile by TMA. The kernel is
+// bound by reading dS (4.4 GB per layer at micro-batch 8): deeper prefetch than cp.async's.
 #include <stdlib.h>
 #include <string.h>
 
@@ -213,6 +218,85 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
     }
 }
 
+// ---- dq from the stored dSᵀ tiles -----------------------------------------------------------
+enum { WQ_NS = 4, WQ_THREADS = 160 };  // one consumer warpgroup + the producer warp
+#define WQ_ST (WK_SD + WK_QT)          // bytes of a stage: the dSᵀ image, then the K tile
+
+// One contiguous global → shared copy (size a multiple of 16) completing on bar.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if WG_DEVICE
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
+
+__global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16* ds, const __grid_constant__ CUtensorMap mk,
+                                                          int T, int Hq, int Hkv, int p0, float scale) {
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = base + WQ_NS * WQ_ST, empty0 = full0 + 8 * WQ_NS;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, grp = Hq / Hkv;  // heavy (late) query tiles first
+    const int pair = p0 + blockIdx.y / grp, kh = pair % Hkv, b = pair / Hkv, h = kh * grp + blockIdx.y % grp;
+    const int n_kt = qt + 1;
+    const bf16* dsr = ds + ((size_t)blockIdx.y * ((size_t)nqt * (nqt + 1) / 2) + (size_t)qt * (qt + 1) / 2) * WK_DS;
+
+    if (tid == 0) {
+        for (int s = 0; s < WQ_NS; s++) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 4);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == 4) {  // ---- producer
+        if (lane == 0)
+            for (int kt = 0; kt < n_kt; kt++) {
+                const int s = kt % WQ_NS;
+                const uint32_t st = base + (uint32_t)s * WQ_ST, full = full0 + 8 * s;
+                if (kt >= WQ_NS) mbar_wait(empty0 + 8 * s, ((kt / WQ_NS) + 1) & 1);
+                mbar_expect_tx(full, WQ_ST);
+                bulk_load(st, dsr + (size_t)kt * WK_DS, WK_SD, full);
+                tma_load4(st + WK_SD, &mk, 0, kh, kt * WK_R, b, full);
+                tma_load4(st + WK_SD + WK_QT / 2, &mk, 64, kh, kt * WK_R, b, full);
+            }
+        return;
+    }
+    // ---- the consumer warpgroup: warp w owns query rows 16w..16w+15 of the tile
+    const int w = warp, g = lane >> 2, c4 = lane & 3;
+    float acc[64];  // dQ / scale; the first product overwrites it
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int s = kt % WQ_NS;
+        const uint32_t st = base + (uint32_t)s * WQ_ST;
+        mbar_wait(full0 + 8 * s, (kt / WQ_NS) & 1);
+        wg_reg_fence<64>(acc);
+        wg_arrive();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_ss<128, 1, 1>(acc, wg_desc_mn(st, WK_R, kk), wg_desc_mn(st + WK_SD, WK_R, kk), kk > 0 || kt > 0);
+        wg_commit();
+        wg_reg_fence<64>(acc);
+        wg_wait<1>();  // the products of tile kt − 1 retired: its stage may be refilled
+        wg_reg_fence<64>(acc);
+        if (kt > 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % WQ_NS));
+        }
+    }
+    wg_wait<0>();
+    wg_reg_fence<64>(acc);
+    const int row0 = qt * WK_R + w * 16 + g;
+    const size_t qs = (size_t)Hq * 128, qoff = (size_t)b * T * qs + (size_t)h * 128;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        bf16* o = dq + qoff + (size_t)row * qs;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            *(uint32_t*)(o + j * 8 + 2 * c4) = pack_bf16(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+    }
+}
+
 // 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
 extern "C" int cuda_attn_bwd_ws_stalled(void) {
     int v = 0, z = 0;
@@ -221,11 +305,12 @@ extern "C" int cuda_attn_bwd_ws_stalled(void) {
     return v;
 }
 
-// MOETRAIN_ATTN_DKDV: ws (or unset) = this kernel where it applies, wg = k_attn_dkdv_wg.
+// MOETRAIN_ATTN_DS: ws (or unset) = these kernels where they apply, wg = k_attn_dkdv_wg and
+// k_attn_dq_ds.
 static int want_ws(void) {
-    const char* e = getenv("MOETRAIN_ATTN_DKDV");
+    const char* e = getenv("MOETRAIN_ATTN_DS");
     if (!e || !e[0] || !strcmp(e, "ws")) return 1;
-    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_DKDV=%s: expected ws or wg", e);
+    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_DS=%s: expected ws or wg", e);
     return 0;
 }
 
@@ -248,6 +333,25 @@ int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, co
     const dim3 grid((unsigned)((T + 127) / 128), (unsigned)np);
     k_attn_dkdv_ws<<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2,
                                                            scale);
+    LAUNCH_CK(c);
+    return 1;
+}
+
+// dQ of np pairs from p0 from the dSᵀ tiles in ds (after attn_dkdv_ws or k_attn_dkdv_wg); 0 when the
+// kernel does not apply (the caller runs k_attn_dq_ds).
+int attn_dq_ws(CudaImpl* c, bf16* dq, const bf16* ds, const bf16* k, int B, int T, int Hq, int Hkv, int D, int p0,
+               int np) {
+    if (D != 128 || !want_ws()) return 0;
+    CUtensorMap mk;
+    if (!tma_map_bthd(&mk, k, B, T, Hkv, WK_R)) return 0;
+    const size_t smem = WQ_NS * (size_t)WQ_ST + 16 * WQ_NS + 1024;
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    const dim3 grid((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv)));
+    k_attn_dq_ws<<<grid, WQ_THREADS, smem, c->stream>>>(dq, ds, mk, T, Hq, Hkv, p0, 1.0f / sqrtf((float)D));
     LAUNCH_CK(c);
     return 1;
 }

@@ -106,7 +106,7 @@ for step in $STEPS; do
     [ "$(left)" -gt 90 ] && [ "${REF:-1}" = 1 ] && { PYTHONUNBUFFERED=1 timeout 90 python3 scripts/attn_ref.py 1 8 > $LOGS/attn_ref.log 2>&1
       grep -E "^attn_ref|rror" $LOGS/attn_ref.log | tee -a $L; }
     [ "${NCU:-1}" = 0 ] && continue  # NCU=0: timings only
-    for kv in "k_attn_fwd_ws 0" "k_attn_dkdv_ws 0" "k_attn_fwd_wg 0" "k_attn_dkdv_wg 6" "k_attn_dq_ds 0"; do  # 6: skip the recompute path's dkdv
+    for kv in "k_attn_fwd_ws 0" "k_attn_dkdv_ws 0" "k_attn_fwd_wg 0" "k_attn_dkdv_wg 6" "k_attn_dq_ws 0" "k_attn_dq_ds 0"; do  # 6: skip the recompute path's dkdv
       set -- $kv
       [ "$(left)" -lt 60 ] && break
       MOETRAIN_GPU_BENCH=attn MOETRAIN_ATTN_B=8 timeout 120 ncu --clock-control none -k "regex:$1" --launch-skip $2 -c 1 \
