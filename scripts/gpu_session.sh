@@ -49,13 +49,16 @@ W=$OUT; L=$W/d.log; DL=${DL:-560}; STEPS=${STEPS:-tests prof sweep san}; LOGS=/t
 frc=0
 say() { echo "$*" | tee -a $L; }
 left() { echo $((DL - SECONDS)); }
-say "gpu_session: steps [$STEPS], DL=$DL, commit $(git log --oneline -1 2>/dev/null | cut -c1-60)"
+# build/commit.txt (written by the caller before the call: a worktree's git metadata does not travel)
+say "gpu_session: steps [$STEPS], DL=$DL, commit $(cat build/commit.txt 2>/dev/null || git log --oneline -1 2>/dev/null | cut -c1-60)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 | tee -a $L
 
 bench_line() { grep '^{"bench' "$1" | tail -1; }
-bs() {  # bs NAME env...: scripts/bench.sh into $LOGS/NAME, its results to $W/NAME.jsonl
+bs() {  # bs NAME env...: scripts/bench.sh into $LOGS/NAME, its results to $W/NAME.jsonl; the whole
+  # run ends by the deadline (RUN_TIMEOUT bounds each process, not their sum), keeping what it has
   local n=$1; shift
-  env OUT=$LOGS/$n HF_BATCH=1 RUN_TIMEOUT=${RUN_TIMEOUT:-240} "$@" scripts/bench.sh > $LOGS/$n.log 2>&1
+  timeout $(( $(left) - 10 )) env OUT=$LOGS/$n HF_BATCH=1 RUN_TIMEOUT=${RUN_TIMEOUT:-240} "$@" scripts/bench.sh \
+    > $LOGS/$n.log 2>&1 || say "$n: bench.sh exit $? (124: cut at the deadline; the rows so far follow)"
   grep -A30 '^| ' $LOGS/$n.log | head -30 | tee -a $L
   cp $LOGS/$n/results.jsonl $W/$n.jsonl 2>/dev/null
 }
