@@ -39,8 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_attn.cuh"
-#include "wgmma.cuh"
+#include "attn_wg.cuh"
 
 enum { WB_ROWS = 64, WB_THREADS = 128, WB_DS_ELEMS = WB_ROWS * WB_ROWS };
 
@@ -149,10 +148,7 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_wg(bf16* dq, const bf16*
     for (int r = 0; r < 2; r++) {
         const int row = row0 + r * 8;
         if (row >= T) continue;
-        bf16* o = dq + qoff + (size_t)row * qs;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(uint32_t*)(o + j * 8 + 2 * c4) = pack_bf16(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+        wg_store_row<D>(dq + qoff + (size_t)row * qs, acc, r, c4, scale);
     }
 }
 
@@ -248,23 +244,7 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
 
         // Pᵀ (query < key and query ≥ T masked) into sT, dSᵀ = Pᵀ ∘ (dPᵀ − Δ) into dpT
         const bool need_mask = qq0 < k0 + WB_ROWS || qq0 + WB_ROWS > T;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int qi = 8 * j + 2 * c4;  // this thread's query columns: qi, qi + 1
-            const float2 l2 = *(const float2*)(ls + qi), d2 = *(const float2*)(ls + WB_ROWS + qi);
-            const float lx = l2.x * LOG2E, ly = l2.y * LOG2E;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = 4 * j + e;
-                float p = fast_exp2(sT[i] * sl2 - (e & 1 ? ly : lx));
-                if (need_mask) {
-                    const int qry = qq0 + qi + (e & 1);
-                    if (qry < key0 + (e >> 1) * 8 || qry >= T) p = 0.f;
-                }
-                sT[i] = p;
-                dpT[i] = p * (dpT[i] - (e & 1 ? d2.y : d2.x));
-            }
-        }
+        attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask);
 
         // dV += Pᵀ·dO, dK += dSᵀ·Q: A from the registers, dO and Q read MN-major from the stage
         uint32_t ap[4][4], as[4][4];
@@ -286,17 +266,7 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
         wg_commit();
         wg_reg_fence<D / 2>(dka);
         wg_reg_fence<D / 2>(dva);
-        if (DS) {  // the bf16 dSᵀ (the very A of dK) into the shared SW128 image: rows = keys
-            const int r = w * 16 + g;
-#pragma unroll
-            for (int kk = 0; kk < WB_ROWS / 16; kk++) {
-                const int cq = 16 * kk + 2 * c4;
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r, cq)), "r"(as[kk][0]) : "memory");
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r + 8, cq)), "r"(as[kk][1]) : "memory");
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r, cq + 8)), "r"(as[kk][2]) : "memory");
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WB_ROWS, r + 8, cq + 8)), "r"(as[kk][3]) : "memory");
-            }
-        }
+        if (DS) attn_ds_image_store(Sd, as, w * 16 + g, c4);  // the bf16 dSᵀ (the very A of dK): rows = keys
     }
     if (DS) {
         __syncthreads();
@@ -310,13 +280,8 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dkdv_wg(bf16* dk, bf16* dv,
     for (int r = 0; r < 2; r++) {
         const int key = key0 + r * 8;
         if (key >= T) continue;
-        bf16* okk = dk + koff + (size_t)key * ks;
-        bf16* ovv = dv + koff + (size_t)key * ks;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            *(uint32_t*)(okk + j * 8 + 2 * c4) = pack_bf16(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
-            *(uint32_t*)(ovv + j * 8 + 2 * c4) = pack_bf16(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
-        }
+        wg_store_row<D>(dk + koff + (size_t)key * ks, dka, r, c4, scale);
+        wg_store_row<D>(dv + koff + (size_t)key * ks, dva, r, c4, 1.f);
     }
 }
 
@@ -383,10 +348,7 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_ds(bf16* dq, const bf16*
     for (int r = 0; r < 2; r++) {
         const int row = row0 + r * 8;
         if (row >= T) continue;
-        bf16* o = dq + qoff + (size_t)row * qs;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(uint32_t*)(o + j * 8 + 2 * c4) = pack_bf16(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+        wg_store_row<D>(dq + qoff + (size_t)row * qs, acc, r, c4, scale);
     }
 }
 

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_attn.cuh"
+#include "attn_wg.cuh"
 #include "tma.cuh"
 
 enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
@@ -131,23 +131,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
 
                 // Pᵀ (query < key and query ≥ T masked), dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
                 const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int qi = 8 * j + 2 * c4;  // this thread's query columns: qi, qi + 1
-                    const float2 l2 = *(const float2*)(ls + qi), d2 = *(const float2*)(ls + 64 + qi);
-                    const float lx = l2.x * LOG2E, ly = l2.y * LOG2E;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int i = 4 * j + e;
-                        float p = fast_exp2(sT[i] * sl2 - (e & 1 ? ly : lx));
-                        if (need_mask) {
-                            const int qry = qq0 + qi + (e & 1);
-                            if (qry < key0 + (e >> 1) * 8 || qry >= T) p = 0.f;
-                        }
-                        sT[i] = p;
-                        dpT[i] = p * (dpT[i] - (e & 1 ? d2.y : d2.x));
-                    }
-                }
+                attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask);
                 uint32_t ap[4][4], as[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
@@ -171,15 +155,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
 
                 // the bf16 dSᵀ (the A of dK) → this warpgroup's shared image (buffer par) → global
                 const uint32_t Sd = Sdb + (uint32_t)(2 * wg + par) * WK_SD;
-                const int r = w * 16 + g;
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    const int cq = 16 * kk + 2 * c4;
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r, cq)), "r"(as[kk][0]) : "memory");
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r + 8, cq)), "r"(as[kk][1]) : "memory");
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r, cq + 8)), "r"(as[kk][2]) : "memory");
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(Sd + sw128_off(WK_R, r + 8, cq + 8)), "r"(as[kk][3]) : "memory");
-                }
+                attn_ds_image_store(Sd, as, w * 16 + g, c4);
                 nbar_sync<128>(1 + wg);  // the warpgroup's image is complete (the other buffer is
                                          // rewritten only after the next item's barrier: two buffers)
                 bf16* dst = ds + (((size_t)blockIdx.y * grp + hh) * ntri + (size_t)qt * (qt + 1) / 2 + ktw) * WK_DS;
@@ -207,13 +183,8 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
         for (int r = 0; r < 2; r++) {
             const int key = key0 + r * 8;
             if (key >= T || !started) continue;  // (a warpgroup with no item has only keys ≥ T)
-            bf16* okk = dk + koff + (size_t)key * ks;
-            bf16* ovv = dv + koff + (size_t)key * ks;
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                *(uint32_t*)(okk + j * 8 + 2 * c4) = pack_bf16(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
-                *(uint32_t*)(ovv + j * 8 + 2 * c4) = pack_bf16(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
-            }
+            wg_store_row<128>(dk + koff + (size_t)key * ks, dka, r, c4, scale);
+            wg_store_row<128>(dv + koff + (size_t)key * ks, dva, r, c4, 1.f);
         }
     }
 }
@@ -290,10 +261,7 @@ __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16*
     for (int r = 0; r < 2; r++) {
         const int row = row0 + r * 8;
         if (row >= T) continue;
-        bf16* o = dq + qoff + (size_t)row * qs;
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            *(uint32_t*)(o + j * 8 + 2 * c4) = pack_bf16(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+        wg_store_row<128>(dq + qoff + (size_t)row * qs, acc, r, c4, scale);
     }
 }
 

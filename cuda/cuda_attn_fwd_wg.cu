@@ -13,8 +13,7 @@
 // stage a P·V reads is refilled only after every warp waited for that P·V (wg_wait, then the block
 // barrier). Two CTAs fit an SM (81 KB of shared memory each at D = 128), so one CTA's softmax
 // overlaps the other's matrix work. Heavy (late) query tiles are scheduled first.
-#include "cuda_attn.cuh"
-#include "wgmma.cuh"
+#include "attn_wg.cuh"
 
 enum { FW_BR = 64, FW_BC = 64, FW_THREADS = 128 };
 
@@ -136,10 +135,7 @@ __global__ void __launch_bounds__(FW_THREADS) k_attn_fwd_wg(bf16* out, float* ls
         const int row = row0 + r * 8;
         if (row >= T) continue;
         const float inv = 1.f / lr[r];
-        bf16* ob = out + ((size_t)b * T + row) * qs + (size_t)h * D;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(uint32_t*)(ob + j * 8 + 2 * c4) = pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        wg_store_row<D>(out + ((size_t)b * T + row) * qs + (size_t)h * D, o, r, c4, inv);
         if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mr[r] + log2f(lr[r])) * LN2;
     }
 }

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_attn.cuh"
+#include "attn_wg.cuh"
 #include "tma.cuh"
 
 enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
@@ -191,10 +191,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int row = row0 + r * 8;
         if (row >= T) continue;
         const float inv = 1.f / lr[r];
-        bf16* ob = out + ((size_t)b * T + row) * qs + (size_t)h * WS_D;
-#pragma unroll
-        for (int jj = 0; jj < WS_D / 8; jj++)
-            *(uint32_t*)(ob + jj * 8 + 2 * c4) = pack_bf16(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        wg_store_row<WS_D>(out + ((size_t)b * T + row) * qs + (size_t)h * WS_D, o, r, c4, inv);
         if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mr[r] + log2f(lr[r])) * LN2;
     }
     }  // consumers
