@@ -140,7 +140,18 @@ static void cu_zero(Backend* be, void* p, size_t n) {
     if (n) CUDA_CK(cudaMemsetAsync(p, 0, n, ST(be)));
 }
 
-static void cu_sync(Backend* be) { CUDA_CK(cudaStreamSynchronize(ST(be))); }
+extern "C" int cuda_attn_fwd_ws_stalled(void);  // cuda_attn_fwd_ws.cu, cuda_attn_bwd_ws.cu
+extern "C" int cuda_attn_bwd_ws_stalled(void);
+
+// Also where a warp-specialised attention kernel's mbarrier wait gave up (tma.cuh: a bug that
+// would otherwise have hung the GPU, and left garbage behind): stop rather than train on it. The
+// trainer syncs once a step; the two 4-byte reads cost microseconds.
+static void cu_sync(Backend* be) {
+    CUDA_CK(cudaStreamSynchronize(ST(be)));
+    const int f = cuda_attn_fwd_ws_stalled(), b = cuda_attn_bwd_ws_stalled();
+    CHECK(!f && !b, "a warp-specialised attention kernel (%s) gave up waiting on a pipeline stage: a bug; "
+          "MOETRAIN_ATTN_FWD=wg MOETRAIN_ATTN_DS=wg run the one-warpgroup kernels instead", f ? "forward" : "backward");
+}
 
 // ---- casts and elementwise -------------------------------------------------------------------
 

@@ -15,7 +15,7 @@
 
 // Each file including this has its own flag (no relocatable device code): set when an mbarrier
 // wait gave up (mbar_wait) — a bug, never a slow load. Read and cleared by the file's
-// cuda_attn_*_ws_stalled.
+// cuda_attn_*_ws_stalled, which the backend's sync calls (and stops the run).
 static __device__ int g_tma_stalled;
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
