@@ -125,6 +125,7 @@ static void attention_cases(const char* path) {
         {1, 64, 8, 8, 32, 2.f},    // exactly one tile, sharp softmax
         {2, 200, 8, 2, 128, 1.f},  // Mixtral's GQA 4:1, two sequences, a ragged last tile
         {1, 192, 4, 2, 64, 2.f},   // D = 64, T a multiple of 64, sharp softmax
+        {1, 300, 2, 2, 128, 2.f},  // D = 128 without GQA (one query head per kv head), 300 = 2·128 + 44
         {1, 2048, 4, 1, 128, 1.f}, // long: MOETRAIN_GPU_LONG=1 only (slow under the sanitizers)
     };
     const char* lg = getenv("MOETRAIN_GPU_LONG");
