@@ -72,129 +72,128 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             }
         }
     } else {
-
-    // ---- consumers: warpgroup wg owns rows 64wg..64wg+63 of the tile, warp w (of 4) 16 of them
-    reg_alloc<240>();
-    const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3;
-    const int r0w = wg * 64;
-    const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
-    float o[64];
+        // ---- consumers: warpgroup wg owns rows 64wg..64wg+63 of the tile, warp w (of 4) 16 of them
+        reg_alloc<240>();
+        const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3;
+        const int r0w = wg * 64;
+        const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
+        float o[64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
-    wg_reg_fence<64>(o);
-    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};  // running max (log2 units), row sum
-    uint32_t a[8][4];  // P of the last tile as A fragments: a[kk] = keys 16kk..16kk+15
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
-    mbar_wait(fullQ, 0);
-    if (wg == 1) nbar_arrive<256>(1);  // warpgroup 0 takes the first turn
-
-    for (int j = 0; j < n; j++) {
-        const int s = j & 1, sp = s ^ 1;
-        mbar_wait(fullK + 8 * s, (j >> 1) & 1);
-        if (j > 0) mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
-        nbar_sync<256>(1 + wg);  // my turn
-        float sacc[64];
+        for (int i = 0; i < 64; i++) o[i] = 0.f;
         wg_reg_fence<64>(o);
-        wg_reg_fence_u<32>(&a[0][0]);
-        // descriptors from opaque bases, so that ptxas rebuilds them per tile (two adds each) instead
-        // of keeping 24 of them live in 48 registers next to S, O and P
-        uint32_t qa = Qs + r0w * 128, ka = Kb + s * WS_TILE, va = Vb + sp * WS_TILE;
-        asm volatile("" : "+r"(qa), "+r"(ka), "+r"(va));
-        wg_arrive();
+        float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};  // running max (log2 units), row sum
+        uint32_t a[8][4];  // P of the last tile as A fragments: a[kk] = keys 16kk..16kk+15
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_ss<128>(sacc, wg_desc_k(qa, WS_M, 0, kk), wg_desc_k(ka, WS_N, 0, kk), kk > 0);
-        if (j > 0) {
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
-        }
-        wg_commit();
-        nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
-        wg_reg_fence<64>(sacc);
-        wg_wait<0>();
-        wg_reg_fence<64>(sacc);
-        wg_reg_fence<64>(o);
-        __syncwarp();
-        if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
-            mbar_arrive(emptyK + 8 * s);
-            if (j > 0) mbar_arrive(emptyV + 8 * sp);
-        }
+        for (int kk = 0; kk < 8; kk++) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
+        mbar_wait(fullQ, 0);
+        if (wg == 1) nbar_arrive<256>(1);  // warpgroup 0 takes the first turn
 
-        // softmax of tile j (log2 domain; sacc only read)
-        const int k0 = j * WS_N;
-        const bool need_mask = k0 + WS_N - 1 > q0 + r0w + w * 16 || k0 + WS_N > T;
-        float mx[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < n; j++) {
+            const int s = j & 1, sp = s ^ 1;
+            mbar_wait(fullK + 8 * s, (j >> 1) & 1);
+            if (j > 0) mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
+            nbar_sync<256>(1 + wg);  // my turn
+            float sacc[64];
+            wg_reg_fence<64>(o);
+            wg_reg_fence_u<32>(&a[0][0]);
+            // descriptors from opaque bases, so that ptxas rebuilds them per tile (two adds each) instead
+            // of keeping 24 of them live in 48 registers next to S, O and P
+            uint32_t qa = Qs + r0w * 128, ka = Kb + s * WS_TILE, va = Vb + sp * WS_TILE;
+            asm volatile("" : "+r"(qa), "+r"(ka), "+r"(va));
+            wg_arrive();
 #pragma unroll
-        for (int i = 0; i < 64; i++) {
-            float x = sacc[i];
-            if (need_mask) {
-                const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-                if (key > row || key >= T) x = -INFINITY;
+            for (int kk = 0; kk < 8; kk++)
+                wg_ss<128>(sacc, wg_desc_k(qa, WS_M, 0, kk), wg_desc_k(ka, WS_N, 0, kk), kk > 0);
+            if (j > 0) {
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
             }
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
-        }
-        float corr[2];
+            wg_commit();
+            nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
+            wg_reg_fence<64>(sacc);
+            wg_wait<0>();
+            wg_reg_fence<64>(sacc);
+            wg_reg_fence<64>(o);
+            __syncwarp();
+            if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
+                mbar_arrive(emptyK + 8 * s);
+                if (j > 0) mbar_arrive(emptyV + 8 * sp);
+            }
+
+            // softmax of tile j (log2 domain; sacc only read)
+            const int k0 = j * WS_N;
+            const bool need_mask = k0 + WS_N - 1 > q0 + r0w + w * 16 || k0 + WS_N > T;
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
-            corr[r] = fast_exp2(mr[r] - m2);
-            mr[r] = m2;
-            lr[r] *= corr[r];
-        }
-#pragma unroll
-        for (int i = 0; i < 64; i += 2) {
-            float p[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int ii = i + e, r = (ii >> 1) & 1;
-                float x = sacc[ii];
+            for (int i = 0; i < 64; i++) {
+                float x = sacc[i];
                 if (need_mask) {
-                    const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
+                    const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
                     if (key > row || key >= T) x = -INFINITY;
                 }
-                p[e] = fast_exp2(fmaf(x, sl2, -mr[r]));
-                lr[r] += p[e];
+                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
             }
-            a[i >> 3][(i >> 1) & 3] = pack_bf16(p[0], p[1]);
+            float corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
+                corr[r] = fast_exp2(mr[r] - m2);
+                mr[r] = m2;
+                lr[r] *= corr[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 64; i += 2) {
+                float p[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int ii = i + e, r = (ii >> 1) & 1;
+                    float x = sacc[ii];
+                    if (need_mask) {
+                        const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
+                        if (key > row || key >= T) x = -INFINITY;
+                    }
+                    p[e] = fast_exp2(fmaf(x, sl2, -mr[r]));
+                    lr[r] += p[e];
+                }
+                a[i >> 3][(i >> 1) & 3] = pack_bf16(p[0], p[1]);
+            }
+#pragma unroll
+            for (int i = 0; i < 64; i++) o[i] *= corr[(i >> 1) & 1];
         }
-#pragma unroll
-        for (int i = 0; i < 64; i++) o[i] *= corr[(i >> 1) & 1];
-    }
 
-    // the last tile's P·V (outside the turns)
-    {
-        const int sp = (n - 1) & 1;
-        mbar_wait(fullV + 8 * sp, ((n - 1) >> 1) & 1);
-        wg_reg_fence<64>(o);
-        wg_reg_fence_u<32>(&a[0][0]);
-        wg_arrive();
+        // the last tile's P·V (outside the turns)
+        {
+            const int sp = (n - 1) & 1;
+            mbar_wait(fullV + 8 * sp, ((n - 1) >> 1) & 1);
+            wg_reg_fence<64>(o);
+            wg_reg_fence_u<32>(&a[0][0]);
+            wg_arrive();
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_rs<128, 1>(o, a[kk], wg_desc_mn(Vb + sp * WS_TILE, WS_N, kk), kk > 0 || n > 1);
-        wg_commit();
-        wg_wait<0>();
-        wg_reg_fence<64>(o);
-    }
-    if (wg == 0) nbar_sync<256>(1);  // the other warpgroup's last hand-over (n + 1 arrivals on barrier 1)
+            for (int kk = 0; kk < 8; kk++)
+                wg_rs<128, 1>(o, a[kk], wg_desc_mn(Vb + sp * WS_TILE, WS_N, kk), kk > 0 || n > 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_reg_fence<64>(o);
+        }
+        if (wg == 0) nbar_sync<256>(1);  // the other warpgroup's last hand-over (n + 1 arrivals on barrier 1)
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
-    }
-    const size_t qs = (size_t)Hq * WS_D;
+        for (int r = 0; r < 2; r++) {
+            lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
+            lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
+        }
+        const size_t qs = (size_t)Hq * WS_D;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / lr[r];
-        wg_store_row<WS_D>(out + ((size_t)b * T + row) * qs + (size_t)h * WS_D, o, r, c4, inv);
-        if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mr[r] + log2f(lr[r])) * LN2;
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + r * 8;
+            if (row >= T) continue;
+            const float inv = 1.f / lr[r];
+            wg_store_row<WS_D>(out + ((size_t)b * T + row) * qs + (size_t)h * WS_D, o, r, c4, inv);
+            if (c4 == 0) lse[((size_t)b * Hq + h) * T + row] = (mr[r] + log2f(lr[r])) * LN2;
+        }
     }
-    }  // consumers
 }
 
 // ---- host ---------------------------------------------------------------------------------------
