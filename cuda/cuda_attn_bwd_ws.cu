@@ -18,10 +18,10 @@
 //               dV += Pᵀ·dO, dK += dSᵀ·Q     2 × 4 wgmma m64n128k16 (RS; dO, Q MN-major)
 //               the bf16 dSᵀ tile → shared (SW128 image, two buffers per warpgroup) → the
 //               workspace (16-byte stores), while dV and dK run; then the stage is released.
-//             The two warpgroups share every load; the tensor cores take one's products while the
-//             other computes its softmax part.
+//             The two warpgroups share every load and take no turns (unlike the forward): the
+//             schedulers interleave one's products with the other's softmax part as they come.
 // Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
-// (32 KB), mbarriers: 161 KB at WK_NS = 2.
+// (32 KB), mbarriers: 162 KB at WK_NS = 2.
 //
 // dq (k_attn_dq_ws): k_attn_dq_ds's work — a CTA owns 64 query rows of one query head and adds
 // dS·K over the key tiles up to the diagonal, in key order (deterministic) — with a producer warp
