@@ -201,8 +201,8 @@ static void test_attention(void) {
     unsetenv("MOETRAIN_ATTN");
 }
 
-// The one-warpgroup wgmma forward and dk/dv kernels, which the warp-specialised ones replace at
-// D = 128.
+// The one-warpgroup wgmma forward and stored-dS (dk/dv, dq) kernels, which the warp-specialised
+// ones replace at D = 128.
 static void test_attention_one_wg(void) {
     setenv("MOETRAIN_ATTN", "wgmma", 1);
     setenv("MOETRAIN_ATTN_FWD", "wg", 1);
