@@ -27,9 +27,6 @@
 // dS·K over the key tiles up to the diagonal, in key order (deterministic) — with a producer warp
 // feeding WQ_NS stages: the 8 KB dSᵀ image by one bulk copy, the K tile by TMA. The kernel is
 // bound by reading dS (4.4 GB per layer at micro-batch 8): deeper prefetch than cp.async's.
-#include <stdlib.h>
-#include <string.h>
-
 #include "attn_wg.cuh"
 #include "tma.cuh"
 
@@ -267,26 +264,14 @@ __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16*
 
 // 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
 extern "C" int cuda_attn_bwd_ws_stalled(void) {
-    int v = 0, z = 0;
-    CUDA_CK(cudaMemcpyFromSymbol(&v, g_tma_stalled, sizeof v));
-    CUDA_CK(cudaMemcpyToSymbol(g_tma_stalled, &z, sizeof z));
-    return v;
-}
-
-// MOETRAIN_ATTN_DS: ws (or unset) = these kernels where they apply, wg = k_attn_dkdv_wg and
-// k_attn_dq_ds.
-static int want_ws(void) {
-    const char* e = getenv("MOETRAIN_ATTN_DS");
-    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
-    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_DS=%s: expected ws or wg", e);
-    return 0;
+    return tma_stalled_take();
 }
 
 // dK, dV and the dSᵀ tiles of np pairs from p0 (the stored-dS path of launch_bwd_wg, D = 128) with
 // the warp-specialised kernel; 0 when it does not apply (the caller runs k_attn_dkdv_wg).
 int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse, const float* delta,
                  const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, int p0, int np) {
-    if (D != 128 || !want_ws()) return 0;
+    if (D != 128 || !tma_ws_wanted("MOETRAIN_ATTN_DS")) return 0;
     CUtensorMap mq, mo, mk, mv;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WK_R) || !tma_map_bthd(&mo, dout, B, T, Hq, WK_R) ||
         !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128))
@@ -309,7 +294,7 @@ int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, co
 // kernel does not apply (the caller runs k_attn_dq_ds).
 int attn_dq_ws(CudaImpl* c, bf16* dq, const bf16* ds, const bf16* k, int B, int T, int Hq, int Hkv, int D, int p0,
                int np) {
-    if (D != 128 || !want_ws()) return 0;
+    if (D != 128 || !tma_ws_wanted("MOETRAIN_ATTN_DS")) return 0;
     CUtensorMap mk;
     if (!tma_map_bthd(&mk, k, B, T, Hkv, WK_R)) return 0;
     const size_t smem = WQ_NS * (size_t)WQ_ST + 16 * WQ_NS + 1024;

@@ -19,9 +19,6 @@
 //             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
 // Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
 // A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
-#include <stdlib.h>
-#include <string.h>
-
 #include "attn_wg.cuh"
 #include "tma.cuh"
 
@@ -200,25 +197,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 
 // 1 when a wait of the kernel gave up since the last call (then clears the flag); synchronizes.
 extern "C" int cuda_attn_fwd_ws_stalled(void) {
-    int v = 0, z = 0;
-    CUDA_CK(cudaMemcpyFromSymbol(&v, g_tma_stalled, sizeof v));
-    CUDA_CK(cudaMemcpyToSymbol(g_tma_stalled, &z, sizeof z));
-    return v;
-}
-
-// MOETRAIN_ATTN_FWD: ws (or unset) = this kernel where it applies, wg = the one-warpgroup kernel.
-static int want_ws(void) {
-    const char* e = getenv("MOETRAIN_ATTN_FWD");
-    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
-    CHECK(!strcmp(e, "wg"), "MOETRAIN_ATTN_FWD=%s: expected ws or wg", e);
-    return 0;
+    return tma_stalled_take();
 }
 
 // Runs the warp-specialised forward when it applies (the caller checked wgmma, bf16 and 16-byte
 // alignment; D = 128 here); returns 0 otherwise.
 int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D) {
-    if (D != WS_D || !want_ws()) return 0;
+    if (D != WS_D || !tma_ws_wanted("MOETRAIN_ATTN_FWD")) return 0;
     CUtensorMap mq, mk, mv;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WS_M) || !tma_map_bthd(&mk, k, B, T, Hkv, WS_N) ||
         !tma_map_bthd(&mv, v, B, T, Hkv, WS_N))

@@ -1,5 +1,7 @@
 // tma.cu — tensor maps for the warp-specialised attention kernels (see tma.cuh).
 #include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "tma.cuh"
 
@@ -31,4 +33,11 @@ int tma_map_bthd(CUtensorMap* m, const bf16* p, int B, int T, int H, int rows) {
     return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)p, dim, stride, box, estride,
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int tma_ws_wanted(const char* name) {
+    const char* e = getenv(name);
+    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
+    CHECK(!strcmp(e, "wg"), "%s=%s: expected ws or wg", name, e);
+    return 0;
 }

@@ -94,6 +94,21 @@ __device__ __forceinline__ void reg_alloc() {
 #endif
 }
 
+// Host: this file's g_tma_stalled, cleared when set (one 4-byte read otherwise); synchronizes.
+static inline int tma_stalled_take(void) {
+    int v = 0;
+    CUDA_CK(cudaMemcpyFromSymbol(&v, g_tma_stalled, sizeof v));
+    if (v) {
+        const int z = 0;
+        CUDA_CK(cudaMemcpyToSymbol(g_tma_stalled, &z, sizeof z));
+    }
+    return v;
+}
+
+// Host (tma.cu): the switch `name` (MOETRAIN_ATTN_FWD, MOETRAIN_ATTN_DS): 1 for ws or unset (the
+// warp-specialised kernels), 0 for wg (the one-warpgroup ones); anything else is an error.
+int tma_ws_wanted(const char* name);
+
 // Host (tma.cu): a [B, T, H, 128] bf16 tensor as a TMA map of boxes of 64 columns × `rows` rows
 // of one (b, h) — one SW128 slab of wgmma.cuh (128-byte swizzle). 0 when the driver offers no
 // cuTensorMapEncodeTiled or refuses the map (the caller falls back to another kernel).
