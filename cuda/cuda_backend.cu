@@ -212,29 +212,39 @@ static void cu_scale_f32(Backend* be, float* x, float s, size_t n) {
 // Σ x² in double: RED_BLOCKS blocks each sum a fixed strided subset (partials in scratch), then
 // one block adds the partials in order. The same n gives the same bits on every run.
 // Partial Σ x² per block in double. The grid is fixed (RED_BLOCKS × 256, any GPU), so each
-// thread's share and the order of every sum are too: deterministic. Aligned float4 loads, four in
-// flight per thread (the kernel reads the whole gradient once per step: it must run at HBM speed).
-__global__ void __launch_bounds__(256) k_sumsq_part(double* part, const float* __restrict__ x, size_t n) {
+// thread's share and the order of every sum are too: deterministic. Aligned 16-byte loads (4 fp32
+// or 8 bf16 values), four in flight per thread (the kernel reads the whole gradient once per
+// step: it must run at HBM speed). T: float (sumsq_f32) or bf16 (sumsq_act, bf16 gradients).
+__device__ __forceinline__ double sq(float x) { return (double)x * x; }
+__device__ __forceinline__ double sq(bf16 x) { return sq(__bfloat162float(x)); }
+__device__ __forceinline__ double sq_vec(const float* e) { return sq(e[0]) + sq(e[1]) + sq(e[2]) + sq(e[3]); }
+__device__ __forceinline__ double sq_vec(const bf16* e) {
+    return sq(e[0]) + sq(e[1]) + sq(e[2]) + sq(e[3]) + sq(e[4]) + sq(e[5]) + sq(e[6]) + sq(e[7]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) k_sumsq_part(double* part, const T* __restrict__ x, size_t n) {
+    constexpr int VE = 16 / sizeof(T);  // elements per 16-byte vector
     __shared__ double sh[8];
     const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    size_t head = (size_t)((16 - ((uintptr_t)x & 15)) & 15) / sizeof(float);  // scalars before 16-byte alignment
+    size_t head = (size_t)((16 - ((uintptr_t)x & 15)) & 15) / sizeof(T);  // scalars before 16-byte alignment
     if (head > n) head = n;
-    const size_t nv = (n - head) / 4, tail = head + 4 * nv;
-    const float4* v = (const float4*)(x + head);
+    const size_t nv = (n - head) / VE, tail = head + VE * nv;
+    const uint4* v = (const uint4*)(x + head);
     double s = 0;
-    if (tid < head) s += (double)x[tid] * x[tid];
-    if (tail + tid < n) s += (double)x[tail + tid] * x[tail + tid];
+    for (size_t j = tid; j < head; j += stride) s += sq(x[j]);  // head, tail < VE ≤ stride: one each at most
+    for (size_t j = tail + tid; j < n; j += stride) s += sq(x[j]);
     size_t i = tid;
     for (; i + 3 * stride < nv; i += 4 * stride) {
-        const float4 a = v[i], b = v[i + stride], c = v[i + 2 * stride], d = v[i + 3 * stride];
-        s += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
-        s += (double)b.x * b.x + (double)b.y * b.y + (double)b.z * b.z + (double)b.w * b.w;
-        s += (double)c.x * c.x + (double)c.y * c.y + (double)c.z * c.z + (double)c.w * c.w;
-        s += (double)d.x * d.x + (double)d.y * d.y + (double)d.z * d.z + (double)d.w * d.w;
+        const uint4 a = v[i], b = v[i + stride], c = v[i + 2 * stride], d = v[i + 3 * stride];
+        s += sq_vec((const T*)&a);
+        s += sq_vec((const T*)&b);
+        s += sq_vec((const T*)&c);
+        s += sq_vec((const T*)&d);
     }
     for (; i < nv; i += stride) {
-        const float4 a = v[i];
-        s += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+        const uint4 a = v[i];
+        s += sq_vec((const T*)&a);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -256,13 +266,19 @@ __global__ void k_sumsq_final(float* out, const double* part, int np) {
     if (threadIdx.x == 0) out[0] = (float)((double)out[0] + t);
 }
 
-static void cu_sumsq_f32(Backend* be, float* out, const float* x, size_t n) {
+template <typename T>
+static void sumsq(Backend* be, float* out, const T* x, size_t n) {
     CudaImpl* c = CI(be);
     double* part = (double*)c->scratch;  // [RED_BLOCKS]
-    k_sumsq_part<<<RED_BLOCKS, 256, 0, c->stream>>>(part, x, n);
+    k_sumsq_part<T><<<RED_BLOCKS, 256, 0, c->stream>>>(part, x, n);
     LAUNCH_CK(c);
     k_sumsq_final<<<1, 32, 0, c->stream>>>(out, part, RED_BLOCKS);
     LAUNCH_CK(c);
+}
+static void cu_sumsq_f32(Backend* be, float* out, const float* x, size_t n) { sumsq(be, out, x, n); }
+static void cu_sumsq_act(Backend* be, float* out, const void* x, size_t n) {
+    if (is_bf16(be)) sumsq(be, out, (const bf16*)x, n);
+    else sumsq(be, out, (const float*)x, n);
 }
 
 __global__ void k_nonfinite(float* out, const float* x, size_t n) {
@@ -379,6 +395,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->add_act = cu_add_act;
     be->scale_f32 = cu_scale_f32;
     be->sumsq_f32 = cu_sumsq_f32;
+    be->sumsq_act = cu_sumsq_act;
     be->nonfinite_f32 = cu_nonfinite_f32;
 
     be->embed_fwd = cuda_embed_fwd;

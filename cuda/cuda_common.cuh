@@ -139,7 +139,7 @@ struct GemmCache* gemm_cache_create(void);
 void gemm_cache_destroy(struct GemmCache*);
 void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB,
+void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                              float beta);
 // cuda_norm.cu: embedding and RMSNorm
 void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
@@ -168,7 +168,7 @@ void cuda_permute_bwd(Backend*, void* dx, const void* dxp, const int32_t* dest, 
 void cuda_gather_rows_f32(Backend*, float* outp, const float* in, const int32_t* dest, int n);
 void cuda_scatter_rows_f32(Backend*, float* out, const float* inp, const int32_t* dest, int n);
 void cuda_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H,
-                        int accumulate);
+                        const void* add);
 void cuda_unpermute_bwd(Backend*, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H);
 void cuda_swiglu_fwd(Backend*, void* h, const void* gu, const float* scale, int n, int F);
 void cuda_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale,
@@ -177,10 +177,10 @@ void cuda_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const v
 void cuda_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targets, int n, int V,
                         float grad_scale);
 // cuda_optim.cu
-void cuda_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
-                float beta1, float beta2, float eps, float wd, float grad_scale, int step);
-void cuda_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
-                      float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cuda_adamw(Backend*, float* master, void* param, float* m, float* v, const void* grad, int grad_act, size_t n,
+                float lr, float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cuda_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act, size_t n,
+                      float lr, float beta1, float beta2, float eps, float wd, float grad_scale, int step);
 void cuda_split_pack(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
 void cuda_split_unpack(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
 // cuda_backend.cu: C = beta·C on a [M, N] matrix with row stride ldc (the K = 0 / alpha = 0 GEMM)

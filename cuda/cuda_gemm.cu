@@ -337,17 +337,19 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     }
 }
 
-// Per group g: dB_g[N, K] = dY[rows g]ᵀ · X[rows g] + beta · dB_g, dY packed [rows, N], X packed [rows, K].
+// Per group g: dB_g[N, K] = dY[rows g]ᵀ · X[rows g] + beta · dB_g, dY packed [rows, N], X packed [rows, K];
+// dB fp32, or act dtype with g->db_act (cuBLASLt rounds its fp32 sum once on output).
 void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
-                             float* dB, float beta) {
+                             void* dB, float beta) {
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
-    const size_t ea = dtype_size(be->act_dtype);
+    const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
+    char* db = (char*)dB;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) {  // += 0, or = 0
-            if (beta == 0.f) be->zero(be, dB + g->b_stride * i, sizeof(float) * (size_t)N * K);
+            if (beta == 0.f) be->zero(be, db + g->b_stride * i * eb, eb * N * K);
             continue;
         }
         GemmDesc x = {};
@@ -357,9 +359,9 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
         x.trans_a = 1;
         x.alpha = 1;
         x.beta = beta;
-        x.c_f32 = 1;
+        x.c_f32 = !g->db_act;
         gemm_run(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
-                 dB + g->b_stride * i, 2);
+                 db + g->b_stride * i * eb, 2);
     }
 }
 

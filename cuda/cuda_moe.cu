@@ -138,13 +138,14 @@ void cuda_unpermute_bwd(Backend* be, void* dyp, const void* dout, const int32_t*
     rows_to_dest(be, dyp, dout, dest, N, k, H);  // dyp [N·k, H], dout [N, H]
 }
 
-// out[n, h] = (acc ? out[n, h] : 0) + Σ_slot src[dest[n·k + slot], h], fp32 sum in slot order.
+// out[n, h] = (add ? add[n, h] : 0) + Σ_slot src[dest[n·k + slot], h], fp32 sum in slot order
+// (add may be out).
 template <typename T>
-__global__ void k_sum_from_dest(T* out, const T* src, const int32_t* dest, int N, int k, int H, int acc) {
+__global__ void k_sum_from_dest(T* out, const T* src, const int32_t* dest, int N, int k, int H, const T* add) {
     const size_t n_all = (size_t)N * H;
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n_all; j += (size_t)gridDim.x * blockDim.x) {
         const size_t n = j / H, h = j % H;
-        float s = acc ? to_f(out[j]) : 0.f;
+        float s = add ? to_f(add[j]) : 0.f;
         for (int q = 0; q < k; q++) s += to_f(src[(size_t)dest[n * k + q] * H + h]);
         out[j] = from_f<T>(s);
     }
@@ -152,12 +153,13 @@ __global__ void k_sum_from_dest(T* out, const T* src, const int32_t* dest, int N
 
 // The same sums 8 columns at a time (bf16, H % 8 == 0, 16-byte aligned rows): a thread owns one
 // 16-byte chunk of an output row; the arithmetic and its order are k_sum_from_dest's.
-__global__ void k_sum_from_dest_v(uint4* out, const uint4* src, const int32_t* dest, int N, int k, int W, int acc) {
+__global__ void k_sum_from_dest_v(uint4* out, const uint4* src, const int32_t* dest, int N, int k, int W,
+                                  const uint4* add) {
     const size_t n_all = (size_t)N * W;
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n_all; j += (size_t)gridDim.x * blockDim.x) {
         const size_t n = j / W, w = j % W;
         float s[8], v[8];
-        if (acc) unpack8(s, out[j]);
+        if (add) unpack8(s, add[j]);
         else
             for (int e = 0; e < 8; e++) s[e] = 0.f;
         for (int q = 0; q < k; q++) {
@@ -169,28 +171,31 @@ __global__ void k_sum_from_dest_v(uint4* out, const uint4* src, const int32_t* d
     }
 }
 
-static void sum_from_dest(Backend* be, void* out, const void* src, const int32_t* dest, int N, int k, int H, int acc) {
+static void sum_from_dest(Backend* be, void* out, const void* src, const int32_t* dest, int N, int k, int H,
+                          const void* add) {
     if (N == 0 || H == 0) return;
     CudaImpl* c = CI(be);
-    if (is_bf16(be) && H % 8 == 0 && ((uintptr_t)out | (uintptr_t)src) % 16 == 0) {
+    if (is_bf16(be) && H % 8 == 0 && ((uintptr_t)out | (uintptr_t)src | (uintptr_t)add) % 16 == 0) {
         const int W = H / 8;
         k_sum_from_dest_v<<<grid_for(c, (size_t)N * W, 256), 256, 0, c->stream>>>((uint4*)out, (const uint4*)src, dest,
-                                                                                 N, k, W, acc);
+                                                                                 N, k, W, (const uint4*)add);
         LAUNCH_CK(c);
         return;
     }
     const unsigned g = grid_for(c, (size_t)N * H, 256);
-    if (is_bf16(be)) k_sum_from_dest<bf16><<<g, 256, 0, c->stream>>>((bf16*)out, (const bf16*)src, dest, N, k, H, acc);
-    else k_sum_from_dest<float><<<g, 256, 0, c->stream>>>((float*)out, (const float*)src, dest, N, k, H, acc);
+    if (is_bf16(be))
+        k_sum_from_dest<bf16><<<g, 256, 0, c->stream>>>((bf16*)out, (const bf16*)src, dest, N, k, H, (const bf16*)add);
+    else k_sum_from_dest<float><<<g, 256, 0, c->stream>>>((float*)out, (const float*)src, dest, N, k, H, (const float*)add);
     LAUNCH_CK(c);
 }
 
 void cuda_permute_bwd(Backend* be, void* dx, const void* dxp, const int32_t* dest, int N, int k, int H) {
-    sum_from_dest(be, dx, dxp, dest, N, k, H, 0);  // dx [N, H], dxp [N·k, H]
+    sum_from_dest(be, dx, dxp, dest, N, k, H, NULL);  // dx [N, H], dxp [N·k, H]
 }
 
-void cuda_unpermute_fwd(Backend* be, void* out, const void* yp, const int32_t* dest, int N, int k, int H, int acc) {
-    sum_from_dest(be, out, yp, dest, N, k, H, acc);  // out [N, H], yp [N·k, H]
+void cuda_unpermute_fwd(Backend* be, void* out, const void* yp, const int32_t* dest, int N, int k, int H,
+                        const void* add) {
+    sum_from_dest(be, out, yp, dest, N, k, H, add);  // out [N, H], yp [N·k, H], add [N, H] or NULL (may be out)
 }
 
 __global__ void k_gather_f32(float* outp, const float* in, const int32_t* dest, int n) {

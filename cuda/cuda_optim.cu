@@ -10,6 +10,8 @@
 // m, v, grad in; w, rem, m, v out) instead of k_adamw's 30 with a bf16 copy. 8 elements per
 // iteration with 16-byte accesses (w, rem: one uint4 each; m, v, grad: two float4) from the
 // first element where w is 16-byte aligned (a scalar head before it, a scalar tail after).
+// Gradients are fp32 or, with grad_act in a bf16 run, bf16 (G below): the same update on the same
+// values widened to fp32, for 2 bytes less traffic per element.
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -43,19 +45,38 @@ __device__ __forceinline__ float adam1(float& p, float& m, float& v, float g, co
     return p;
 }
 
+// Gradient loads: 4 values at [4i, 4i + 4) and 8 at [8i, 8i + 8) (aligned), fp32 or bf16.
+__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float4 load_g4(const float* g, size_t i) { return ((const float4*)g)[i]; }
+__device__ __forceinline__ float4 load_g4(const bf16* g, size_t i) {
+    const uint2 u = ((const uint2*)g)[i];
+    return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y));
+}
+__device__ __forceinline__ void load_g8(const float* g, size_t i, float o[8]) {
+    const float4 a = ((const float4*)g)[2 * i], b = ((const float4*)g)[2 * i + 1];
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+__device__ __forceinline__ void load_g8(const bf16* g, size_t i, float o[8]) {
+    const uint4 u = ((const uint4*)g)[i];
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) o[2 * j] = bf_lo(q[j]), o[2 * j + 1] = bf_hi(q[j]);
+}
+
 __device__ __forceinline__ void store_param(float* q, size_t i, float p) { q[i] = p; }
 __device__ __forceinline__ void store_param(bf16* q, size_t i, float p) { q[i] = __float2bfloat16_rn(p); }
 
-// P = float or bf16; param may be NULL (it is the master itself).
-template <typename P, bool VEC>
-__global__ void k_adamw(float* master, P* param, float* m, float* v, const float* grad, size_t n, AdamArgs a) {
+// P = float or bf16; param may be NULL (it is the master itself). G = float or bf16.
+template <typename P, typename G, bool VEC>
+__global__ void k_adamw(float* master, P* param, float* m, float* v, const G* grad, size_t n, AdamArgs a) {
     const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
     size_t done = 0;
     if (VEC) {
         const size_t n4 = n / 4;
         for (size_t i = tid; i < n4; i += step) {
             float4 p = ((float4*)master)[i], mm = ((float4*)m)[i], vv = ((float4*)v)[i];
-            const float4 g = ((const float4*)grad)[i];
+            const float4 g = load_g4(grad, i);
             adam1(p.x, mm.x, vv.x, g.x, a);
             adam1(p.y, mm.y, vv.y, g.y, a);
             adam1(p.z, mm.z, vv.z, g.z, a);
@@ -74,7 +95,7 @@ __global__ void k_adamw(float* master, P* param, float* m, float* v, const float
     }
     for (size_t i = done + tid; i < n; i += step) {
         float p = master[i], mm = m[i], vv = v[i];
-        adam1(p, mm, vv, grad[i], a);
+        adam1(p, mm, vv, to_f(grad[i]), a);
         master[i] = p;
         m[i] = mm;
         v[i] = vv;
@@ -82,25 +103,26 @@ __global__ void k_adamw(float* master, P* param, float* m, float* v, const float
     }
 }
 
-template <typename P>
-static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* v, const float* grad, size_t n,
+template <typename P, typename G>
+static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* v, const G* grad, size_t n,
                          const AdamArgs& a) {
     const bool vec = ((uintptr_t)master | (uintptr_t)m | (uintptr_t)v | (uintptr_t)grad) % 16 == 0;
     const unsigned g = grid_for(c, vec ? (n + 3) / 4 : n, 256);
-    if (vec) k_adamw<P, true><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
-    else k_adamw<P, false><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
+    if (vec) k_adamw<P, G, true><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
+    else k_adamw<P, G, false><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
     LAUNCH_CK(c);
 }
 
-void cuda_adamw(Backend* be, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
-                float b1, float b2, float eps, float wd, float grad_scale, int step) {
-    // master, m, v, grad [n] fp32; param [n] act (may be master when act is fp32)
+void cuda_adamw(Backend* be, float* master, void* param, float* m, float* v, const void* grad, int grad_act, size_t n,
+                float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    // master, m, v [n] fp32; grad [n] fp32, or act with grad_act; param [n] act (may be master when act is fp32)
     CHECK(step >= 1, "adamw: step is 1-based, got %d", step);
     if (n == 0) return;
     const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
     CudaImpl* c = CI(be);
-    if (is_bf16(be)) launch_adamw<bf16>(c, master, (bf16*)param, m, v, grad, n, a);
-    else launch_adamw<float>(c, master, param == (void*)master ? NULL : (float*)param, m, v, grad, n, a);
+    if (is_bf16(be) && grad_act) launch_adamw(c, master, (bf16*)param, m, v, (const bf16*)grad, n, a);
+    else if (is_bf16(be)) launch_adamw(c, master, (bf16*)param, m, v, (const float*)grad, n, a);
+    else launch_adamw(c, master, param == (void*)master ? NULL : (float*)param, m, v, (const float*)grad, n, a);
 }
 
 // ---- split masters ----------------------------------------------------------------------------
@@ -124,8 +146,8 @@ __device__ __forceinline__ uint32_t half_of(const uint32_t q[4], int j) { return
 static size_t split_head(const void* w) { return ((16 - (uintptr_t)w % 16) % 16) / 2; }
 static bool al16(const void* p) { return (uintptr_t)p % 16 == 0; }
 
-template <bool VEC>
-__global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, size_t head,
+template <typename G, bool VEC>
+__global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n, size_t head,
                               AdamArgs a) {
     const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
     size_t done = 0, i0 = 0;
@@ -133,15 +155,15 @@ __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, con
         const size_t n8 = (n - head) / 8;
         uint4 *w8 = (uint4*)(w + head), *r8 = (uint4*)(rem + head);
         float4 *m4 = (float4*)(m + head), *v4 = (float4*)(v + head);
-        const float4* g4 = (const float4*)(grad + head);
+        const G* g8 = grad + head;
         for (size_t i = tid; i < n8; i += step) {
             const uint4 wv = w8[i], rv = r8[i];
             const float4 m0 = m4[2 * i], m1 = m4[2 * i + 1], v0 = v4[2 * i], v1 = v4[2 * i + 1];
-            const float4 g0 = g4[2 * i], g1 = g4[2 * i + 1];
             const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w}, rq[4] = {rv.x, rv.y, rv.z, rv.w};
             float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
             float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-            const float gg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+            float gg[8];
+            load_g8(g8, i, gg);
             uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -165,7 +187,7 @@ __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, con
     for (size_t k = tid; k < i0 + (n - done); k += step) {
         const size_t i = k < i0 ? k : done + (k - i0);
         float p = split_join(w[i], (uint16_t)rem[i]), mm = m[i], vv = v[i];
-        adam1(p, mm, vv, grad[i], a);
+        adam1(p, mm, vv, to_f(grad[i]), a);
         uint32_t pw, pr;
         split_part(p, pw, pr);
         w[i] = (uint16_t)pw;
@@ -236,19 +258,26 @@ __global__ void k_split_unpack(float* x, const uint16_t* w, const int16_t* rem, 
     }
 }
 
-void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
-                      float b1, float b2, float eps, float wd, float grad_scale, int step) {
-    // w, rem [n] split masters (bf16 bits whatever the act dtype); m, v, grad [n] fp32
+template <typename G>
+static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n,
+                               const AdamArgs& a) {
+    const size_t h = split_head(w);
+    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
+    const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_adamw_split<G, true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
+    else k_adamw_split<G, false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    LAUNCH_CK(c);
+}
+
+void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    // w, rem [n] split masters (bf16 bits whatever the act dtype); m, v [n] fp32; grad [n] fp32, or act with grad_act
     CHECK(step >= 1, "adamw_split: step is 1-based, got %d", step);
     if (n == 0) return;
     const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);  // exactly cuda_adamw's
     CudaImpl* c = CI(be);
-    const size_t h = split_head(w);
-    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
-    const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
-    if (vec) k_adamw_split<true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
-    else k_adamw_split<false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
-    LAUNCH_CK(c);
+    if (is_bf16(be) && grad_act) launch_adamw_split(c, w, rem, m, v, (const bf16*)grad, n, a);
+    else launch_adamw_split(c, w, rem, m, v, (const float*)grad, n, a);
 }
 
 void cuda_split_pack(Backend* be, uint16_t* w, int16_t* rem, const float* x, size_t n) {

@@ -38,6 +38,9 @@
 #          moetrain in fp32, 1e-2 in bf16. PASS/FAIL/SKIP/NOTE lines → d.log; everything, with
 #          every command's log, in more.tgz (ckpt/). CKPT_DEVICE=cpu runs it without a GPU
 #          (development; the transformers part says SKIP where torch is missing).
+# DMON=1: nvidia-smi dmon (power, temperature, SM and memory clocks, once a second, wall-clock
+# stamped like the step lines) for the whole call → dmon.log in more.tgz, and its per-step
+# medians in d.log (is a stage power-limited? the SM clock says).
 # DL: seconds this call may take (default 560). Under $OUT (at most 8 files come back): d.log
 # (everything in short), attn.log, prof8.log, sweep.jsonl, head.jsonl, more.tgz (full logs).
 # Exit status: that of the attention/GEMM test when `tests` ran, else 0 (the ckpt verdict is in
@@ -53,6 +56,24 @@ left() { echo $((DL - SECONDS)); }
 say "gpu_session: steps [$STEPS], DL=$DL, commit $(cat build/commit.txt 2>/dev/null || git log --oneline -1 2>/dev/null | cut -c1-60)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 | tee -a $L
 
+dmon_pid=
+[ "${DMON:-0}" = 1 ] && { nvidia-smi dmon -s pc -o T > $LOGS/dmon.log 2>&1 & dmon_pid=$!; }
+# dmon_sum FROM TO: median power (W) and SM clock (MHz) of the dmon lines stamped in [FROM, TO]
+# (columns found by name in dmon's header: pwr, pclk)
+dmon_sum() {
+  [ -n "$dmon_pid" ] || return 0
+  local sel
+  sel=$(awk -v a="$1" -v b="$2" '/^#/ && /pwr/ { for (i = 1; i <= NF; i++) { if ($i == "pwr") P = i; if ($i == "pclk") C = i }; next }
+    !/^#/ && P && C && $1 >= a && $1 <= b { print $P, $C }' $LOGS/dmon.log)
+  [ -n "$sel" ] || return 0
+  local n p c cmin
+  n=$(echo "$sel" | wc -l)
+  p=$(echo "$sel" | awk '{print $1}' | sort -n | sed -n "$(( (n + 1) / 2 ))p")
+  c=$(echo "$sel" | awk '{print $2}' | sort -n | sed -n "$(( (n + 1) / 2 ))p")
+  cmin=$(echo "$sel" | awk '{print $2}' | sort -n | head -1)
+  say "  dmon $1-$2: $n s, median power $p W, median SM clock $c MHz (min $cmin)"
+}
+
 bench_line() { grep '^{"bench' "$1" | tail -1; }
 bs() {  # bs NAME env...: scripts/bench.sh into $LOGS/NAME, its results to $W/NAME.jsonl; the whole
   # run ends by the deadline (RUN_TIMEOUT bounds each process, not their sum), keeping what it has
@@ -64,7 +85,8 @@ bs() {  # bs NAME env...: scripts/bench.sh into $LOGS/NAME, its results to $W/NA
 }
 
 for step in $STEPS; do
-  say "== $step (t=$SECONDS s, $(left) s left)"
+  say "== $step (t=$SECONDS s, $(left) s left, $(date +%T))"
+  t_from=$(date +%T)
   case $step in
   tests)
     timeout 60 build/tests/gpu/test_cuda_wgmma > $LOGS/wgmma.log 2>&1; say "test_cuda_wgmma rc=$? $(tail -1 $LOGS/wgmma.log)"
@@ -136,7 +158,9 @@ for step in $STEPS; do
       $LOGS/ckpt.log | cut -c1-300 | tee -a $L ;;
   *) say "unknown step $step" ;;
   esac
+  dmon_sum $t_from $(date +%T)
 done
 say "done t=$SECONDS s"
+[ -n "$dmon_pid" ] && kill $dmon_pid 2>/dev/null
 tar czf $W/more.tgz -C $LOGS . 2>/dev/null
 exit $frc

@@ -45,6 +45,8 @@ typedef struct GroupDesc {
     int groups;            // G
     const int* host_off;   // host [G+1] row offsets, non-decreasing, off[0] = 0
     size_t b_stride;       // elements between consecutive B_g
+    int db_act;            // gemm_grouped_wgrad: dB has the act dtype (the fp32 sum rounded once
+                           // to nearest even; what PyTorch autocast gives) instead of fp32
 } GroupDesc;
 
 typedef struct Backend Backend;
@@ -69,6 +71,9 @@ struct Backend {
     void (*scale_f32)(Backend*, float* x, float s, size_t n);          // x *= s
     // out[0] += Σ x²  (fp32 out on the backend; read with to_host)
     void (*sumsq_f32)(Backend*, float* out, const float* x, size_t n);
+    // the same over act-dtype x (act-dtype gradients: GroupDesc.db_act); sums exactly as
+    // sumsq_f32 does over the same values widened to fp32
+    void (*sumsq_act)(Backend*, float* out, const void* x, size_t n);
     // out[0] = 1 if any of x is non-finite (else left as is)
     void (*nonfinite_f32)(Backend*, float* out, const float* x, size_t n);
 
@@ -115,11 +120,11 @@ struct Backend {
     void (*gemm_grouped)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
                          const void* B, void* C);
     // Weight gradient per group: dB_g[N,K] = dY[rows g]ᵀ[N, r] · X[rows g][r, K] + beta · dB_g
-    // (fp32 dB), dB_g = dB + g·b_stride. (N = dY width, K = X width; dY [rows, N] and X [rows, K]
-    // packed.) beta is 1 (accumulate) or 0 (overwrite: an empty group then gets zeros, and old
+    // (dB fp32, or act dtype with g->db_act), dB_g = dB + g·b_stride. (N = dY width, K = X width;
+    // dY [rows, N] and X [rows, K] packed.) beta is 1 (accumulate) or 0 (overwrite: an empty group then gets zeros, and old
     // NaN in dB is ignored); with beta = 1 an empty group leaves its dB_g unchanged.
     void (*gemm_grouped_wgrad)(Backend*, const GroupDesc*, int N, int K, const void* dY,
-                               const void* X, float* dB, float beta);
+                               const void* X, void* dB, float beta);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
@@ -165,9 +170,11 @@ struct Backend {
     void (*gather_rows_f32)(Backend*, float* outp, const float* in, const int32_t* dest, int n);
     // Inverse: out[i] = inp[dest[i]]
     void (*scatter_rows_f32)(Backend*, float* out, const float* inp, const int32_t* dest, int n);
-    // Weighted rows are pre-scaled by swiglu: out[n,:] (+= if accumulate) Σ_slot yp[dest[n*k+s]]
+    // Weighted rows are pre-scaled by swiglu: out[n,:] = add[n,:] + Σ_slot yp[dest[n*k+s]], the
+    // sum in slot order after add (add NULL: none; add may be out itself: +=; the residual
+    // stream's add without a copy)
     void (*unpermute_fwd)(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k,
-                          int H, int accumulate);
+                          int H, const void* add);
     // dyp[dest[n*k+s], :] = dout[n, :]
     void (*unpermute_bwd)(Backend*, void* dyp, const void* dout, const int32_t* dest, int N,
                           int k, int H);
@@ -181,14 +188,15 @@ struct Backend {
                           int V, float grad_scale);
 
     // ---- optimizer ---------------------------------------------------------------------------
-    // AdamW on n elements: master/m/v/grad fp32, param (act copy, may alias master when act is
+    // AdamW on n elements: master/m/v fp32, grad fp32 (or act dtype when grad_act: the update is
+    // the same as on those values widened to fp32), param (act copy, may alias master when act is
     // fp32 and param == master). lr already includes the schedule; wd = 0 for exempt tensors.
     // step is 1-based (bias correction). grad_scale multiplies grad first (clipping).
     // torch.optim.AdamW: g = grad·grad_scale; p ← p·(1 − lr·wd) (on the old p, first);
     // m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g² (stored fp32; the update reads the stored values);
     // p ← p − lr · (m / (1−β1^step)) / (sqrt(v / (1−β2^step)) + eps).
-    void (*adamw)(Backend*, float* master, void* param, float* m, float* v, const float* grad,
-                  size_t n, float lr, float beta1, float beta2, float eps, float wd,
+    void (*adamw)(Backend*, float* master, void* param, float* m, float* v, const void* grad,
+                  int grad_act, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                   float grad_scale, int step);
 
     // Split fp32 masters (bf16 runs, precision.master=split): an fp32 master x is kept as its
@@ -202,11 +210,11 @@ struct Backend {
     void (*split_pack)(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
     // unpack: x [n] fp32 from w [n], rem [n].
     void (*split_unpack)(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
-    // AdamW on a split master (w [n], rem [n]) with m/v/grad fp32: unpacks each master, applies
-    // exactly adamw's arithmetic (same backend, same operation order: the new master has the
+    // AdamW on a split master (w [n], rem [n]) with m/v fp32 (grad as in adamw): unpacks each
+    // master, applies exactly adamw's arithmetic (same backend, same operation order: the new master has the
     // bits adamw gives), packs it back.
-    void (*adamw_split)(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad,
-                        size_t n, float lr, float beta1, float beta2, float eps, float wd,
+    void (*adamw_split)(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad,
+                        int grad_act, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                         float grad_scale, int step);
 
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).

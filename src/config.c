@@ -39,6 +39,7 @@ static const ConfigKey KEYS[] = {
     KEY(parallel, ep, K_INT, "1", 1, 4096, NULL, "expert-parallel group size; divides the world size and model.experts"),
     BOOL(parallel, zero1, "true", "shard optimizer state (fp32 master, Adam m, v) over data-parallel ranks (ZeRO-1)"),
     ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 master weights always: see precision.master; the CPU computes in fp32)"),
+    ENUM(precision, expert_grad, "auto", "auto|fp32|bf16", "storage of the expert weight gradients in bf16 runs: bf16 = each backward GEMM's fp32 sum rounded once to bf16 (the values PyTorch autocast gives its fp32 .grad), 2 B/param less AdamW and grad-norm traffic; needs one micro-batch per step (train.global_batch = micro_batch × world) and world = parallel.ep (no gradient reduction over expert replicas). fp32 = fp32 sums (Megatron's main_grad). auto = bf16 where allowed, else fp32"),
     ENUM(precision, master, "split", "split|fp32", "how bf16 runs keep the fp32 master weights: split = the bf16 weight plus a 16-bit remainder (exact, 2 B/param less memory and AdamW traffic; the bf16 weight is the master rounded to nearest with ties away from zero), fp32 = a separate fp32 copy (the bf16 weight rounded to nearest even). Ignored in fp32 mode and on the CPU"),
     KEY(train, steps, K_INT, "300", 1, IMAX, NULL, "optimizer steps"),
     KEY(train, micro_batch, K_INT, "8", 1, 1 << 20, NULL, "sequences per rank per forward/backward"),
@@ -147,6 +148,20 @@ static const char* enum_of(const char* key, int v) {
 }
 const char* dtype_name(DType d) { return enum_of("precision.dtype", (int)d); }
 const char* master_mode_name(MasterMode m) { return enum_of("precision.master", (int)m); }
+
+// Why bf16 expert gradients are not allowed for this run (NULL: they are).
+static const char* expert_grad_blocker(const Config* c, int world) {
+    if (world <= 0) world = c->parallel.ep;
+    if (c->precision.dtype != DTYPE_BF16) return "precision.dtype is not bf16";
+    if (world != c->parallel.ep) return "the expert gradients are summed over expert replicas (world > parallel.ep)";
+    if (c->train.global_batch != c->train.micro_batch * world)
+        return "a step accumulates several micro-batches (train.global_batch > micro_batch × world)";
+    return NULL;
+}
+
+int config_expert_grad_bf16(const Config* c, int world) {
+    return c->precision.expert_grad != EGRAD_FP32 && !expert_grad_blocker(c, world);
+}
 const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
 const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
 const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }
@@ -425,6 +440,10 @@ int config_validate(const Config* c, int world, Err* e) {
                        "(gradient accumulation = global_batch / %lld); e.g. train.global_batch=%s%lld",
                        src, t->global_batch, t->micro_batch, world, per, per, alt, lo + per);
     }
+    const char* why = expert_grad_blocker(c, world);
+    if (c->precision.expert_grad == EGRAD_BF16 && why)
+        return err_set(e, "%s: precision.expert_grad=bf16 is not possible here: %s (set precision.expert_grad=auto or "
+                       "fp32)", src, why);
     if (!c->checkpoint.resume[0])
         return err_set(e, "%s: checkpoint.resume must be none, auto or a checkpoint path", src);
     return 0;

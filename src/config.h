@@ -12,6 +12,7 @@
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
+typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
@@ -43,6 +44,7 @@ typedef struct PrecisionConfig {
     DType dtype;        // compute/storage dtype of weights and activations (fp32 masters always)
     MasterMode master;  // bf16 runs: the fp32 masters as bf16 weight + int16 remainder (split)
                         // or a separate fp32 copy; ignored in fp32 mode
+    ExpertGrad expert_grad;  // storage of the expert weight gradients (config_expert_grad_bf16)
 } PrecisionConfig;
 
 typedef struct TrainConfig {
@@ -129,6 +131,10 @@ int config_override(Config* c, const char* kv, Err* e);
 // Checks ranges and cross-key constraints (the layout needs the world size; world <= 0 checks
 // the smallest layout, world = parallel.ep).
 int config_validate(const Config* c, int world, Err* e);
+// Whether a run of `world` ranks stores the expert weight gradients in bf16
+// (precision.expert_grad: bf16, or auto where allowed: bf16 compute, one micro-batch per step,
+// no expert-data-parallel reduction, world == parallel.ep). config_validate refuses bf16 elsewhere.
+int config_expert_grad_bf16(const Config* c, int world);
 
 // Checks what only a training run needs (checkpoint.required → checkpoint.dir given).
 int config_validate_run(const Config* c, Err* e);

@@ -51,6 +51,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     memset(m, 0, sizeof *m);
     m->c = *c;
     m->keep_swiglu = o && o->keep_swiglu;
+    m->grad_act[ARENA_EXPERT] = o && o->expert_grad_act;
     m->be = be;
     m->comm = comm;
     m->world = comm->size[GROUP_WORLD];
@@ -207,10 +208,8 @@ static void layer_forward(Model* m, int l, void* x_out) {
     prof_mark("fwd.o_gemm");
     be->rmsnorm_fwd(be, s->ln2, s->rstd2, s->x_mid, W(m, 0, o->ln2), N, H, c->rms_eps);
     prof_mark("fwd.norm");
-    // x_out = x_mid + moe(ln2)
-    be->copy(be, x_out, s->x_mid, (size_t)N * H * dtype_size(be->act_dtype));
-    prof_mark("fwd.residual_copy");
-    moe_forward(m, l, s->ln2, x_out);
+    // x_out = x_mid + moe(ln2) (the combine adds the residual: no copy)
+    moe_forward(m, l, s->ln2, s->x_mid, x_out);
 }
 
 // m->s_dx holds dL/dx_out on entry and dL/dx_in on return.
@@ -298,6 +297,8 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     be->zero(be, m->loss_acc, sizeof(float));
     bump_reset(&m->bump);
     m->fresh = a->backward && a->fresh;
+    CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
+          "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");
     m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
     if (m->fresh) {  // the gradients that ops add into (+=) start from zero; GEMMs overwrite theirs
         be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)V * H);

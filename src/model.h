@@ -78,7 +78,10 @@ typedef struct Model {
     size_t numel[2];    // real elements
     size_t padded[2];   // padded to a multiple of the ZeRO group size × 8
     void* w[2];         // [padded] act: compute weights (full copy on every rank)
-    float* grad[2];     // [padded] fp32 gradients
+    float* grad[2];     // [padded] fp32 gradients (fp32-sized either way: the checkpoint code
+                        // stages full fp32 arenas there)
+    int grad_act[2];    // arena a's gradients are stored in the act dtype instead (experts only:
+                        // ModelOpts.expert_grad_act); the pointer is then a void* in disguise
 
     // activations
     LayerSaved* ls;     // [L]
@@ -118,10 +121,20 @@ typedef struct Model {
     Bump tmp;           // MoE per-layer scratch, reset per layer
 } Model;
 
-// Run options that change what the model keeps in memory (not the math: gradients are the same).
+// Element `off` of arena a's gradients, in their dtype (m->grad_act).
+static inline void* grad_at(const Model* m, int a, size_t off) {
+    return (char*)m->grad[a] + off * (m->grad_act[a] ? dtype_size(m->be->act_dtype) : sizeof(float));
+}
+
+// Run options that change what the model keeps in memory (not the math: gradients are the same;
+// expert_grad_act rounds the expert gradients to the act dtype, as autocast does).
 typedef struct ModelOpts {
     int keep_swiglu;  // train.keep_swiglu: the backward reads the experts' SwiGLU output h saved by
                       // the forward (R·F act elements per layer more) instead of recomputing it
+    int expert_grad_act;  // precision.expert_grad=bf16: the expert weight gradients are written in
+                          // the act dtype, each GEMM's fp32 sum rounded once (PyTorch autocast's
+                          // values). Needs fresh gradients every micro-batch (no accumulation):
+                          // model_step refuses MicroArgs.fresh = 0 with a backward.
 } ModelOpts;
 
 // Builds the model for this rank: layout, memory (parameters, gradients, activations).

@@ -8,7 +8,7 @@
 //   reorder blocks to expert-major (e, s) → xe [R, H]
 //   gu = xe · w13ᵀ; h = silu(gate)·up·w; y = h · w2ᵀ                     grouped GEMMs, swiglu
 //   (h is scratch, recomputed by the backward from gu; train.keep_swiglu saves it instead)
-//   reorder back, reverse all_to_all_v, out[n] += Σ_slot y[(n, slot)]   unpermute_fwd
+//   reorder back, reverse all_to_all_v, out[n] = res[n] + Σ_slot y[(n, slot)]   unpermute_fwd
 // With ep = 1 the exchange and the reorders vanish: xe is the permuted buffer itself.
 #include "moe.h"
 
@@ -135,7 +135,7 @@ static void grouped(Model* m, const MoeSaved* s, const int* off, void* C, const 
     (void)s;
 }
 
-void moe_forward(Model* m, int l, const void* x, void* out) {
+void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     Backend* be = m->be;
     const ModelConfig* c = &m->c;
     MoeSaved* s = &m->ls[l].moe;
@@ -205,12 +205,12 @@ void moe_forward(Model* m, int l, const void* x, void* out) {
 
     // combine
     if (!xchg) {
-        be->unpermute_fwd(be, out, y, s->dest, N, K, H, 1);
+        be->unpermute_fwd(be, out, y, s->dest, N, K, H, res);
     } else {
         void* ys = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
         reorder_blocks(m, s, ys, y, (size_t)H * esz(m), 0);
         exchange(m, s, ys, m->s_xp, (size_t)H * esz(m), 0);
-        be->unpermute_fwd(be, out, m->s_xp, s->dest, N, K, H, 1);
+        be->unpermute_fwd(be, out, m->s_xp, s->dest, N, K, H, res);
     }
     prof_mark("fwd.combine");
 }
@@ -248,20 +248,20 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     void* dgu = s->gu;
     float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-    GroupDesc g = {.groups = m->e_local, .host_off = off};
+    GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT]};
     if (!s->h) {
         be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
         prof_mark("bwd.swiglu_recompute");
     }
     g.b_stride = (size_t)H * F;
-    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, m->grad[1] + o->w2, m->fresh ? 0.f : 1.f);
+    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w2_wgrad");
     grouped(m, s, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F);
     prof_mark("bwd.w2_dgrad");
     be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
-    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, m->grad[1] + o->w13, m->fresh ? 0.f : 1.f);
+    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, grad_at(m, ARENA_EXPERT, o->w13), m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w13_wgrad");
     grouped(m, s, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H);
     prof_mark("bwd.w13_dgrad");

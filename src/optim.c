@@ -14,6 +14,9 @@ static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
     s->group = a == ARENA_DENSE ? GROUP_WORLD : GROUP_EDP;
     s->gsize = m->comm->size[s->group];
     s->grank = m->comm->rank[s->group];
+    s->gact = m->grad_act[a];
+    CHECK(!s->gact || s->gsize == 1, "act-dtype gradients (precision.expert_grad=bf16) need an arena group of 1 "
+          "(no reduction): got %d ranks", s->gsize);
     const size_t part = m->padded[a] / (size_t)s->gsize;  // padded is a multiple of 8·gsize
     if (o->zero1 && s->gsize > 1) {
         s->lo = (size_t)s->grank * part;
@@ -95,6 +98,11 @@ float optim_lr(const OptimConfig* c, int total, int s) {
     return (float)(c->lr * f);
 }
 
+// Element off of the shard's gradient, in its dtype.
+static const void* gshard_at(const Model* m, const OptShard* s, size_t off) {
+    return (const char*)s->gshard + off * (s->gact ? dtype_size(m->be->act_dtype) : sizeof(float));
+}
+
 static float* which_buf(OptShard* s, int which) { return which == 0 ? s->master : which == 1 ? s->m : s->v; }
 
 // Split masters: the owned slice of the compute weights (bf16 bits), element i of the shard at [i].
@@ -159,7 +167,9 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
     be->zero(be, o->d_norm, sizeof(float));
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
-        if (s->norm_n) be->sumsq_f32(be, o->d_norm, s->gshard + s->norm_lo, s->norm_n);
+        if (!s->norm_n) continue;
+        if (s->gact) be->sumsq_act(be, o->d_norm, gshard_at(m, s, s->norm_lo), s->norm_n);
+        else be->sumsq_f32(be, o->d_norm, s->gshard + s->norm_lo, s->norm_n);
     }
     float h = 0;
     be->to_host(be, &h, o->d_norm, sizeof(float));
@@ -177,11 +187,12 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
             for (int i = 0; i < s->nseg; i++) {
                 const OptSeg* g = &s->seg[i];
                 void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
+                const void* grad = gshard_at(m, s, g->lo);
                 if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
-                    be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, s->gshard + g->lo, g->n,
+                    be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
                                     st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
                 else
-                    be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, s->gshard + g->lo, g->n,
+                    be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
                               st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
             }
             if (o->zero1 && s->gsize > 1)

@@ -30,6 +30,8 @@ typedef struct OptShard {
     float* m;            // [n] Adam first moment
     float* v;            // [n] Adam second moment
     float* gshard;       // [n] reduced gradient of the slice (grad + lo without ZeRO-1)
+    int gact;            // the gradients have the act dtype (Model.grad_act; only with gsize 1:
+                         // nothing to reduce), gshard then points at act elements
     size_t norm_lo, norm_n;  // slice whose squares this rank adds to the global norm
     OptSeg* seg;
     int nseg;

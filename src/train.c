@@ -119,7 +119,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     data_describe(t->data, desc, sizeof desc);
     log_info("data: %s\n", desc);
 
-    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu};
+    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world)};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
     optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
     t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
@@ -237,9 +237,12 @@ int trainer_run(Trainer* t) {
     int rc = EXIT_OK;
     Err e = {{0}};
 
+    const int bf16_egrad = t->model.grad_act[ARENA_EXPERT] && t->be->act_dtype == DTYPE_BF16;
+    const char* notes = t->opt.split ? (bf16_egrad ? " (split fp32 masters, bf16 expert gradients)" : " (split fp32 masters)")
+                                     : (bf16_egrad ? " (bf16 expert gradients)" : "");
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
-             t->be->name, dtype_name(t->be->act_dtype), t->opt.split ? " (split fp32 masters)" : "");
+             t->be->name, dtype_name(t->be->act_dtype), notes);
     // Fault injection for the tests: MOETRAIN_FAIL_RANK=r makes rank r fail at its second step.
     const char* fail_env = getenv("MOETRAIN_FAIL_RANK");
     const int fail_rank = fail_env ? atoi(fail_env) : -1;

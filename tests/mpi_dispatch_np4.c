@@ -164,7 +164,7 @@ static void layer_run(Layer* L, const ModelConfig* c, int ntok, Comm* comm, cons
     be->to_device(be, dout, L->dout, sizeof(float) * nh);
     be->to_device(be, dx, nan, sizeof(float) * nh);             // dx is overwritten
     bump_reset(&m->bump);
-    moe_forward(m, 0, m->ls[0].ln2, out);
+    moe_forward(m, 0, m->ls[0].ln2, out, out);
     moe_backward(m, 0, dout, dx);
 
     L->out = xmalloc(sizeof(float) * nh);

@@ -96,6 +96,13 @@ static void test_shipped(void) {
            "L1 training layout");
     EXPECT(params_count(m).total == 46702792704LL, "Mixtral-8x7B has 46,702,792,704 parameters");
     EXPECT(config_validate(&c, 8, &e) == 0, "L1 valid at world 8: %s", e.msg);
+    EXPECT(c.precision.expert_grad == EGRAD_AUTO && !config_expert_grad_bf16(&c, 8),
+           "L1 accumulates 8 micro-batches: auto keeps fp32 expert gradients");
+    c.precision.expert_grad = EGRAD_BF16;
+    EXPECT(config_validate(&c, 8, &e) == -1 && strstr(e.msg, "precision.expert_grad=bf16") &&
+               strstr(e.msg, "accumulates"),
+           "bf16 expert gradients refused with accumulation: %s", e.msg);
+    c.precision.expert_grad = EGRAD_AUTO;
     EXPECT(config_validate_run(&c, &e) == -1 && strstr(e.msg, "checkpoint.dir=/path"), "L1 needs checkpoint.dir: %s",
            e.msg);
     EXPECT(config_override(&c, "checkpoint.dir=/tmp/x", &e) == 0, "override dir");
@@ -111,6 +118,19 @@ static void test_shipped(void) {
                !c.checkpoint.required && c.log.every == 1,
            "bench inherits L1 and overrides it");
     EXPECT(config_validate(&c, 1, &e) == 0 && config_validate_run(&c, &e) == 0, "bench valid on 1 GPU: %s", e.msg);
+    EXPECT(config_expert_grad_bf16(&c, 1), "bench on 1 GPU: auto gives bf16 expert gradients");
+    c.train.global_batch = 8;  // one micro-batch per rank on 2 ranks
+    EXPECT(!config_expert_grad_bf16(&c, 2) && config_validate(&c, 2, &e) == 0,
+           "bench on 2 GPUs at ep 1 (expert replicas): auto keeps fp32: %s", e.msg);
+    c.precision.expert_grad = EGRAD_BF16;
+    EXPECT(config_validate(&c, 2, &e) == -1 && strstr(e.msg, "replicas"), "bf16 refused with replicas: %s", e.msg);
+    c.train.global_batch = 4;
+    EXPECT(config_validate(&c, 1, &e) == 0 && config_expert_grad_bf16(&c, 1), "bf16 on 1 GPU: %s", e.msg);
+    c.precision.dtype = DTYPE_F32;
+    EXPECT(config_validate(&c, 1, &e) == -1 && strstr(e.msg, "precision.dtype"), "bf16 refused in fp32: %s", e.msg);
+    c.precision.expert_grad = EGRAD_FP32;
+    c.precision.dtype = DTYPE_BF16;
+    EXPECT(config_validate(&c, 1, &e) == 0 && !config_expert_grad_bf16(&c, 1), "fp32 is always allowed: %s", e.msg);
 }
 
 static void test_chains_and_precedence(void) {

@@ -202,7 +202,7 @@ static void test_permute_adjoint(void) {
     be->permute_bwd(be, pty, y, dest, N, k, H);
     EXPECT(relerr(dotd(xp, y, N * k * H), dotd(x, pty, N * H)) < 1e-5, "<Px, y> = <x, Pᵀy>");
     float up[N * H], upt[N * k * H];
-    be->unpermute_fwd(be, up, y, dest, N, k, H, 0);
+    be->unpermute_fwd(be, up, y, dest, N, k, H, NULL);
     be->unpermute_bwd(be, upt, x, dest, N, k, H);
     EXPECT(relerr(dotd(up, x, N * H), dotd(y, upt, N * k * H)) < 1e-5, "unpermute adjoint");
     free(x), free(y);
@@ -231,7 +231,7 @@ static void test_cross_entropy_grad(void) {
 
 static void test_adamw_step(void) {
     float master[3] = {1.0f, -2.0f, 0.5f}, m[3] = {0}, v[3] = {0}, g[3] = {0.1f, -0.3f, 2.0f}, p[3];
-    be->adamw(be, master, p, m, v, g, 3, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1);
+    be->adamw(be, master, p, m, v, g, 0, 3, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1);
     for (int i = 0; i < 3; i++) {
         double gi = 0.5 * (i == 0 ? 0.1 : i == 1 ? -0.3 : 2.0), x0 = i == 0 ? 1.0 : i == 1 ? -2.0 : 0.5;
         double mh = (0.1 * gi) / 0.1, vh = (0.05 * gi * gi) / 0.05;

@@ -234,16 +234,20 @@ static void test_permute(void) {
     EXPECT(ea < TOL_ADJ, "permute: <P x, y> = <x, Pᵀ y> (%.3g)", ea);
 
     float *u = fill(PN * PH, NAN), *ut = fill(R * PH, NAN);
-    be->unpermute_fwd(be, u, y, dest, PN, PK, PH, 0);
+    be->unpermute_fwd(be, u, y, dest, PN, PK, PH, NULL);
     be->unpermute_bwd(be, ut, x, dest, PN, PK, PH);
     const double eu = adj_err(dotd(u, x, PN * PH), dotd(y, ut, R * PH), u, PN * PH, x, PN * PH);
     EXPECT(eu < TOL_ADJ, "unpermute: <U y, x> = <y, Uᵀ x> (%.3g)", eu);
     EXPECT(memcmp(u, pty, sizeof(float) * PN * PH) == 0, "unpermute_fwd = permute_bwd (both sum a token's slots)");
     float* acc = dup(x, PN * PH);
-    be->unpermute_fwd(be, acc, y, dest, PN, PK, PH, 1);
+    be->unpermute_fwd(be, acc, y, dest, PN, PK, PH, acc);
     double e = 0;
     for (int i = 0; i < PN * PH; i++) e = fmax(e, fabs(acc[i] - ((double)x[i] + u[i])));
-    EXPECT(e < 1e-5, "unpermute_fwd accumulate adds onto out (max error %.3g)", e);
+    EXPECT(e < 1e-5, "unpermute_fwd with add = out adds onto out (max error %.3g)", e);
+    float* sep = fill(PN * PH, NAN);
+    be->unpermute_fwd(be, sep, y, dest, PN, PK, PH, x);
+    EXPECT(memcmp(sep, acc, sizeof(float) * PN * PH) == 0, "unpermute_fwd with a separate add = in place, bit for bit");
+    free(sep);
 
     float *w = rnd(R, 1), *wp = fill(R, NAN), *wb = fill(R, NAN);
     be->gather_rows_f32(be, wp, w, dest, (int)R);

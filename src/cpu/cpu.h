@@ -24,7 +24,7 @@ double cpu_sum_chunks(size_t n, size_t min_chunk, double (*f)(const void* ctx, s
 // ---- cpu_gemm.c ---------------------------------------------------------------------------
 void cpu_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cpu_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, float* dB,
+void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                             float beta);
 
 // ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
@@ -53,7 +53,7 @@ void cpu_permute_fwd(Backend*, void* xp, const void* x, const int32_t* dest, int
 void cpu_permute_bwd(Backend*, void* dx, const void* dxp, const int32_t* dest, int N, int k, int H);
 void cpu_gather_rows_f32(Backend*, float* outp, const float* in, const int32_t* dest, int n);
 void cpu_scatter_rows_f32(Backend*, float* out, const float* inp, const int32_t* dest, int n);
-void cpu_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H, int accumulate);
+void cpu_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H, const void* add);
 void cpu_unpermute_bwd(Backend*, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H);
 void cpu_swiglu_fwd(Backend*, void* h, const void* gu, const float* scale, int n, int F);
 void cpu_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
@@ -63,9 +63,9 @@ void cpu_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const vo
 void cpu_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targets, int n, int V, float grad_scale);
 
 // ---- cpu_optim.c --------------------------------------------------------------------------
-void cpu_adamw(Backend*, float* master, void* param, float* m, float* v, const float* grad, size_t n, float lr,
+void cpu_adamw(Backend*, float* master, void* param, float* m, float* v, const void* grad, int grad_act, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, float grad_scale, int step);
 void cpu_split_pack(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
 void cpu_split_unpack(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
-void cpu_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n, float lr,
+void cpu_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act, size_t n, float lr,
                      float beta1, float beta2, float eps, float wd, float grad_scale, int step);

@@ -96,6 +96,8 @@ static void cpu_sumsq_f32(Backend* be, float* out, const float* x, size_t n) {
     out[0] = (float)((double)out[0] + cpu_sum_chunks(n, 8192, sumsq_range, x));
 }
 
+static void cpu_sumsq_act(Backend* be, float* out, const void* x, size_t n) { cpu_sumsq_f32(be, out, x, n); }
+
 static void cpu_nonfinite_f32(Backend* be, float* out, const float* x, size_t n) {
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (n >= PAR_MIN)
@@ -133,6 +135,7 @@ Backend* cpu_backend_create(void) {
     be->add_act = cpu_add_act;
     be->scale_f32 = cpu_scale_f32;
     be->sumsq_f32 = cpu_sumsq_f32;
+    be->sumsq_act = cpu_sumsq_act;  // act is fp32 here
     be->nonfinite_f32 = cpu_nonfinite_f32;
 
     be->embed_fwd = cpu_embed_fwd;

@@ -184,8 +184,10 @@ void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const 
 }
 
 // Per group g: dB_g[N, K] += dY[rows g]ᵀ · X[rows g], dY packed [rows, N], X packed [rows, K].
-void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, float* dB,
+// dB is fp32 whether or not g->db_act: the act dtype here is fp32.
+void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, void* dB_,
                             float beta) {
+    float* dB = dB_;
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     for (int i = 0; i < g->groups; i++) {

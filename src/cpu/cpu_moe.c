@@ -163,13 +163,16 @@ void cpu_scatter_rows_f32(Backend* be, float* out, const float* inp, const int32
     for (int i = 0; i < n; i++) out[i] = inp[dest[i]];  // out, inp, dest [n]
 }
 
-void cpu_unpermute_fwd(Backend* be, void* out_, const void* yp_, const int32_t* dest, int N, int k, int H, int acc) {
-    float* out = out_;      // [N, H]
-    const float* yp = yp_;  // [N·k, H]
+void cpu_unpermute_fwd(Backend* be, void* out_, const void* yp_, const int32_t* dest, int N, int k, int H,
+                       const void* add_) {
+    float* out = out_;        // [N, H]
+    const float* yp = yp_;    // [N·k, H]
+    const float* add = add_;  // [N, H] or NULL; may be out
 #pragma omp parallel for schedule(static) if (N >= PAR_ROWS)
     for (int n = 0; n < N; n++) {
         float* o = out + (size_t)n * H;
-        if (!acc) memset(o, 0, sizeof(float) * (size_t)H);
+        if (!add) memset(o, 0, sizeof(float) * (size_t)H);
+        else if (add != out) memcpy(o, add + (size_t)n * H, sizeof(float) * (size_t)H);
         for (int s = 0; s < k; s++) {
             const float* r = yp + (size_t)dest[(size_t)n * k + s] * H;
             for (int h = 0; h < H; h++) o[h] += r[h];

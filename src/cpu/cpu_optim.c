@@ -31,10 +31,12 @@ static inline float adam1(float p, float* m, float* v, float grad, const AdamD* 
     return (float)((double)p * a->decay - a->lr * mhat / (sqrt(vhat) + a->eps));
 }
 
-void cpu_adamw(Backend* be, float* master, void* param_, float* m, float* v, const float* grad, size_t n, float lr,
-               float b1, float b2, float eps, float wd, float grad_scale, int step) {
-    // master, m, v, grad [n] fp32; param [n] act (may be master)
+void cpu_adamw(Backend* be, float* master, void* param_, float* m, float* v, const void* grad_, int grad_act, size_t n,
+               float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    // master, m, v, grad [n] fp32 (grad_act too: the act dtype here is fp32); param [n] act (may be master)
     float* param = param_;
+    const float* grad = grad_;
+    (void)grad_act;
     const AdamD a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
 #pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) {
@@ -98,9 +100,11 @@ void cpu_split_unpack(Backend* be, float* x, const uint16_t* w, const int16_t* r
     for (size_t i = 0; i < n; i++) x[i] = unpack1(w[i], rem[i]);
 }
 
-void cpu_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const float* grad, size_t n,
-                     float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
-    // w, rem [n] split masters; m, v, grad [n] fp32
+void cpu_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad_, int grad_act,
+                     size_t n, float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+    // w, rem [n] split masters; m, v, grad [n] fp32 (grad_act too: the act dtype here is fp32)
+    const float* grad = grad_;
+    (void)grad_act;
     const AdamD a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
 #pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) pack1(adam1(unpack1(w[i], rem[i]), &m[i], &v[i], grad[i], &a), &w[i], &rem[i]);

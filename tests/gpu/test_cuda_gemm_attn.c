@@ -105,6 +105,20 @@ static void test_gemm_grouped(void) {
         g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB, 1.f);
         be->gemm_grouped_wgrad(be, &gd, N, K, up_act(be, dY, ncc), up_act(be, A, na), ddB, 1.f);
         cmp(m, "gemm_grouped_wgrad", down_f32(be, ddB, nb), dB, nb, TOL(TOL_F32, TOL_FP32_OUT));
+
+        // act-dtype dB (precision.expert_grad=bf16): overwrite (empty groups get zeros: the buffer
+        // is poisoned), then accumulate; each call's fp32 sum rounded once
+        GroupDesc ga = gd;
+        ga.db_act = 1;
+        void* daB = poison_act(be, nb);
+        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB, 0.f);
+        be->gemm_grouped_wgrad(be, &ga, N, K, up_act(be, dY, ncc), up_act(be, A, na), daB, 0.f);
+        cmp(m, "gemm_grouped_wgrad act dB", down_act(be, daB, nb), dB, nb, TOL(TOL_F32, TOL_BF16_OUT));
+        float* prev = down_act(be, daB, nb);  // the act values the accumulation starts from
+        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, prev, 1.f);
+        be->gemm_grouped_wgrad(be, &ga, N, K, up_act(be, dY, ncc), up_act(be, A, na), daB, 1.f);
+        cmp(m, "gemm_grouped_wgrad act dB +=", down_act(be, daB, nb), prev, nb, TOL(TOL_F32, TOL_BF16_OUT));
+        free(prev);
         free(A), free(B), free(C), free(dY), free(dB);
         dev_free_all();
     }
@@ -275,7 +289,7 @@ static void b_embed_bwd(void* c_) {
 }
 static void b_adam(void* c_) {
     BenchCtx* c = c_;
-    c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+    c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, 0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
 }
 
 void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,

@@ -76,6 +76,18 @@ static void test_casts(void) {
         be->sumsq_f32(be, out2, dv, big);
         cmp(m, "sumsq_f32", down_f32(be, out1, 1), &ref, 1, TOL_F32);
         cmp_bits(m, "sumsq_f32 deterministic", down_f32(be, out1, 1), down_f32(be, out2, 1), 1);
+        {  // sumsq_act (act-dtype gradients) on act values, from a 16-byte boundary and after a scalar head
+            float* va = act_in(m, v, big);
+            char* dva = up_act(be, va, big);
+            for (int off = 0; off < 4; off += 3) {
+                float ra = 1.5f;
+                g_cpu->sumsq_f32(g_cpu, &ra, va + off, big - off);
+                float* o = up_f32(be, &init, 1);
+                be->sumsq_act(be, o, dva + off * dtype_size(be->act_dtype), big - off);
+                cmp(m, off ? "sumsq_act (unaligned)" : "sumsq_act", down_f32(be, o, 1), &ra, 1, TOL_F32);
+            }
+            free(va);
+        }
 
         const float q = 0.25f, one = 1.f;
         float* flag = up_f32(be, &q, 1);
@@ -440,14 +452,14 @@ static void test_permute(void) {
         be->permute_bwd(be, o, d_xp, dd, N, k, H);
         cmp(m, "permute_bwd", down_act(be, o, nh), r_nh, nh, TOL(TOL_F32, TOL_BF16_SUM));
 
-        for (int acc = 0; acc < 2; acc++) {
+        for (int acc = 0; acc < 3; acc++) {  // no add, add = out (+=), a separate add (the residual)
             float* base = act_in(m, randn(nh, 1.f), nh);
             memcpy(r_nh, base, 4 * nh);
-            g_cpu->unpermute_fwd(g_cpu, r_nh, xp, dest, N, k, H, acc);
-            o = acc ? up_act(be, base, nh) : poison_act(be, nh);
-            be->unpermute_fwd(be, o, d_xp, dd, N, k, H, acc);
-            cmp(m, acc ? "unpermute_fwd (+=)" : "unpermute_fwd", down_act(be, o, nh), r_nh, nh,
-                TOL(TOL_F32, TOL_BF16_SUM));
+            g_cpu->unpermute_fwd(g_cpu, r_nh, xp, dest, N, k, H, acc ? r_nh : NULL);
+            o = acc == 1 ? up_act(be, base, nh) : poison_act(be, nh);
+            be->unpermute_fwd(be, o, d_xp, dd, N, k, H, acc == 0 ? NULL : acc == 1 ? o : up_act(be, base, nh));
+            cmp(m, acc == 0 ? "unpermute_fwd" : acc == 1 ? "unpermute_fwd (add = out)" : "unpermute_fwd (add)",
+                down_act(be, o, nh), r_nh, nh, TOL(TOL_F32, TOL_BF16_SUM));
             free(base);
         }
 

@@ -18,14 +18,14 @@ static void test_adamw(void) {
         const size_t n = sizes[c] - off;
         float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f), *g = randn(n, 0.01f);
         float *p = dupf(p0, n), *mm = dupf(m0, n), *vv = dupf(v0, n);
-        g_cpu->adamw(g_cpu, p, p, mm, vv, g, n, lr, b1, b2, eps, wd, gs, step);
+        g_cpu->adamw(g_cpu, p, p, mm, vv, g, 0, n, lr, b1, b2, eps, wd, gs, step);
         // device copies at an offset of `off` floats (off = 1 defeats the 16-byte vector path)
         float *dp = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dm = (float*)dev_alloc(be, 4 * (n + 1)) + off;
         float *dv = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dg = (float*)dev_alloc(be, 4 * (n + 1)) + off;
         be->to_device(be, dp, p0, 4 * n), be->to_device(be, dm, m0, 4 * n);
         be->to_device(be, dv, v0, 4 * n), be->to_device(be, dg, g, 4 * n);
         void* param = m->bf16 || c == 1 ? poison_act(be, n) : dp;  // fp32, first size: param aliases master
-        be->adamw(be, dp, param, dm, dv, dg, n, lr, b1, b2, eps, wd, gs, step);
+        be->adamw(be, dp, param, dm, dv, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
         float* gp = down_f32(be, dp, n);
         float *d_ref = xmalloc(4 * n), *d_got = xmalloc(4 * n);
         for (size_t i = 0; i < n; i++) d_ref[i] = p[i] - p0[i], d_got[i] = gp[i] - p0[i];
@@ -120,8 +120,8 @@ static void test_adamw_split(void) {
         for (int step = 1; step <= 4; step++) {
             float* g = randn(n, 0.01f);
             be->to_device(be, dg, g, 4 * n);
-            be->adamw(be, dp, param, dm, dv, dg, n, lr, b1, b2, eps, wd, gs, step);
-            be->adamw_split(be, dw, dr, dm2, dv2, dg, n, lr, b1, b2, eps, wd, gs, step);
+            be->adamw(be, dp, param, dm, dv, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
+            be->adamw_split(be, dw, dr, dm2, dv2, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
             be->to_device(be, back, g, 4 * n);  // overwritten below: a stale value cannot pass
             be->split_unpack(be, back, dw, dr, n);
             float* master = down_f32(be, dp, n);
@@ -160,6 +160,53 @@ static void test_adamw_split(void) {
     }
 }
 
+// Act-dtype gradients (precision.expert_grad=bf16, grad_act = 1): adamw and adamw_split reading
+// the gradient in the act dtype give exactly the bits they give on the same values in fp32 (the
+// gradients are drawn as act values, so the fp32 copy holds what the act buffer holds). n = 4101
+// (a tail); element offsets 0 (vectors), 1 (adamw: the scalar kernel; adamw_split: a head) and 3.
+static void test_adamw_act_grad(void) {
+    const size_t n = 4101, pad = n + 8;
+    const int offs[] = {0, 1, 3};
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    const int step = 3;
+    FOR_MODES for (int oc = 0; oc < 3; oc++) for (int split = 0; split < 2; split++) {
+        Backend* be = m->gpu;
+        const int off = offs[oc];
+        float *p0 = randn(pad, 1.f), *m0 = randn(pad, 0.01f), *v0 = randu(pad, 1e-6f, 1e-4f), *g0 = randn(pad, 0.01f);
+        float* g = act_in(m, g0, pad);
+        float *out[2][4] = {{0}};  // [fp32 grad, act grad][master, m, v, act copy]
+        for (int k = 0; k < 2; k++) {
+            float *dp = up_f32(be, p0, pad) + off, *dm = up_f32(be, m0, pad) + off, *dv = up_f32(be, v0, pad) + off;
+            const void* dg = k ? (const void*)((char*)up_act(be, g, pad) + off * dtype_size(be->act_dtype))
+                               : (const void*)(up_f32(be, g, pad) + off);
+            void* param = poison_act(be, n);
+            if (split) {
+                uint16_t* dw = (uint16_t*)poison(be, 2 * pad) + off;
+                int16_t* dr = (int16_t*)poison(be, 2 * pad) + off;
+                be->split_pack(be, dw, dr, dp, n);
+                be->adamw_split(be, dw, dr, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
+                be->split_unpack(be, dp, dw, dr, n);  // the master (w is its high half)
+            } else {
+                be->adamw(be, dp, param, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
+                out[k][3] = down_act(be, param, n);
+            }
+            out[k][0] = down_f32(be, dp, n), out[k][1] = down_f32(be, dm, n), out[k][2] = down_f32(be, dv, n);
+        }
+        const char* what = split ? "adamw_split, act grad vs fp32 grad" : "adamw, act grad vs fp32 grad";
+        float* moved = out[1][0];
+        size_t changed = 0;
+        for (size_t i = 0; i < n; i++) changed += moved[i] != p0[off + i];
+        EXPECT(changed > n / 2, "%s [%s]: the step moved only %zu of %zu masters", what, m->name, changed, n);
+        static const char* const names[4] = {"master", "m", "v", "act copy"};
+        for (int j = 0; j < (split ? 3 : 4); j++) {
+            cmp_exact(m, what, names[j], out[1][j], out[0][j], n);  // frees out[1][j]
+            free(out[0][j]);
+        }
+        free(p0), free(m0), free(v0), free(g0), free(g);
+        dev_free_all();
+    }
+}
+
 // MOETRAIN_GPU_BENCH set: adamw (fp32 master + bf16 copy, 30 B per parameter) against adamw_split
 // (28 B) on 2^27 parameters, bf16 mode, synchronized wall clock over 20 calls after a warm-up.
 // A measurement printed, not a test.
@@ -173,8 +220,8 @@ static void time_adamw_split(void) {
     for (int k = 0; k < 2; k++) {
         for (int it = -2; it < 20; it++) {
             if (it == 0) be->sync(be), t[k] = now_sec();
-            if (k == 0) be->adamw(be, p, w, mm, vv, g, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-            else be->adamw_split(be, w, rem, mm, vv, g, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            if (k == 0) be->adamw(be, p, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            else be->adamw_split(be, w, rem, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
         }
         be->sync(be);
         t[k] = (now_sec() - t[k]) / 20 * 1e3;
@@ -190,6 +237,7 @@ int main(void) {
     RUN(test_adamw);
     RUN(test_split_pack);
     RUN(test_adamw_split);
+    RUN(test_adamw_act_grad);
     gpu_teardown();
     TEST_END();
 }
