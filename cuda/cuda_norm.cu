@@ -486,6 +486,68 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rms_dx_v(bf16* dx, const bf16*
     }
 }
 
+// dx and the dw partials in one pass (each input read once): block b takes the rows of dw chunk b
+// in order, each row as k_rms_dx_v does (the same arithmetic), and adds dy·x·r into its columns'
+// partials as k_rms_dw_part_v does (the same order, n ascending), held in registers.
+template <int NV>
+__global__ void __launch_bounds__(NORM_THREADS) k_rms_bwd_v(bf16* dx, float* part, const bf16* dy, const bf16* x,
+                                                             const bf16* w, const float* rstd, int N, int H, int rows,
+                                                             int acc) {
+    __shared__ float sh[32];
+    const int C = H / 8;
+    const int n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
+    float wv[NV][8], s[NV][8];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        if (c < C) unpack8(wv[i], ((const uint4*)w)[c]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) s[i][e] = 0.f;
+    }
+    for (int n = n0; n < n1; n++) {
+        const size_t base = (size_t)n * H;
+        const float r = rstd[n];
+        float g[NV][8], xv[NV][8];
+        float dot = 0;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int c = threadIdx.x + i * NORM_THREADS;
+            if (c < C) {
+                unpack8(g[i], ((const uint4*)(dy + base))[c]);
+                unpack8(xv[i], ((const uint4*)(x + base))[c]);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    dot += g[i][e] * wv[i][e] * xv[i][e];
+                    s[i][e] += g[i][e] * xv[i][e] * r;
+                }
+            }
+        }
+        dot = block_sum(dot, sh);  // every thread has read its dy chunks: dx may alias dy
+        const float cf = dot / H * r * r * r;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int c = threadIdx.x + i * NORM_THREADS;
+            if (c >= C) continue;
+            float o[8];
+            if (acc) unpack8(o, ((const uint4*)(dx + base))[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float v = r * (wv[i][e] * g[i][e]) - cf * xv[i][e];
+                o[e] = acc ? o[e] + v : v;
+            }
+            ((uint4*)(dx + base))[c] = pack8(o);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * NORM_THREADS;
+        if (c >= C) continue;
+        float4* o = (float4*)(part + (size_t)blockIdx.x * H + (size_t)c * 8);
+        o[0] = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+        o[1] = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+    }
+}
+
 // ---- RMSNorm forward: one block per row ------------------------------------------------------
 
 template <typename T>
@@ -570,7 +632,21 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     if ((size_t)((N + rows - 1) / rows) > cap) rows = (int)((N + cap - 1) / cap);
     const int chunks = (N + rows - 1) / rows;
     float* part = (float*)c->scratch;  // [chunks, H]
-    // the vectorized kernels (bf16 only: nv = 0 for fp32, and T is bf16 whenever nv > 0)
+    bf16 *dxb = (bf16*)dx;
+    const bf16 *dyb = (const bf16*)dy, *xb = (const bf16*)x, *wb = (const bf16*)w;
+    // the vectorized kernels (bf16 only: nv = 0 for fp32, and T is bf16 whenever nv > 0): dx and the
+    // dw partials in one pass (MOETRAIN_RMS_BWD=2pass: the two-pass kernels below, for A/B)
+    static const char* const mode = getenv("MOETRAIN_RMS_BWD");
+    const int two_pass = mode && !strcmp(mode, "2pass");
+    if (nv && !two_pass) {
+        if (nv == 1) k_rms_bwd_v<1><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
+        else if (nv == 2) k_rms_bwd_v<2><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
+        else k_rms_bwd_v<4><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
+        LAUNCH_CK(c);
+        k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
+        LAUNCH_CK(c);
+        return;
+    }
     if (nv) {
         const dim3 gv((H / 8 + 255) / 256, chunks);
         k_rms_dw_part_v<<<gv, 256, 0, c->stream>>>(part, (const bf16*)dy, (const bf16*)x, rstd, N, H, rows);
@@ -581,8 +657,6 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     LAUNCH_CK(c);
     k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
     LAUNCH_CK(c);
-    bf16 *dxb = (bf16*)dx;
-    const bf16 *dyb = (const bf16*)dy, *xb = (const bf16*)x, *wb = (const bf16*)w;
     if (nv == 1) k_rms_dx_v<1><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
     else if (nv == 2) k_rms_dx_v<2><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
     else if (nv == 4) k_rms_dx_v<4><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
