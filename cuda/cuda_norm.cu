@@ -488,64 +488,49 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rms_dx_v(bf16* dx, const bf16*
 
 // dx and the dw partials in one pass (each input read once): block b takes the rows of dw chunk b
 // in order, each row as k_rms_dx_v does (the same arithmetic), and adds dy·x·r into its columns'
-// partials as k_rms_dw_part_v does (the same order, n ascending), held in registers.
-template <int NV>
-__global__ void __launch_bounds__(NORM_THREADS) k_rms_bwd_v(bf16* dx, float* part, const bf16* dy, const bf16* x,
-                                                             const bf16* w, const float* rstd, int N, int H, int rows,
-                                                             int acc) {
+// partials as k_rms_dw_part_v does (the same order, n ascending), held in registers. One 16-byte
+// chunk per thread (blockDim = H / 8 rounded up to a warp, at most 1024: rms_vec_chunks' limit),
+// so a row is one round of loads (dy, x, and dx when accumulating) and one block reduction; a
+// block per row-chunk alone would leave too few rows in flight (measured: 2.2 TB/s with 256
+// threads and two chunks each).
+__global__ void __launch_bounds__(1024) k_rms_bwd_v(bf16* dx, float* part, const bf16* dy, const bf16* x,
+                                                     const bf16* w, const float* rstd, int N, int H, int rows, int acc) {
     __shared__ float sh[32];
-    const int C = H / 8;
+    const int C = H / 8, c = threadIdx.x;
+    const bool on = c < C;
     const int n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
-    float wv[NV][8], s[NV][8];
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c < C) unpack8(wv[i], ((const uint4*)w)[c]);
-#pragma unroll
-        for (int e = 0; e < 8; e++) s[i][e] = 0.f;
-    }
+    float wv[8], s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (on) unpack8(wv, ((const uint4*)w)[c]);
     for (int n = n0; n < n1; n++) {
         const size_t base = (size_t)n * H;
         const float r = rstd[n];
-        float g[NV][8], xv[NV][8];
+        float g[8], xv[8], o[8];
         float dot = 0;
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const int c = threadIdx.x + i * NORM_THREADS;
-            if (c < C) {
-                unpack8(g[i], ((const uint4*)(dy + base))[c]);
-                unpack8(xv[i], ((const uint4*)(x + base))[c]);
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    dot += g[i][e] * wv[i][e] * xv[i][e];
-                    s[i][e] += g[i][e] * xv[i][e] * r;
-                }
-            }
-        }
-        dot = block_sum(dot, sh);  // every thread has read its dy chunks: dx may alias dy
-        const float cf = dot / H * r * r * r;
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const int c = threadIdx.x + i * NORM_THREADS;
-            if (c >= C) continue;
-            float o[8];
+        if (on) {
+            unpack8(g, ((const uint4*)(dy + base))[c]);
+            unpack8(xv, ((const uint4*)(x + base))[c]);
             if (acc) unpack8(o, ((const uint4*)(dx + base))[c]);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                const float v = r * (wv[i][e] * g[i][e]) - cf * xv[i][e];
+                dot += g[e] * wv[e] * xv[e];
+                s[e] += g[e] * xv[e] * r;
+            }
+        }
+        dot = block_sum(dot, sh);  // every thread has read its dy chunk: dx may alias dy
+        const float cf = dot / H * r * r * r;
+        if (on) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float v = r * (wv[e] * g[e]) - cf * xv[e];
                 o[e] = acc ? o[e] + v : v;
             }
             ((uint4*)(dx + base))[c] = pack8(o);
         }
     }
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c >= C) continue;
-        float4* o = (float4*)(part + (size_t)blockIdx.x * H + (size_t)c * 8);
-        o[0] = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
-        o[1] = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
-    }
+    if (!on) return;
+    float4* p = (float4*)(part + (size_t)blockIdx.x * H + (size_t)c * 8);
+    p[0] = make_float4(s[0], s[1], s[2], s[3]);
+    p[1] = make_float4(s[4], s[5], s[6], s[7]);
 }
 
 // ---- RMSNorm forward: one block per row ------------------------------------------------------
@@ -639,9 +624,8 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     static const char* const mode = getenv("MOETRAIN_RMS_BWD");
     const int two_pass = mode && !strcmp(mode, "2pass");
     if (nv && !two_pass) {
-        if (nv == 1) k_rms_bwd_v<1><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
-        else if (nv == 2) k_rms_bwd_v<2><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
-        else k_rms_bwd_v<4><<<chunks, NORM_THREADS, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
+        const int threads = (H / 8 + 31) / 32 * 32;  // ≤ 4 × NORM_THREADS = 1024 (rms_vec_chunks)
+        k_rms_bwd_v<<<chunks, threads, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
         LAUNCH_CK(c);
         k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
         LAUNCH_CK(c);

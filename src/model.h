@@ -63,7 +63,9 @@ typedef struct StepLoss {
 // bytes of logits: 1 GiB = 16,384 tokens of a 32,000 vocabulary in bf16 (one chunk for the
 // bench's micro-batch 4). Larger chunks run the three head GEMMs nearer their peak and read and
 // write the fp32 lm_head gradient fewer times. src/plan.c uses the same number.
+// MOETRAIN_HEAD_CHUNK_MB overrides it (measurements: docs/performance.md).
 #define MODEL_HEAD_CHUNK_BYTES ((size_t)1 << 30)
+size_t model_head_chunk_bytes(void);
 
 typedef struct Model {
     ModelConfig c;
