@@ -136,11 +136,6 @@ static void cu_copy(Backend* be, void* dst, const void* src, size_t n) {
     CUDA_CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ST(be)));
 }
 
-static void cu_copy_rows(Backend* be, void* dst, size_t ldd, const void* src, size_t lds, size_t rows, size_t w) {
-    if (!rows || !w) return;
-    CUDA_CK(cudaMemcpy2DAsync(dst, ldd, src, lds, w, rows, cudaMemcpyDeviceToDevice, ST(be)));
-}
-
 static void cu_zero(Backend* be, void* p, size_t n) {
     if (n) CUDA_CK(cudaMemsetAsync(p, 0, n, ST(be)));
 }
@@ -392,7 +387,6 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->to_host = cu_to_host;
     be->to_device = cu_to_device;
     be->copy = cu_copy;
-    be->copy_rows = cu_copy_rows;
     be->zero = cu_zero;
     be->sync = cu_sync;
 

@@ -61,9 +61,6 @@ struct Backend {
     void (*to_host)(Backend*, void* host_dst, const void* src, size_t bytes);   // blocks
     void (*to_device)(Backend*, void* dst, const void* host_src, size_t bytes);
     void (*copy)(Backend*, void* dst, const void* src, size_t bytes);
-    // rows × width bytes from src (rows ld_src bytes apart) to dst (ld_dst apart); no overlap
-    void (*copy_rows)(Backend*, void* dst, size_t ld_dst, const void* src, size_t ld_src, size_t rows,
-                      size_t width);
     void (*zero)(Backend*, void* p, size_t bytes);
     void (*sync)(Backend*);
 
@@ -96,15 +93,12 @@ struct Backend {
                         const void* w, const float* rstd, int N, int H, int accumulate);
 
     // ---- RoPE (HF rotate_half convention: pairs (i, i + D/2)) -------------------------------
-    // y = rope(x) for x, y [B, T, nh, D] at positions t = 0..T-1; inverse = 1 rotates by −angle
-    // (the backward). ldx / ldy: elements between consecutive tokens' rows (0 = nh·D, packed),
-    // so a head block of a wider row (q or k inside a fused [tokens, q|k|v] buffer) can be either
-    // side; y may be x itself (in place, same ld).
+    // In place on x [B, T, nh, D] for positions t = 0..T-1; inverse = 1 rotates by −angle
+    // (the backward).
     // D even; angle = t · theta^(−2i/D) for pair (i, i + D/2); x1' = x1 cos − x2 sin,
     // x2' = x2 cos + x1 sin. The CPU spec computes angle, cos and sin in double and rounds cos/sin
     // to fp32 once (HF computes them in fp32: the two differ by ~t·6e-8 rad, 2e-3 at t = 32k).
-    void (*rope)(Backend*, void* y, int ldy, const void* x, int ldx, int B, int T, int nh, int D, float theta,
-                 int inverse);
+    void (*rope)(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
 
     // ---- causal GQA attention ----------------------------------------------------------------
     // q [B,T,Hq,D], k/v [B,T,Hkv,D], out [B,T,Hq,D], lse fp32 [B,Hq,T]. scale = 1/sqrt(D).

@@ -58,10 +58,6 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->c = *c;
     m->keep_swiglu = o && o->keep_swiglu;
     m->grad_act[ARENA_EXPERT] = o && o->expert_grad_act;
-    {  // A/B knob (docs/performance.md): MOETRAIN_QKV=split runs q, k, v as three GEMMs
-        const char* q = getenv("MOETRAIN_QKV");
-        m->qkv_split = q && !strcmp(q, "split");
-    }
     m->be = be;
     m->comm = comm;
     m->world = comm->size[GROUP_WORLD];
@@ -199,30 +195,17 @@ static void layer_forward(Model* m, int l, void* x_out) {
     LayerSaved* s = &m->ls[l];
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, D = m->pl.head_dim;
-    const int QD = c->heads * D, KD = c->kv_heads * D, QKV = QD + 2 * KD;
-    const size_t es = dtype_size(be->act_dtype);
+    const int QD = c->heads * D, KD = c->kv_heads * D;
+    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
 
     be->rmsnorm_fwd(be, s->ln1, s->rstd1, s->x_in, W(m, 0, o->ln1), N, H, c->rms_eps);
     prof_mark("fwd.norm");
-    // q|k|v in one GEMM over the contiguous [QD + 2KD, H] weight into rows of the MoE scratch (dead
-    // between moe_forwards; moe_plan_bumps sizes it for this), then RoPE from those rows into the
-    // saved q and k, and v copied
-    if (m->qkv_split) {  // MOETRAIN_QKV=split: three GEMMs straight into q, k, v (A/B)
-        linear(m, s->q, s->ln1, W(m, 0, o->qkv), N, QD, H, 0);
-        linear(m, s->k, s->ln1, W(m, 0, o->qkv + (size_t)QD * H), N, KD, H, 0);
-        linear(m, s->v, s->ln1, W(m, 0, o->qkv + (size_t)(QD + KD) * H), N, KD, H, 0);
-        prof_mark("fwd.qkv_gemm");
-        be->rope(be, s->q, 0, s->q, 0, m->B, m->T, c->heads, D, c->rope_theta, 0);
-        be->rope(be, s->k, 0, s->k, 0, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
-    } else {
-        bump_reset(&m->tmp);
-        void* qkv = bump_alloc(&m->tmp, (size_t)N * QKV * es);
-        linear(m, qkv, s->ln1, W(m, 0, o->qkv), N, QKV, H, 0);
-        prof_mark("fwd.qkv_gemm");
-        be->rope(be, s->q, 0, qkv, QKV, m->B, m->T, c->heads, D, c->rope_theta, 0);
-        be->rope(be, s->k, 0, act_at(m, qkv, QD), QKV, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
-        be->copy_rows(be, s->v, KD * es, act_at(m, qkv, QD + KD), QKV * es, N, KD * es);
-    }
+    linear(m, s->q, s->ln1, W(m, 0, o->qkv), N, QD, H, 0);
+    linear(m, s->k, s->ln1, W(m, 0, o->qkv + qn), N, KD, H, 0);
+    linear(m, s->v, s->ln1, W(m, 0, o->qkv + qn + kn), N, KD, H, 0);
+    prof_mark("fwd.qkv_gemm");
+    be->rope(be, s->q, m->B, m->T, c->heads, D, c->rope_theta, 0);
+    be->rope(be, s->k, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
     prof_mark("fwd.rope");
     be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
     prof_mark("fwd.attn");
@@ -242,8 +225,8 @@ static void layer_backward(Model* m, int l) {
     LayerSaved* s = &m->ls[l];
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, D = m->pl.head_dim;
-    const int QD = c->heads * D, KD = c->kv_heads * D, QKV = QD + 2 * KD;
-    const size_t es = dtype_size(be->act_dtype);
+    const int QD = c->heads * D, KD = c->kv_heads * D;
+    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
 
     // MoE: dln2 into s_a, then through RMSNorm 2 into the residual gradient.
     moe_backward(m, l, m->s_dx, m->s_a);
@@ -263,34 +246,18 @@ static void layer_backward(Model* m, int l) {
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
                  c->heads, c->kv_heads, D, ws, ws_bytes);
     prof_mark("bwd.attn");
-    // d(q|k|v) rows [N, QD + 2KD] in the scratch (the workspace is dead): the inverse RoPE of dq
-    // and dk into them, dv copied; then one weight-gradient GEMM and one dgrad GEMM for all three
+    be->rope(be, m->s_q, m->B, m->T, c->heads, D, c->rope_theta, 1);
+    be->rope(be, m->s_k, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
+    prof_mark("bwd.rope");
+    linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H, 1);
+    linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H, 1);
+    linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H, 1);
+    prof_mark("bwd.qkv_wgrad");
     void* dln1 = m->s_b;  // [N, H]
-    if (m->qkv_split) {  // MOETRAIN_QKV=split (A/B)
-        const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
-        be->rope(be, m->s_q, 0, m->s_q, 0, m->B, m->T, c->heads, D, c->rope_theta, 1);
-        be->rope(be, m->s_k, 0, m->s_k, 0, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
-        prof_mark("bwd.rope");
-        linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H, 1);
-        linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H, 1);
-        linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H, 1);
-        prof_mark("bwd.qkv_wgrad");
-        linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
-        linear_dx(m, dln1, m->s_k, W(m, 0, o->qkv + qn), N, KD, H, 1);
-        linear_dx(m, dln1, m->s_v, W(m, 0, o->qkv + qn + kn), N, KD, H, 1);
-        prof_mark("bwd.qkv_gemm");
-    } else {
-        bump_reset(&m->tmp);
-        void* dqkv = bump_alloc(&m->tmp, (size_t)N * QKV * es);
-        be->rope(be, dqkv, QKV, m->s_q, 0, m->B, m->T, c->heads, D, c->rope_theta, 1);
-        be->rope(be, act_at(m, dqkv, QD), QKV, m->s_k, 0, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
-        be->copy_rows(be, act_at(m, dqkv, QD + KD), QKV * es, m->s_v, KD * es, N, KD * es);
-        prof_mark("bwd.rope");
-        linear_dw(m, G(m, 0, o->qkv), dqkv, s->ln1, N, QKV, H, 1);
-        prof_mark("bwd.qkv_wgrad");
-        linear_dx(m, dln1, dqkv, W(m, 0, o->qkv), N, QKV, H, 0);
-        prof_mark("bwd.qkv_gemm");
-    }
+    linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
+    linear_dx(m, dln1, m->s_k, W(m, 0, o->qkv + qn), N, KD, H, 1);
+    linear_dx(m, dln1, m->s_v, W(m, 0, o->qkv + qn + kn), N, KD, H, 1);
+    prof_mark("bwd.qkv_gemm");
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln1), dln1, s->x_in, W(m, 0, o->ln1), s->rstd1, N, H, 1);
     prof_mark("bwd.norm");
 }

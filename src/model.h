@@ -100,7 +100,6 @@ typedef struct Model {
     int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
     int keep_swiglu;    // ModelOpts.keep_swiglu: the MoE arenas are planned to keep h per layer
     int keep_h;         // this micro-batch keeps h (keep_swiglu and a backward follows)
-    int qkv_split;      // MOETRAIN_QKV=split: q, k, v as three GEMMs (A/B against the fused one)
     int force_exchange; // MOETRAIN_FORCE_EXCHANGE=1: the dispatcher's exchange path (all_to_all_v,
                         // block reorders) runs even at EP = 1 (tests: the NCCL calls on one GPU)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world

@@ -75,9 +75,6 @@ void moe_plan_bumps(Model* m) {
         const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
         if (ds > tmp && ds <= 2 * tmp) tmp = ds;
     }
-    // model.c puts the fused q|k|v GEMM's rows [N, (Hq + 2Hkv)·D] (and their gradient) here too
-    const size_t qkv = (size_t)m->N * (m->c.heads + 2 * m->c.kv_heads) * m->pl.head_dim * esz(m) + 256;
-    if (tmp < qkv) tmp = qkv;
     bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * m->c.layers));
     bump_init(&m->tmp, m->be, tmp);
 }

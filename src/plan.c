@@ -73,8 +73,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     //                                       reordered and returned rows [R,H] too (c = 1 without);
     //                                       in bf16 the attention backward's dS instead, the
     //                                       causal 64 × 64 tiles: 8 KiB · B·Hq·nt(nt+1)/2, nt = ⌈T/64⌉,
-    //                                       when it is larger but at most twice as large (moe.c);
-    //                                       at least the fused q|k|v rows a·N·(Hq + 2Hkv)·D
+    //                                       when it is larger but at most twice as large (moe.c)
     //  logits chunk: min(N, MODEL_HEAD_CHUNK_BYTES / (V·a)) tokens × V × a
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
@@ -88,9 +87,8 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     const double moe_scratch = slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
     const double nt = (double)((c->train.seq_len + 63) / 64);
     const double ds = a == 2 ? 8192.0 * c->train.micro_batch * Hq * (nt * (nt + 1) / 2) : 0;
-    double tmp = ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch;
-    if (tmp < a * N * (Hq + 2 * Hkv) * D) tmp = a * N * (Hq + 2 * Hkv) * D;  // the fused q|k|v rows (model.c)
-    m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) + tmp;
+    m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
+                     (ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch);
     double chunk = (double)(int64_t)(model_head_chunk_bytes() / (size_t)(V * a));
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;

@@ -13,15 +13,11 @@ enum { SB = 16 };       // keys per dK/dV work item (backward)
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
-// y = rope(x), x and y [B, T, nh, D] with token rows ldx / ldy apart (0 = packed; y may be x).
-// Pair (i, i + D/2) at position t rotates by angle t · theta^(−2i/D):
+// x [B, T, nh, D] in place. Pair (i, i + D/2) at position t rotates by angle t · theta^(−2i/D):
 // x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin (inverse: by −angle). Angles and cos/sin are
 // computed in double and rounded to fp32 once (accurate at positions ~32k with theta 1e6).
-void cpu_rope(Backend* be, void* y_, int ldy, const void* x_, int ldx, int B, int T, int nh, int D, float theta,
-              int inverse) {
-    float* y = y_;
-    const float* x = x_;
-    const size_t lx = ldx ? (size_t)ldx : (size_t)nh * D, ly = ldy ? (size_t)ldy : (size_t)nh * D;
+void cpu_rope(Backend* be, void* x_, int B, int T, int nh, int D, float theta, int inverse) {
+    float* x = x_;
     CHECK(D % 2 == 0 && D <= MAX_D, "rope: head dim %d must be even and at most %d", D, MAX_D);
     const int half = D / 2;
     double inv_freq[MAX_D / 2];
@@ -36,12 +32,11 @@ void cpu_rope(Backend* be, void* y_, int ldy, const void* x_, int ldx, int B, in
         }
         for (int b = 0; b < B; b++)
             for (int h = 0; h < nh; h++) {
-                const float* v = x + ((size_t)b * T + t) * lx + (size_t)h * D;
-                float* o = y + ((size_t)b * T + t) * ly + (size_t)h * D;
+                float* v = x + (((size_t)b * T + t) * nh + h) * D;
                 for (int i = 0; i < half; i++) {
                     const float x1 = v[i], x2 = v[i + half];
-                    o[i] = x1 * c[i] - x2 * s[i];
-                    o[i + half] = x2 * c[i] + x1 * s[i];
+                    v[i] = x1 * c[i] - x2 * s[i];
+                    v[i + half] = x2 * c[i] + x1 * s[i];
                 }
             }
     }

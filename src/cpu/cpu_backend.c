@@ -62,9 +62,6 @@ static void cpu_to_host(Backend* be, void* dst, const void* src, size_t n) { if 
 static void cpu_to_device(Backend* be, void* dst, const void* src, size_t n) { if (n) memmove(dst, src, n); }
 static void cpu_copy(Backend* be, void* dst, const void* src, size_t n) { if (n) memmove(dst, src, n); }
 static void cpu_zero(Backend* be, void* p, size_t n) { if (n) memset(p, 0, n); }
-static void cpu_copy_rows(Backend* be, void* dst, size_t ldd, const void* src, size_t lds, size_t rows, size_t w) {
-    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * ldd, (const char*)src + r * lds, w);
-}
 static void cpu_sync(Backend* be) {}
 
 // ---- casts and elementwise -------------------------------------------------------------------
@@ -130,7 +127,6 @@ Backend* cpu_backend_create(void) {
     be->to_host = cpu_to_host;
     be->to_device = cpu_to_device;
     be->copy = cpu_copy;
-    be->copy_rows = cpu_copy_rows;
     be->zero = cpu_zero;
     be->sync = cpu_sync;
 

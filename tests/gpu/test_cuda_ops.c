@@ -294,24 +294,10 @@ static void test_rope(void) {
         for (int inv = 0; inv < 2; inv++) {
             float* x = act_in(m, randn(n, 1.f), n);
             void* dx = up_act(be, x, n);
-            g_cpu->rope(g_cpu, x, 0, x, 0, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
-            be->rope(be, dx, 0, dx, 0, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
+            g_cpu->rope(g_cpu, x, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
+            be->rope(be, dx, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
             cmp(m, inv ? "rope inverse" : "rope", down_act(be, dx, n), x, n, TOL(TOL_F32, TOL_BF16_OUT));
-            // from and into rows of a wider buffer (the fused q|k|v rows: offset and stride
-            // multiples of 8 keep the vector kernel, W = hd + 24), against the same in place
-            const int hd = cs[c].nh * cs[c].D, W = hd + 24, off = 8;
-            const size_t rows = (size_t)cs[c].B * cs[c].T, es = dtype_size(be->act_dtype);
-            float* xw = act_in(m, randn(rows * W, 1.f), rows * W);
-            char* dw = up_act(be, xw, rows * W);
-            void* dp = poison_act(be, n);
-            be->rope(be, dp, 0, dw + off * es, W, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
-            be->rope(be, dw + off * es, W, dw + off * es, W, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
-            void* dq = poison_act(be, n);
-            be->copy_rows(be, dq, hd * es, dw + off * es, W * es, rows, hd * es);
-            float* want = down_act(be, dq, n);
-            cmp(m, inv ? "rope inverse, strided in = in place" : "rope, strided in = in place", down_act(be, dp, n),
-                want, n, 0);
-            free(x), free(xw), free(want);
+            free(x);
         }
         dev_free_all();
     }
