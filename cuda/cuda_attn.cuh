@@ -15,8 +15,6 @@
 #include "cuda_common.cuh"
 
 #define ATTN_PAD 8
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
     asm volatile(
@@ -40,14 +38,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t* r, const bf16* p) {
                  : "r"(a));
 }
 
-// 2^x in one MUFU.EX2 (ex2.approx.ftz: exp2f's ex2.approx without ftz adds a denormal fix-up of
-// three instructions around it). Flushing results below 2^-126 to 0 changes no softmax weight
-// that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // A fragment of the 16×16 block at (r0, k0) of a row-major shared tile X (row stride ld).
 __device__ __forceinline__ void frag_a(uint32_t* a, const bf16* X, int ld, int r0, int k0, int lane) {

@@ -114,6 +114,18 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 // Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
 // `sh` is __shared__ float[32]. Contains __syncthreads: call from all threads.
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: exp2f's ex2.approx without ftz adds a denormal fix-up of
+// three instructions around it). Flushing results below 2^-126 to 0 changes no softmax weight
+// that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float block_sum(float v, float* sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum(v);

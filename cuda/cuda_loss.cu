@@ -4,7 +4,8 @@
 //
 // One block per row: each thread keeps an online (max, sum) over its strided elements, the block
 // combines them (fp32, fixed order), a second pass writes the gradient in place. In bf16 with
-// V % 8 == 0 (and V ≤ 32768) the row is instead read once into registers (k_ce_rows_v). Row losses go to
+// V % 8 == 0 (and V ≤ 32768) the row is instead read once into registers (k_ce_rows_v; at 8
+// chunks per thread, V > 28,672 such as Mixtral's 32,000, kept packed: k_ce_rows_p). Row losses go to
 // scratch and one block adds them in row order (double), so the loss is the same on every run.
 #include <stdio.h>
 
@@ -111,6 +112,69 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows_v(bf16* logits, float* r
     }
 }
 
+// The same row, lighter on registers so that two blocks share an SM (the registers kernel above
+// holds 8 fp32 per chunk and runs one 512-thread block per SM: 2 TB/s at V = 32,000): the chunks
+// stay packed bf16 (4 registers each) and e^(x − max) is taken twice — for the sum, then for the
+// gradient — as 2^(x·log2e − max·log2e) in one FFMA and one MUFU.EX2 (fast_exp2) each.
+template <int NV>
+__global__ void __launch_bounds__(CE_THREADS, 2) k_ce_rows_p(bf16* logits, float* rowloss, const int32_t* tgt, int V,
+                                                             float gs) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    uint4* x = (uint4*)(logits + r * V);
+    const int t = tgt[r], C = V / 8;
+    if (t < 0) {  // ignored row
+        if (gs != 0.f)
+            for (int j = threadIdx.x; j < C; j += blockDim.x) x[j] = make_uint4(0, 0, 0, 0);
+        if (threadIdx.x == 0) rowloss[r] = 0.f;
+        return;
+    }
+    if (t >= V) {
+        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
+        __trap();
+    }
+    const float xt = threadIdx.x == 0 ? __bfloat162float(logits[r * V + t]) : 0.f;  // before any write
+    uint4 raw[NV];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c < C) {
+            raw[i] = x[c];
+            float v[8];
+            unpack8(v, raw[i]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) m = fmaxf(m, v[e]);
+        }
+    }
+    const float M = block_max(m, sh), ML = M * LOG2E;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c < C) {
+            float v[8];
+            unpack8(v, raw[i]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) s += fast_exp2(fmaf(v[e], LOG2E, -ML));
+        }
+    }
+    const float S = block_sum(s, sh);
+    if (threadIdx.x == 0) rowloss[r] = M + logf(S) - xt;
+    if (gs == 0.f) return;
+    const float inv = gs / S;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = threadIdx.x + i * CE_THREADS;
+        if (c >= C) continue;
+        float v[8];
+        unpack8(v, raw[i]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = fast_exp2(fmaf(v[e], LOG2E, -ML)) * inv - (8 * c + e == t ? gs : 0.f);
+        x[c] = pack8(v);
+    }
+}
+
 __global__ void k_ce_sum(float* loss, const float* rowloss, int n) {
     __shared__ double sh[256];
     double s = 0;
@@ -134,7 +198,10 @@ void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* t
     const int chunks = (V / 8 + CE_THREADS - 1) / CE_THREADS;  // per thread, in the vectorized kernel
     const int nv = !is_bf16(be) || V % 8 || (uintptr_t)logits % 16 ? 0 : chunks <= 1 ? 1 : chunks <= 2 ? 2
                  : chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
-    if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    static const char* const ce_mode = getenv("MOETRAIN_CE");  // A/B: "regs" = k_ce_rows_v
+    if (nv == 8 && !(ce_mode && !strcmp(ce_mode, "regs")))
+        k_ce_rows_p<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 2) k_ce_rows_v<2><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 4) k_ce_rows_v<4><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 8) k_ce_rows_v<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
