@@ -112,10 +112,12 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows_v(bf16* logits, float* r
     }
 }
 
-// The same row, lighter on registers so that two blocks share an SM (the registers kernel above
-// holds 8 fp32 per chunk and runs one 512-thread block per SM: 2 TB/s at V = 32,000): the chunks
-// stay packed bf16 (4 registers each) and e^(x − max) is taken twice — for the sum, then for the
-// gradient — as 2^(x·log2e − max·log2e) in one FFMA and one MUFU.EX2 (fast_exp2) each.
+// The same row at 8 chunks per thread (V > 28,672, e.g. Mixtral's 32,000), lighter on registers
+// so that two blocks share an SM: the chunks stay packed bf16 (4 registers each, 56 in all) and
+// e^(x − max) is taken twice — for the sum, then for the gradient — as 2^(x·log2e − max·log2e) in
+// one FFMA and one MUFU.EX2 (fast_exp2) each. k_ce_rows_v<8> held 8 fp32 per chunk (100
+// registers, one 512-thread block per SM: 2 TB/s on the H200); measured against it in the step,
+// docs/performance.md change 34.
 template <int NV>
 __global__ void __launch_bounds__(CE_THREADS, 2) k_ce_rows_p(bf16* logits, float* rowloss, const int32_t* tgt, int V,
                                                              float gs) {
@@ -198,13 +200,10 @@ void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* t
     const int chunks = (V / 8 + CE_THREADS - 1) / CE_THREADS;  // per thread, in the vectorized kernel
     const int nv = !is_bf16(be) || V % 8 || (uintptr_t)logits % 16 ? 0 : chunks <= 1 ? 1 : chunks <= 2 ? 2
                  : chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
-    static const char* const ce_mode = getenv("MOETRAIN_CE");  // A/B: "regs" = k_ce_rows_v
-    if (nv == 8 && !(ce_mode && !strcmp(ce_mode, "regs")))
-        k_ce_rows_p<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 2) k_ce_rows_v<2><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 4) k_ce_rows_v<4><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 8) k_ce_rows_v<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 8) k_ce_rows_p<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (is_bf16(be))
         k_ce_rows<bf16><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else

@@ -389,7 +389,7 @@ void cuda_embed_bwd(Backend* be, float* dtable, const void* dout, const int32_t*
 // is at most 4 × NORM_THREADS chunks (H ≤ 8192), thread t of a row's block owns chunks t,
 // t + NORM_THREADS, ... and keeps them in registers between the reduction and the write, so every
 // input is read once with 16-byte loads. rms_vec_chunks gives the chunks per thread (1, 2 or 4),
-// or 0 for the scalar kernels.
+// or 0 for the scalar kernels (the backward, k_rms_bwd_v, takes one chunk per thread instead).
 static int rms_vec_chunks(Backend* be, int H, const void* a, const void* b, const void* w) {
     if (!is_bf16(be) || H % 8 || ((uintptr_t)a | (uintptr_t)b | (uintptr_t)w) % 16) return 0;
     const int per = (H / 8 + NORM_THREADS - 1) / NORM_THREADS;
@@ -429,70 +429,15 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm_fwd_v(bf16* y, float* 
     }
 }
 
-// dw partials, 8 columns per thread: the scalar kernel's sums in the same order (n ascending).
-__global__ void k_rms_dw_part_v(float* part, const bf16* dy, const bf16* x, const float* rstd, int N, int H, int rows) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= H / 8) return;
-    const int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int n = n0; n < n1; n++) {
-        float a[8], b[8];
-        unpack8(a, ((const uint4*)(dy + (size_t)n * H))[c]);
-        unpack8(b, ((const uint4*)(x + (size_t)n * H))[c]);
-        const float r = rstd[n];
-#pragma unroll
-        for (int e = 0; e < 8; e++) s[e] += a[e] * b[e] * r;
-    }
-    float4* o = (float4*)(part + (size_t)blockIdx.y * H + (size_t)c * 8);
-    o[0] = make_float4(s[0], s[1], s[2], s[3]);
-    o[1] = make_float4(s[4], s[5], s[6], s[7]);
-}
-
-// dx per row, vectorized; the whole row of dy is in registers before any write (dx may alias dy).
-template <int NV>
-__global__ void __launch_bounds__(NORM_THREADS) k_rms_dx_v(bf16* dx, const bf16* dy, const bf16* x, const bf16* w,
-                                                            const float* rstd, int H, int acc) {
-    __shared__ float sh[32];
-    const int C = H / 8;
-    const size_t base = (size_t)blockIdx.x * H;
-    const float r = rstd[blockIdx.x];
-    float g[NV][8], xv[NV][8], wv[NV][8];
-    float dot = 0;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c < C) {
-            unpack8(g[i], ((const uint4*)(dy + base))[c]);
-            unpack8(xv[i], ((const uint4*)(x + base))[c]);
-            unpack8(wv[i], ((const uint4*)w)[c]);
-#pragma unroll
-            for (int e = 0; e < 8; e++) dot += g[i][e] * wv[i][e] * xv[i][e];
-        }
-    }
-    dot = block_sum(dot, sh);
-    const float cf = dot / H * r * r * r;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const int c = threadIdx.x + i * NORM_THREADS;
-        if (c >= C) continue;
-        float o[8];
-        if (acc) unpack8(o, ((const uint4*)(dx + base))[c]);
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const float v = r * (wv[i][e] * g[i][e]) - cf * xv[i][e];
-            o[e] = acc ? o[e] + v : v;
-        }
-        ((uint4*)(dx + base))[c] = pack8(o);
-    }
-}
-
-// dx and the dw partials in one pass (each input read once): block b takes the rows of dw chunk b
-// in order, each row as k_rms_dx_v does (the same arithmetic), and adds dy·x·r into its columns'
-// partials as k_rms_dw_part_v does (the same order, n ascending), held in registers. One 16-byte
-// chunk per thread (blockDim = H / 8 rounded up to a warp, at most 1024: rms_vec_chunks' limit),
-// so a row is one round of loads (dy, x, and dx when accumulating) and one block reduction; a
-// block per row-chunk alone would leave too few rows in flight (measured: 2.2 TB/s with 256
-// threads and two chunks each).
+// The bf16 backward: dx and the dw partials in one pass (each input read once; the scalar path
+// below reads dy and x twice). Block b takes the rows of dw chunk b in order, each row as k_rms_dx
+// does (the same arithmetic, 8 values per thread), and adds dy·x·r into its columns' partials as
+// k_rms_dw_part does (the same order, n ascending), held in registers. One 16-byte chunk per
+// thread (blockDim = H / 8 rounded up to a warp, at most 1024: rms_vec_chunks' limit), so a row is
+// one round of loads (dy, x, and dx when accumulating) and one block reduction. Measured on the
+// H200 (docs/performance.md, change 31): a first version with 256 threads and two chunks each
+// left too few rows in flight (2.2 TB/s); this one 3.3 TB/s, against 3.6 TB/s for the two-kernel
+// form it replaced, which moved 1.5× the bytes.
 __global__ void __launch_bounds__(1024) k_rms_bwd_v(bf16* dx, float* part, const bf16* dy, const bf16* x,
                                                      const bf16* w, const float* rstd, int N, int H, int rows, int acc) {
     __shared__ float sh[32];
@@ -617,23 +562,10 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     if ((size_t)((N + rows - 1) / rows) > cap) rows = (int)((N + cap - 1) / cap);
     const int chunks = (N + rows - 1) / rows;
     float* part = (float*)c->scratch;  // [chunks, H]
-    bf16 *dxb = (bf16*)dx;
-    const bf16 *dyb = (const bf16*)dy, *xb = (const bf16*)x, *wb = (const bf16*)w;
-    // the vectorized kernels (bf16 only: nv = 0 for fp32, and T is bf16 whenever nv > 0): dx and the
-    // dw partials in one pass (MOETRAIN_RMS_BWD=2pass: the two-pass kernels below, for A/B)
-    static const char* const mode = getenv("MOETRAIN_RMS_BWD");
-    const int two_pass = mode && !strcmp(mode, "2pass");
-    if (nv && !two_pass) {
+    if (nv) {  // bf16 vector rows (nv = 0 for fp32, and T is bf16 whenever nv > 0): one pass
         const int threads = (H / 8 + 31) / 32 * 32;  // ≤ 4 × NORM_THREADS = 1024 (rms_vec_chunks)
-        k_rms_bwd_v<<<chunks, threads, 0, c->stream>>>(dxb, part, dyb, xb, wb, rstd, N, H, rows, acc);
-        LAUNCH_CK(c);
-        k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
-        LAUNCH_CK(c);
-        return;
-    }
-    if (nv) {
-        const dim3 gv((H / 8 + 255) / 256, chunks);
-        k_rms_dw_part_v<<<gv, 256, 0, c->stream>>>(part, (const bf16*)dy, (const bf16*)x, rstd, N, H, rows);
+        k_rms_bwd_v<<<chunks, threads, 0, c->stream>>>((bf16*)dx, part, (const bf16*)dy, (const bf16*)x,
+                                                        (const bf16*)w, rstd, N, H, rows, acc);
     } else {
         const dim3 g((H + 255) / 256, chunks);
         k_rms_dw_part<T><<<g, 256, 0, c->stream>>>(part, dy, x, rstd, N, H, rows);
@@ -641,11 +573,10 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     LAUNCH_CK(c);
     k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
     LAUNCH_CK(c);
-    if (nv == 1) k_rms_dx_v<1><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
-    else if (nv == 2) k_rms_dx_v<2><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
-    else if (nv == 4) k_rms_dx_v<4><<<N, NORM_THREADS, 0, c->stream>>>(dxb, dyb, xb, wb, rstd, H, acc);
-    else k_rms_dx<T><<<N, NORM_THREADS, 0, c->stream>>>(dx, dy, x, w, rstd, H, acc);
-    LAUNCH_CK(c);
+    if (!nv) {
+        k_rms_dx<T><<<N, NORM_THREADS, 0, c->stream>>>(dx, dy, x, w, rstd, H, acc);
+        LAUNCH_CK(c);
+    }
 }
 
 void cuda_rmsnorm_bwd(Backend* be, void* dx, float* dw, const void* dy, const void* x, const void* w,

@@ -43,12 +43,6 @@ static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M,
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-size_t model_head_chunk_bytes(void) {
-    const char* e = getenv("MOETRAIN_HEAD_CHUNK_MB");
-    const long mb = e ? atol(e) : 0;
-    return mb > 0 ? (size_t)mb << 20 : MODEL_HEAD_CHUNK_BYTES;
-}
-
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm) {
     model_create_opts(m, c, B, T, NULL, be, comm);
 }
@@ -127,7 +121,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_wp = f32_alloc(m, (size_t)N * K);
     // lm_head logits in chunks of tokens: at most MODEL_HEAD_CHUNK_BYTES of logits at a time.
     size_t per_tok = (size_t)V * dtype_size(be->act_dtype);
-    size_t chunk = model_head_chunk_bytes() / per_tok;
+    size_t chunk = MODEL_HEAD_CHUNK_BYTES / per_tok;
     if (chunk < 1) chunk = 1;
     if (chunk > (size_t)N) chunk = (size_t)N;
     m->head_chunk = (int)chunk;

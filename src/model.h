@@ -62,10 +62,9 @@ typedef struct StepLoss {
 // lm_head logits are computed (and their backward run) in token chunks of at most this many
 // bytes of logits: 1 GiB = 16,384 tokens of a 32,000 vocabulary in bf16 (one chunk for the
 // bench's micro-batch 4). Larger chunks run the three head GEMMs nearer their peak and read and
-// write the fp32 lm_head gradient fewer times. src/plan.c uses the same number.
-// MOETRAIN_HEAD_CHUNK_MB overrides it (measurements: docs/performance.md).
+// write the fp32 lm_head gradient fewer times (2 GiB, one chunk at micro-batch 8, was not faster
+// there: docs/performance.md, change 32). src/plan.c uses the same number.
 #define MODEL_HEAD_CHUNK_BYTES ((size_t)1 << 30)
-size_t model_head_chunk_bytes(void);
 
 typedef struct Model {
     ModelConfig c;

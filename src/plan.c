@@ -89,7 +89,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     const double ds = a == 2 ? 8192.0 * c->train.micro_batch * Hq * (nt * (nt + 1) / 2) : 0;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
                      (ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch);
-    double chunk = (double)(int64_t)(model_head_chunk_bytes() / (size_t)(V * a));
+    double chunk = (double)(int64_t)(MODEL_HEAD_CHUNK_BYTES / (size_t)(V * a));
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
     m->logits = (double)(int64_t)chunk * V * a;
