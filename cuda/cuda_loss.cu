@@ -51,6 +51,22 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows(T* logits, float* rowlos
             x[j] = from_f<T>((expf(to_f(x[j]) - lse) - (j == t ? 1.f : 0.f)) * gs);
 }
 
+// The 16-byte-chunk kernels' row prologue: an ignored row (t < 0) gets a zero gradient and loss
+// and returns 1; a target outside [0, V) traps (a caller error, as the CPU backend aborts).
+__device__ __forceinline__ bool ce_row_skip(uint4* x, float* rowloss, size_t r, int t, int V, float gs) {
+    if (t < 0) {
+        if (gs != 0.f)
+            for (int j = threadIdx.x; j < V / 8; j += blockDim.x) x[j] = make_uint4(0, 0, 0, 0);
+        if (threadIdx.x == 0) rowloss[r] = 0.f;
+        return true;
+    }
+    if (t >= V) {
+        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
+        __trap();
+    }
+    return false;
+}
+
 // bf16, V % 8 == 0, 16-byte aligned rows of at most 8·CE_THREADS·NV values: the row is read once,
 // in 16-byte chunks (thread t owns chunks t, t + CE_THREADS, ...), and stays in registers between
 // the reductions and the gradient write. p = e^(x − max) is computed once and serves both the sum
@@ -62,16 +78,7 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows_v(bf16* logits, float* r
     const size_t r = blockIdx.x;
     uint4* x = (uint4*)(logits + r * V);
     const int t = tgt[r], C = V / 8;
-    if (t < 0) {  // ignored row
-        if (gs != 0.f)
-            for (int j = threadIdx.x; j < C; j += blockDim.x) x[j] = make_uint4(0, 0, 0, 0);
-        if (threadIdx.x == 0) rowloss[r] = 0.f;
-        return;
-    }
-    if (t >= V) {
-        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
-        __trap();
-    }
+    if (ce_row_skip(x, rowloss, r, t, V, gs)) return;
     const float xt = threadIdx.x == 0 ? __bfloat162float(logits[r * V + t]) : 0.f;  // before any write
     float v[NV][8];
     float m = -INFINITY;
@@ -125,16 +132,7 @@ __global__ void __launch_bounds__(CE_THREADS, 2) k_ce_rows_p(bf16* logits, float
     const size_t r = blockIdx.x;
     uint4* x = (uint4*)(logits + r * V);
     const int t = tgt[r], C = V / 8;
-    if (t < 0) {  // ignored row
-        if (gs != 0.f)
-            for (int j = threadIdx.x; j < C; j += blockDim.x) x[j] = make_uint4(0, 0, 0, 0);
-        if (threadIdx.x == 0) rowloss[r] = 0.f;
-        return;
-    }
-    if (t >= V) {
-        if (threadIdx.x == 0) printf("cross_entropy: target %d at row %d is outside the vocabulary [0, %d)\n", t, (int)r, V);
-        __trap();
-    }
+    if (ce_row_skip(x, rowloss, r, t, V, gs)) return;
     const float xt = threadIdx.x == 0 ? __bfloat162float(logits[r * V + t]) : 0.f;  // before any write
     uint4 raw[NV];
     float m = -INFINITY;
