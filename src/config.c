@@ -148,6 +148,9 @@ static const char* enum_of(const char* key, int v) {
 }
 const char* dtype_name(DType d) { return enum_of("precision.dtype", (int)d); }
 const char* master_mode_name(MasterMode m) { return enum_of("precision.master", (int)m); }
+const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
+const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
+const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }
 
 // Why bf16 expert gradients are not allowed for this run (NULL: they are).
 static const char* expert_grad_blocker(const Config* c, int world) {
@@ -162,9 +165,6 @@ static const char* expert_grad_blocker(const Config* c, int world) {
 int config_expert_grad_bf16(const Config* c, int world) {
     return c->precision.expert_grad != EGRAD_FP32 && !expert_grad_blocker(c, world);
 }
-const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
-const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
-const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }
 
 // ---- suggestions -----------------------------------------------------------------------------
 

@@ -82,7 +82,10 @@ typedef struct Model {
     float* grad[2];     // [padded] fp32 gradients (fp32-sized either way: the checkpoint code
                         // stages full fp32 arenas there)
     int grad_act[2];    // arena a's gradients are stored in the act dtype instead (experts only:
-                        // ModelOpts.expert_grad_act); the pointer is then a void* in disguise
+                        // ModelOpts.expert_grad_act); the pointer is then a void* in disguise.
+                        // The act view's padding [numel, padded) lies in bytes the fp32 staging
+                        // also uses; every staging user zeroes the arena afterwards
+                        // (optim_load_from_staging, train_ckpt.c), so it reads zero in the norm
 
     // activations
     LayerSaved* ls;     // [L]
