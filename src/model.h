@@ -125,10 +125,12 @@ typedef struct Model {
     Bump tmp;           // MoE per-layer scratch, reset per layer
 } Model;
 
-// Element `off` of arena a's gradients, in their dtype (m->grad_act).
-static inline void* grad_at(const Model* m, int a, size_t off) {
-    return (char*)m->grad[a] + off * (m->grad_act[a] ? dtype_size(m->be->act_dtype) : sizeof(float));
+// Bytes per element of arena a's gradients (m->grad_act: the act dtype, else fp32).
+static inline size_t grad_esize(const Model* m, int a) {
+    return m->grad_act[a] ? dtype_size(m->be->act_dtype) : sizeof(float);
 }
+// Element `off` of arena a's gradients, in their dtype.
+static inline void* grad_at(const Model* m, int a, size_t off) { return (char*)m->grad[a] + off * grad_esize(m, a); }
 
 // Run options that change what the model keeps in memory (not the math: gradients are the same;
 // expert_grad_act rounds the expert gradients to the act dtype, as autocast does).

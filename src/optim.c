@@ -98,9 +98,9 @@ float optim_lr(const OptimConfig* c, int total, int s) {
     return (float)(c->lr * f);
 }
 
-// Element off of the shard's gradient, in its dtype.
-static const void* gshard_at(const Model* m, const OptShard* s, size_t off) {
-    return (const char*)s->gshard + off * (s->gact ? dtype_size(m->be->act_dtype) : sizeof(float));
+// Element off of arena a's shard gradient, in its dtype (s->gact = m->grad_act[a]).
+static const void* gshard_at(const Model* m, int a, const OptShard* s, size_t off) {
+    return (const char*)s->gshard + off * grad_esize(m, a);
 }
 
 static float* which_buf(OptShard* s, int which) { return which == 0 ? s->master : which == 1 ? s->m : s->v; }
@@ -168,7 +168,7 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
         if (!s->norm_n) continue;
-        if (s->gact) be->sumsq_act(be, o->d_norm, gshard_at(m, s, s->norm_lo), s->norm_n);
+        if (s->gact) be->sumsq_act(be, o->d_norm, gshard_at(m, a, s, s->norm_lo), s->norm_n);
         else be->sumsq_f32(be, o->d_norm, s->gshard + s->norm_lo, s->norm_n);
     }
     float h = 0;
@@ -187,7 +187,7 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
             for (int i = 0; i < s->nseg; i++) {
                 const OptSeg* g = &s->seg[i];
                 void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
-                const void* grad = gshard_at(m, s, g->lo);
+                const void* grad = gshard_at(m, a, s, g->lo);
                 if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
                     be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
                                     st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);

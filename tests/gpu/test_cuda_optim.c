@@ -179,7 +179,6 @@ static void test_adamw_act_grad(void) {
             float *dp = up_f32(be, p0, pad) + off, *dm = up_f32(be, m0, pad) + off, *dv = up_f32(be, v0, pad) + off;
             const void* dg = k ? (const void*)((char*)up_act(be, g, pad) + off * dtype_size(be->act_dtype))
                                : (const void*)(up_f32(be, g, pad) + off);
-            void* param = poison_act(be, n);
             if (split) {
                 uint16_t* dw = (uint16_t*)poison(be, 2 * pad) + off;
                 int16_t* dr = (int16_t*)poison(be, 2 * pad) + off;
@@ -187,6 +186,7 @@ static void test_adamw_act_grad(void) {
                 be->adamw_split(be, dw, dr, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
                 be->split_unpack(be, dp, dw, dr, n);  // the master (w is its high half)
             } else {
+                void* param = poison_act(be, n);
                 be->adamw(be, dp, param, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
                 out[k][3] = down_act(be, param, n);
             }
