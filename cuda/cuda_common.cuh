@@ -151,6 +151,7 @@ struct GemmCache* gemm_cache_create(void);
 void gemm_cache_destroy(struct GemmCache*);
 void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
+extern "C" int cuda_gemm_grouped_wg(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                              float beta);
 // cuda_norm.cu: embedding and RMSNorm

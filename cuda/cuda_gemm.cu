@@ -70,6 +70,7 @@ struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
+    int grouped_wg;      // MOETRAIN_GEMM_GROUPED=wg: gemm_grouped through cuda_gemm_wg.cu where it fits
 };
 
 static int env_flag(const char* name, int dflt) {
@@ -83,6 +84,9 @@ struct GemmCache* gemm_cache_create(void) {
     struct GemmCache* g = (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache));
     g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
+    const char* e = getenv("MOETRAIN_GEMM_GROUPED");
+    CHECK(!e || !e[0] || !strcmp(e, "cublas") || !strcmp(e, "wg"), "MOETRAIN_GEMM_GROUPED=%s: expected cublas or wg", e);
+    g->grouped_wg = e && !strcmp(e, "wg");
     return g;
 }
 
@@ -318,11 +322,20 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
     gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
 }
 
-// One cuBLASLt call per non-empty group (a grouped/batched kernel is the next step).
+// Tests and the bench: which grouped GEMM runs (1: cuda_gemm_wg.cu where it fits); returns the previous.
+extern "C" int cuda_gemm_grouped_use_wg(Backend* be, int on) {
+    const int was = CI(be)->gemm->grouped_wg;
+    CI(be)->gemm->grouped_wg = on;
+    return was;
+}
+
+// One cuBLASLt call per non-empty group, or with MOETRAIN_GEMM_GROUPED=wg one launch of
+// cuda_gemm_wg.cu's grouped kernel where it takes the shape.
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
     CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
+    if (CI(be)->gemm->grouped_wg && cuda_gemm_grouped_wg(be, d, g, A, B, C)) return;
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;

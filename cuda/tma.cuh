@@ -71,6 +71,25 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap* map, 
         : "memory");
 #endif
 }
+// The same for 2-d and 3-d maps (the grouped GEMM's operands, cuda_gemm_wg.cu).
+__device__ __forceinline__ void tma_load2(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+#if WG_DEVICE
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+#if WG_DEVICE
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+#endif
+}
 // Named barriers (0 is __syncthreads): NT threads take part, NT a multiple of 32.
 template <int NT>
 __device__ __forceinline__ void nbar_sync(int id) {
@@ -113,3 +132,9 @@ int tma_ws_wanted(const char* name);
 // of one (b, h) — one SW128 slab of wgmma.cuh (128-byte swizzle). 0 when the driver offers no
 // cuTensorMapEncodeTiled or refuses the map (the caller falls back to another kernel).
 int tma_map_bthd(CUtensorMap* m, const bf16* p, int B, int T, int H, int rows);
+// Host (tma.cu): `mats` row-major [rows, cols] bf16 matrices (row stride ld elements, matrix i at
+// p + i·mat_stride elements) as a 3-d TMA map of boxes of 64 columns × box_rows rows of one
+// matrix, 128-byte swizzle (one SW128 slab). cols, ld and mat_stride: multiples of 8. Rows past
+// `rows` read as zeros. 0 when the driver has no encoder or refuses the map.
+int tma_map_rows(CUtensorMap* m, const bf16* p, int rows, int cols, size_t ld, int mats, size_t mat_stride,
+                 int box_rows);

@@ -117,7 +117,7 @@ __device__ __forceinline__ void wg_pack_a(uint32_t* a, const float* d, int k) {
 // wg_ss<N, TA, TB>(d, da, db, acc): d (+)= A·B, A and B by descriptor; acc = 0 overwrites d.
 //   TA = 1: A is MN-major (A[m][k] = tile[row k][col m]); TB = 1: B is MN-major. Both 0 by default.
 // wg_rs<N, TB>(d, a, db, acc): A from registers (4 × bf16x2); TB = 1: B is MN-major.
-// N ∈ {64, 128}.
+// N ∈ {64, 128}; wg_ss also 256 (the grouped GEMM, cuda_gemm_wg.cu: 128 accumulator floats).
 
 #define WG_R8(i) "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -137,9 +137,26 @@ __device__ __forceinline__ void wg_rs(float* d, const uint32_t* a, uint64_t db, 
         36, 37, 38, 39) "," WG_S8(40, 41, 42, 43, 44, 45, 46, 47) "," WG_S8(48, 49, 50, 51, 52, 53, 54,      \
         55) "," WG_S8(56, 57, 58, 59, 60, 61, 62, 63) "}"
 
+#define WG_D128 "{" WG_S8(0, 1, 2, 3, 4, 5, 6, 7) "," \
+    WG_S8(8, 9, 10, 11, 12, 13, 14, 15) "," \
+    WG_S8(16, 17, 18, 19, 20, 21, 22, 23) "," \
+    WG_S8(24, 25, 26, 27, 28, 29, 30, 31) "," \
+    WG_S8(32, 33, 34, 35, 36, 37, 38, 39) "," \
+    WG_S8(40, 41, 42, 43, 44, 45, 46, 47) "," \
+    WG_S8(48, 49, 50, 51, 52, 53, 54, 55) "," \
+    WG_S8(56, 57, 58, 59, 60, 61, 62, 63) "," \
+    WG_S8(64, 65, 66, 67, 68, 69, 70, 71) "," \
+    WG_S8(72, 73, 74, 75, 76, 77, 78, 79) "," \
+    WG_S8(80, 81, 82, 83, 84, 85, 86, 87) "," \
+    WG_S8(88, 89, 90, 91, 92, 93, 94, 95) "," \
+    WG_S8(96, 97, 98, 99, 100, 101, 102, 103) "," \
+    WG_S8(104, 105, 106, 107, 108, 109, 110, 111) "," \
+    WG_S8(112, 113, 114, 115, 116, 117, 118, 119) "," \
+    WG_S8(120, 121, 122, 123, 124, 125, 126, 127) "}"
+
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wg_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    static_assert(N == 64 || N == 128, "wg_ss: N is 64 or 128");
+    static_assert(N == 64 || N == 128 || N == 256, "wg_ss: N is 64, 128 or 256");
 #if WG_DEVICE
     if constexpr (N == 64) {
         asm volatile(
@@ -147,11 +164,18 @@ __device__ __forceinline__ void wg_ss(float* d, uint64_t da, uint64_t db, int ac
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
             : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
             : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-    } else {
+    } else if constexpr (N == 128) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
             : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
+            : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_D128 ", %128, %129, p, 1, 1, %131, %132;\n}\n"
+            : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56), WG_R8(64),
+              WG_R8(72), WG_R8(80), WG_R8(88), WG_R8(96), WG_R8(104), WG_R8(112), WG_R8(120)
             : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
     }
 #else

@@ -25,6 +25,8 @@
 #          and 8), PyTorch's SDPA backends at the same shape (scripts/attn_ref.py), and Nsight
 #          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log); NCU=0
 #          skips ncu, REF=0 the PyTorch reference
+#   gg     the grouped expert GEMM alone, cuBLASLt's per-expert calls against cuda_gemm_wg.cu's
+#          kernel (test_cuda_gemm_attn with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
@@ -141,6 +143,9 @@ for step in $STEPS; do
       say "ncu $1 rc=$?"
     done
     grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" $W/ncu.log | head -60 | tee -a $L ;;
+  gg)
+    MOETRAIN_GPU_BENCH=gg timeout 120 build/tests/gpu/test_cuda_gemm_attn > $LOGS/gg.log 2>&1
+    say "grouped GEMM bench rc=$?"; grep -E "^gg|FAIL|rror" $LOGS/gg.log | tee -a $L ;;
   san)
     [ "$(left)" -lt 60 ] && { say "skipped: too little time"; continue; }
     for tool in memcheck racecheck; do

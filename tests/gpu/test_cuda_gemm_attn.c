@@ -124,6 +124,57 @@ static void test_gemm_grouped(void) {
     }
 }
 
+// The grouped expert GEMM of our own (cuda_gemm_wg.cu; bf16, K-major weights): the forward's
+// x·w13ᵀ / h·w2ᵀ shapes in small, against the CPU. The kernel is called directly, so a shape it
+// turns down fails here instead of falling back to cuBLASLt unseen; then once through
+// be->gemm_grouped with MOETRAIN_GEMM_GROUPED's switch on.
+int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C);
+int cuda_gemm_wg_available(Backend* be);
+int cuda_gemm_wg_stalled(void);
+int cuda_gemm_grouped_use_wg(Backend* be, int on);
+
+static void test_gemm_grouped_wg(void) {
+    const Mode* m = &g_modes[1];
+    Backend* be = m->gpu;
+    if (!cuda_gemm_wg_available(be)) {
+        printf("  (the wgmma grouped GEMM is unavailable here: nothing to check)\n");
+        return;
+    }
+    const struct { int G, N, K, off[6]; } cs[] = {
+        {5, 512, 448, {0, 0, 130, 130, 387, 400}},  // empty groups, ragged row tiles, 7 K slices (the stage ring wraps)
+        {4, 2304, 128, {0, 300, 600, 1100, 1800}},  // 144 tiles, more than SMs: the persistent loop; a one-tile last band
+    };
+    for (int c = 0; c < 2; c++) {
+        const int G = cs[c].G, N = cs[c].N, K = cs[c].K, *off = cs[c].off, R = off[G];
+        const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
+        float* A = act_in(m, randn(na, 1.f), na);
+        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* C = xmalloc(4 * ncc);
+        GemmDesc d = {.N = N, .K = K, .trans_b = 1, .alpha = 1};
+        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+        g_cpu->gemm_grouped(g_cpu, &d, &gd, A, B, C);
+        void *dA = up_act(be, A, na), *dB = up_act(be, B, nb);
+        for (int via = 0; via < 2; via++) {
+            void* dC = poison_act(be, ncc + N);  // one row past the last group: must stay poisoned
+            if (via == 0) {
+                EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg G=%d N=%d K=%d: shape refused", G, N, K);
+            } else {
+                const int was = cuda_gemm_grouped_use_wg(be, 1);
+                be->gemm_grouped(be, &d, &gd, dA, dB, dC);
+                cuda_gemm_grouped_use_wg(be, was);
+            }
+            float* got = down_act(be, dC, ncc + N);
+            EXPECT(!cuda_gemm_wg_stalled(), "gemm_grouped_wg G=%d N=%d K=%d: an mbarrier wait gave up", G, N, K);
+            int written = 0;
+            for (int j = 0; j < N; j++) written += !isnan(got[ncc + j]);
+            EXPECT(written == 0, "gemm_grouped_wg G=%d N=%d K=%d: %d values written past the last row", G, N, K, written);
+            cmp(m, via ? "gemm_grouped (MOETRAIN_GEMM_GROUPED=wg)" : "gemm_grouped_wg", got, C, ncc, TOL_BF16_SUM);  // frees got
+        }
+        free(A), free(B), free(C);
+        dev_free_all();
+    }
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 // Each case runs on the wgmma kernels (MOETRAIN_ATTN=wgmma: an H200 with the sm_90a build; elsewhere
@@ -339,6 +390,62 @@ static void gemm_survey(void) {
     dev_free_all();
 }
 
+// MOETRAIN_GPU_BENCH=gg: the grouped expert GEMM, cuBLASLt's one call per expert against ours
+// (cuda_gemm_wg.cu), at the forward shapes of bench_8x7B_L2 at micro-batch 8 (65,536 routed rows
+// over 8 experts: even, and skewed as a router early in training leaves them), back to back so that
+// the card runs at its power limit as it does in the step; the two alternate, twice. Then the two
+// outputs against each other (rel. L2: summation order and one bf16 rounding apart).
+static void bench_gg(void) {
+    Backend* be = g_modes[1].gpu;
+    if (!cuda_gemm_wg_available(be)) {
+        printf("gg: the wgmma grouped GEMM is unavailable here\n");
+        return;
+    }
+    const size_t nr = (size_t)1 << 24;
+    float* r = randn(nr, 1.f);
+    const int H = 4096, F = 14336, G = 8, R = 65536;
+    void* A = rand_act(be, r, nr, (size_t)R * F);
+    void* W = rand_act(be, r, nr, (size_t)G * 2 * F * H);
+    void* C = dev_alloc(be, 2 * (size_t)R * 2 * F);
+    void* C2 = dev_alloc(be, 2 * (size_t)R * 2 * F);
+    const struct { const char* name; int N, K; } sh[] = {{"w13 fwd", 2 * F, H}, {"w2 fwd", H, F}};
+    const int even[8] = {8192, 8192, 8192, 8192, 8192, 8192, 8192, 8192};
+    const int skew[8] = {13000, 4100, 9000, 6900, 10100, 5300, 7700, 9436};  // sums to 65,536
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++) {
+            BenchCtx c = {.be = be, .N = sh[s].N, .K = sh[s].K, .G = G, .A = A, .Bm = W, .C = C};
+            for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + (k ? skew : even)[i];
+            const double tf = 2.0 * R * (double)c.N * c.K / 1e12;
+            for (int round = 0; round < 2; round++)
+                for (int wg = 0; wg < 2; wg++) {
+                    cuda_gemm_grouped_use_wg(be, wg);
+                    const double ms = time_ms(be, b_grouped, &c, 10);
+                    printf("gg %-8s %-5s rows %s  %-7s %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even",
+                           "65536", wg ? "wg" : "cublas", ms, tf / ms * 1e3);
+                }
+            cuda_gemm_grouped_use_wg(be, 0);
+            b_grouped(&c);
+            c.C = C2;
+            cuda_gemm_grouped_use_wg(be, 1);
+            b_grouped(&c);
+            cuda_gemm_grouped_use_wg(be, 0);
+            const size_t n = (size_t)1 << 22, last = (size_t)R * c.N - n;  // the first and last 4M values
+            double e = 0;
+            for (int part = 0; part < 2; part++) {
+                const size_t o = part ? last : 0;
+                float* x = down_act(be, (char*)C + 2 * o, n);
+                float* y = down_act(be, (char*)C2 + 2 * o, n);
+                const double ep = rel_l2(y, x, n);
+                if (ep > e) e = ep;
+                free(x), free(y);
+            }
+            printf("gg %-8s %-5s wg vs cublas: rel L2 %.2e\n", sh[s].name, k ? "skew" : "even", e);
+            fflush(stdout);
+        }
+    free(r);
+    dev_free_all();
+}
+
 // The attention kernels at Mixtral's shape (T 4096, 32 query heads, 8 kv heads, D 128) and B
 // batch rows: forward, the recompute backward, the stored-dS backward (wgmma), then mma.sync.
 static void bench_attn(Backend* be, int B) {
@@ -500,8 +607,14 @@ int main(void) {
         gpu_teardown();
         return 0;
     }
+    if (ba && !strcmp(ba, "gg")) {  // the grouped expert GEMMs alone (no tests)
+        bench_gg();
+        gpu_teardown();
+        return 0;
+    }
     RUN(test_gemm);
     RUN(test_gemm_grouped);
+    RUN(test_gemm_grouped_wg);
     RUN(test_attention);
     RUN(test_attention_one_wg);
     RUN(test_attention_mma);

@@ -1,0 +1,167 @@
+// cuda_gemm_wg.cu — the grouped expert GEMM as one Hopper kernel of our own (sm_90a), beside
+// cuda_gemm.cu's one cuBLASLt call per expert: C_g = A_g · B_gᵀ for every group g in one launch,
+// A packed [R, K] (group g's rows off[g]..off[g+1]), B_g = B + g·b_stride as [N, K] (the expert
+// weight, K-major: the forward's x·w13ᵀ and h·w2ᵀ), C packed [R, N], bf16 in and out, fp32 sums.
+// It is the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is"); on its
+// own it does what cuBLASLt does. MOETRAIN_GEMM_GROUPED=wg selects it (cublas, the default, keeps
+// cuBLASLt); shapes it does not take (below) go to cuBLASLt either way.
+//
+// Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
+// + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
+// group, tiles go in bands of GG_BAND column tiles, row tile by row tile, so that the CTAs working
+// at one time share a few A row panels and B column panels in L2.
+// Three warpgroups (setmaxnreg 40 / 232, as CUTLASS's warp-specialised kernels):
+//   producer   one thread streams 64-wide K slices of the A tile (128 × 64) and the B tile
+//              (256 × 64) by TMA (128-byte swizzle: wgmma.cuh's SW128 tiles) into GG_ST stages,
+//              each with a "full" mbarrier (bytes landed) and an "empty" one (8 consumer warps).
+//   consumers  warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns: per stage four
+//              wgmma m64n256k16 (both operands in shared memory, K-major), committed as one group;
+//              once the next stage's group is issued the previous one is waited for and its stage
+//              released. After the last K slice: fp32 → bf16, stored straight from the
+//              registers (rows past the group's end are not stored).
+// Shared memory: 4 stages × 48 KB + barriers: 193 KB, one CTA per SM.
+#include <string.h>
+
+#include "tma.cuh"
+
+enum { GG_BM = 128, GG_BN = 256, GG_BK = 64, GG_ST = 4, GG_THREADS = 384, GG_MAXG = 64, GG_BAND = 8 };
+#define GG_A_BYTES (GG_BM * GG_BK * 2u)
+#define GG_B_BYTES (GG_BN * GG_BK * 2u)
+#define GG_STAGE (GG_A_BYTES + GG_B_BYTES)
+#define GG_SMEM (GG_ST * GG_STAGE + 1024u + 16u * GG_ST)
+
+struct GGTiles {
+    int nt, kb, tiles;          // column tiles (N / 256), K slices (K / 64), tiles over all groups
+    int ldc;                    // C's row stride (elements)
+    int row_off[GG_MAXG + 1];   // group g: rows [row_off[g], row_off[g + 1]) of A and C
+    int tile_off[GG_MAXG + 1];  // group g: tiles [tile_off[g], tile_off[g + 1])
+};
+
+// Tile t: its group, first row, the group's row end, first column.
+__device__ __forceinline__ void gg_tile(const GGTiles& p, int t, int& g, int& row0, int& row_end, int& col0) {
+    g = 0;
+    while (t >= p.tile_off[g + 1]) g++;
+    const int i = t - p.tile_off[g];
+    const int mt = (p.row_off[g + 1] - p.row_off[g] + GG_BM - 1) / GG_BM;
+    const int band = i / (mt * GG_BAND), j = i - band * mt * GG_BAND;
+    const int w = min((int)GG_BAND, p.nt - band * GG_BAND);
+    row0 = p.row_off[g] + (j / w) * GG_BM;
+    col0 = (band * GG_BAND + j % w) * GG_BN;
+    row_end = p.row_off[g + 1];
+}
+
+__global__ void __launch_bounds__(GG_THREADS, 1)
+    k_gemm_grouped_wg(bf16* C, const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                      const __grid_constant__ GGTiles p) {
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + GG_ST * GG_STAGE, empty = full + 8 * GG_ST;  // mbarriers, 8 bytes each
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    if (tid == 0) {
+        for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp >= 8) {  // ---- producer warpgroup
+        reg_dealloc<40>();
+        if (warp == 8 && lane == 0) {
+            uint32_t it = 0;  // K slices loaded so far (over all tiles): stage it % GG_ST, use it / GG_ST
+            for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+                int g, row0, row_end, col0;
+                gg_tile(p, t, g, row0, row_end, col0);
+                for (int kb = 0; kb < p.kb; kb++, it++) {
+                    const uint32_t s = it % GG_ST, st = base + s * GG_STAGE;
+                    if (it >= GG_ST) mbar_wait(empty + 8 * s, ((it / GG_ST) - 1) & 1);
+                    mbar_expect_tx(full + 8 * s, GG_STAGE);
+                    tma_load3(st, &ma, kb * GG_BK, row0, 0, full + 8 * s);
+                    tma_load3(st + GG_A_BYTES, &mb, kb * GG_BK, col0, g, full + 8 * s);
+                }
+            }
+        }
+        return;
+    }
+    // ---- consumers
+    reg_alloc<232>();
+    const int wg = warp >> 2, w = warp & 3, gq = lane >> 2, c4 = lane & 3;
+    float d[128];
+    uint32_t it = 0;
+    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        int g, row0, row_end, col0;
+        gg_tile(p, t, g, row0, row_end, col0);
+        for (int kb = 0; kb < p.kb; kb++, it++) {
+            const uint32_t s = it % GG_ST, As = base + s * GG_STAGE, Bs = As + GG_A_BYTES;
+            mbar_wait(full + 8 * s, (it / GG_ST) & 1);
+            wg_arrive();
+#pragma unroll
+            for (int kk = 0; kk < GG_BK / 16; kk++)
+                wg_ss<256>(d, wg_desc_k(As, GG_BM, 64 * wg, kk), wg_desc_k(Bs, GG_BN, 0, kk), kb | kk);
+            wg_commit();
+            wg_wait<1>();  // the previous slice's products are done: its stage is free
+            wg_reg_fence<128>(d);
+            if (kb > 0) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
+            }
+        }
+        wg_wait<0>();
+        wg_reg_fence<128>(d);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
+        // d[4j + 0..1]: row gq, columns 8j + 2c4 (+1); d[4j + 2..3]: row gq + 8 (wgmma.cuh)
+        const int r = row0 + 64 * wg + 16 * w + gq;
+        bf16* c0 = C + (size_t)r * p.ldc + col0 + 2 * c4;
+        if (r < row_end) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) *(uint32_t*)(c0 + 8 * j) = pack_bf16(d[4 * j], d[4 * j + 1]);
+        }
+        if (r + 8 < row_end) {
+            bf16* c8 = c0 + (size_t)8 * p.ldc;
+#pragma unroll
+            for (int j = 0; j < 32; j++) *(uint32_t*)(c8 + 8 * j) = pack_bf16(d[4 * j + 2], d[4 * j + 3]);
+        }
+    }
+}
+
+extern "C" int cuda_gemm_wg_stalled(void) { return tma_stalled_take(); }
+extern "C" int cuda_gemm_wg_available(Backend* be) { return cuda_wgmma_ok(CI(be)) && is_bf16(be); }
+
+// Launches the kernel when it takes this GEMM and returns 1; 0 (nothing launched) otherwise.
+extern "C" int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
+    CudaImpl* c = CI(be);
+    const int N = d->N, K = d->K, G = g->groups;
+    const int lda = d->lda ? d->lda : K, ldb = d->ldb ? d->ldb : K, ldc = d->ldc ? d->ldc : N;
+    if (!cuda_wgmma_ok(c) || !is_bf16(be) || !d->trans_b || d->trans_a || d->c_f32 || d->c_in || d->alpha != 1.f ||
+        d->beta != 0.f || K <= 0 || K % GG_BK || N <= 0 || N % GG_BN || G < 1 || G > GG_MAXG || lda % 8 || ldb % 8 ||
+        ldc % 2 || g->b_stride % 8 || (uintptr_t)A % 16 || (uintptr_t)B % 16 || (uintptr_t)C % 4)
+        return 0;
+    GGTiles p;
+    memset(&p, 0, sizeof p);
+    p.nt = N / GG_BN;
+    p.kb = K / GG_BK;
+    p.ldc = ldc;
+    for (int i = 0; i < G; i++) {
+        const int rows = g->host_off[i + 1] - g->host_off[i];
+        CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, g->host_off[i], g->host_off[i + 1]);
+        p.row_off[i] = g->host_off[i];
+        p.tile_off[i + 1] = p.tile_off[i] + (rows + GG_BM - 1) / GG_BM * p.nt;
+    }
+    p.row_off[G] = g->host_off[G];
+    for (int i = G + 1; i <= GG_MAXG; i++) p.row_off[i] = p.row_off[G], p.tile_off[i] = p.tile_off[G];
+    p.tiles = p.tile_off[G];
+    if (p.tiles == 0) return 1;
+    CUtensorMap ma, mb;
+    if (!tma_map_rows(&ma, (const bf16*)A, p.row_off[G], K, (size_t)lda, 1, 0, GG_BM) ||
+        !tma_map_rows(&mb, (const bf16*)B, N, K, (size_t)ldb, G, g->b_stride, GG_BN))
+        return 0;
+    static int attr_set = 0;
+    if (!attr_set) {
+        CUDA_CK(cudaFuncSetAttribute(k_gemm_grouped_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GG_SMEM));
+        attr_set = 1;
+    }
+    const int grid = p.tiles < c->sms ? p.tiles : c->sms;
+    k_gemm_grouped_wg<<<grid, GG_THREADS, GG_SMEM, c->stream>>>((bf16*)C, ma, mb, p);
+    LAUNCH_CK(c);
+    return 1;
+}
