@@ -17,9 +17,10 @@
 //   consumers  warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns: per stage four
 //              wgmma m64n256k16 (both operands in shared memory, K-major), committed as one group;
 //              once the next stage's group is issued the previous one is waited for and its stage
-//              released. After the last K slice: fp32 → bf16, stored straight from the
-//              registers (rows past the group's end are not stored).
-// Shared memory: 4 stages × 48 KB + barriers: 193 KB, one CTA per SM.
+//              released. After the last K slice: fp32 → bf16, staged in shared memory
+//              128 columns at a time and stored in 16-byte chunks (rows past the group's end are
+//              not stored); the producer meanwhile fills the stages for the next tile.
+// Shared memory: 4 stages × 48 KB + 2 × 16 KB of epilogue staging + barriers: 225 KB, one CTA per SM.
 #include <string.h>
 
 #include "tma.cuh"
@@ -28,7 +29,8 @@ enum { GG_BM = 128, GG_BN = 256, GG_BK = 64, GG_ST = 4, GG_THREADS = 384, GG_MAX
 #define GG_A_BYTES (GG_BM * GG_BK * 2u)
 #define GG_B_BYTES (GG_BN * GG_BK * 2u)
 #define GG_STAGE (GG_A_BYTES + GG_B_BYTES)
-#define GG_SMEM (GG_ST * GG_STAGE + 1024u + 16u * GG_ST)
+#define GG_EPI (64u * 128u * 2u)  // a consumer warpgroup's epilogue staging: 64 rows × 128 columns
+#define GG_SMEM (GG_ST * GG_STAGE + 2u * GG_EPI + 1024u + 16u * GG_ST)
 
 struct GGTiles {
     int nt, kb, tiles;          // column tiles (N / 256), K slices (K / 64), tiles over all groups
@@ -50,12 +52,45 @@ __device__ __forceinline__ void gg_tile(const GGTiles& p, int t, int& g, int& ro
     row_end = p.row_off[g + 1];
 }
 
+// The epilogue of one consumer warpgroup: accumulator columns 128h..128h+127 of its 64 rows (from
+// row r0; rows from row_end on are not stored) as bf16 into C at column c0, through its staging
+// buffer es in shared memory so that the global stores are whole 16-byte chunks, 256 bytes a row
+// per 16 lanes. d[4j + 0..1]: row gq, columns 8j + 2c4 (+1); d[4j + 2..3]: row gq + 8 (wgmma.cuh).
+// In the buffer, row r's 16-byte chunk j sits at position j ^ (r % 8): the writes (8 rows × 4
+// words per warp) and the reads (2 rows per warp) are free of bank conflicts.
+__device__ __forceinline__ void gg_store_half(bf16* C, const float* d, int h, uint32_t es, int wg, int r0, int row_end,
+                                              int c0, int ldc) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, gq = lane >> 2, c4 = lane & 3;
+    const int rl = 16 * w + gq;  // and rl + 8; (rl + 8) % 8 == rl % 8 == gq
+    nbar_sync<128>(1 + wg);     // the buffer's previous reads are done
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+        const int j = 16 * h + jj;
+        const uint32_t o = (uint32_t)(((jj ^ gq) << 4) + 4 * c4);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(es + rl * 256 + o), "r"(pack_bf16(d[4 * j], d[4 * j + 1])));
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(es + (rl + 8) * 256 + o),
+                     "r"(pack_bf16(d[4 * j + 2], d[4 * j + 3])));
+    }
+    nbar_sync<128>(1 + wg);
+    const int t = threadIdx.x & 127;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int q = i * 128 + t, row = q >> 4, ch = q & 15;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(es + row * 256 + ((ch ^ (row & 7)) << 4)));
+        if (r0 + row < row_end) *(uint4*)(C + (size_t)(r0 + row) * ldc + c0 + 8 * ch) = v;
+    }
+}
+
 __global__ void __launch_bounds__(GG_THREADS, 1)
     k_gemm_grouped_wg(bf16* C, const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                       const __grid_constant__ GGTiles p) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
-    const uint32_t full = base + GG_ST * GG_STAGE, empty = full + 8 * GG_ST;  // mbarriers, 8 bytes each
+    const uint32_t epi = base + GG_ST * GG_STAGE;  // 2 × GG_EPI
+    const uint32_t full = epi + 2 * GG_EPI, empty = full + 8 * GG_ST;  // mbarriers, 8 bytes each
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     if (tid == 0) {
@@ -84,7 +119,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     }
     // ---- consumers
     reg_alloc<232>();
-    const int wg = warp >> 2, w = warp & 3, gq = lane >> 2, c4 = lane & 3;
+    const int wg = warp >> 2;
     float d[128];
     uint32_t it = 0;
     for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
@@ -109,18 +144,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
         wg_reg_fence<128>(d);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
-        // d[4j + 0..1]: row gq, columns 8j + 2c4 (+1); d[4j + 2..3]: row gq + 8 (wgmma.cuh)
-        const int r = row0 + 64 * wg + 16 * w + gq;
-        bf16* c0 = C + (size_t)r * p.ldc + col0 + 2 * c4;
-        if (r < row_end) {
-#pragma unroll
-            for (int j = 0; j < 32; j++) *(uint32_t*)(c0 + 8 * j) = pack_bf16(d[4 * j], d[4 * j + 1]);
-        }
-        if (r + 8 < row_end) {
-            bf16* c8 = c0 + (size_t)8 * p.ldc;
-#pragma unroll
-            for (int j = 0; j < 32; j++) *(uint32_t*)(c8 + 8 * j) = pack_bf16(d[4 * j + 2], d[4 * j + 3]);
-        }
+        gg_store_half(C, d, 0, epi + wg * GG_EPI, wg, row0 + 64 * wg, row_end, col0, p.ldc);
+        gg_store_half(C, d, 1, epi + wg * GG_EPI, wg, row0 + 64 * wg, row_end, col0 + 128, p.ldc);
     }
 }
 
@@ -134,7 +159,7 @@ extern "C" int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupD
     const int lda = d->lda ? d->lda : K, ldb = d->ldb ? d->ldb : K, ldc = d->ldc ? d->ldc : N;
     if (!cuda_wgmma_ok(c) || !is_bf16(be) || !d->trans_b || d->trans_a || d->c_f32 || d->c_in || d->alpha != 1.f ||
         d->beta != 0.f || K <= 0 || K % GG_BK || N <= 0 || N % GG_BN || G < 1 || G > GG_MAXG || lda % 8 || ldb % 8 ||
-        ldc % 2 || g->b_stride % 8 || (uintptr_t)A % 16 || (uintptr_t)B % 16 || (uintptr_t)C % 4)
+        ldc % 8 || g->b_stride % 8 || (uintptr_t)A % 16 || (uintptr_t)B % 16 || (uintptr_t)C % 16)
         return 0;
     GGTiles p;
     memset(&p, 0, sizeof p);
