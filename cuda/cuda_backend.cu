@@ -414,6 +414,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->gemm_grouped_wgrad = cuda_gemm_grouped_wgrad;
 
     be->swiglu_fwd = cuda_swiglu_fwd;
+    be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;
     be->swiglu_bwd = cuda_swiglu_bwd;
     be->router_fwd = cuda_router_fwd;
     be->router_bwd = cuda_router_bwd;

@@ -102,6 +102,9 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 }
 
 // Warp and block reductions (fixed order: deterministic).
+// silu(g) = g·σ(g), as the SwiGLU kernels (cuda_moe.cu) and the grouped GEMM's epilogue compute it.
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -152,6 +155,10 @@ void gemm_cache_destroy(struct GemmCache*);
 void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
 extern "C" int cuda_gemm_grouped_wg(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
+extern "C" int cuda_gemm_grouped_swiglu_wg(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B,
+                                           void* gu, void* h, const float* scale);
+void cuda_gemm_grouped_swiglu(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* gu,
+                              void* h, const float* scale);
 void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                              float beta);
 // cuda_norm.cu: embedding and RMSNorm

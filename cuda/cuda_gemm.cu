@@ -350,6 +350,16 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     }
 }
 
+// The w13 GEMM and the SwiGLU: with MOETRAIN_GEMM_GROUPED=wg one launch of the grouped kernel with
+// the SwiGLU in its epilogue where it takes the shape, else cuBLASLt's GEMMs then swiglu_fwd.
+void cuda_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                              void* gu, void* h, const float* scale) {
+    CHECK(d->N % 2 == 0, "gemm_grouped_swiglu: N = %d is not 2F", d->N);
+    if (CI(be)->gemm->grouped_wg && cuda_gemm_grouped_swiglu_wg(be, d, g, A, B, gu, h, scale)) return;
+    cuda_gemm_grouped(be, d, g, A, B, gu);
+    cuda_swiglu_fwd(be, h, gu, scale, g->host_off[g->groups], d->N / 2);
+}
+
 // Per group g: dB_g[N, K] = dY[rows g]ᵀ · X[rows g] + beta · dB_g, dY packed [rows, N], X packed [rows, K];
 // dB fp32, or act dtype with g->db_act (cuBLASLt rounds its fp32 sum once on output).
 void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,

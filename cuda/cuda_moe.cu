@@ -221,8 +221,6 @@ void cuda_scatter_rows_f32(Backend* be, float* out, const float* inp, const int3
 // ---- SwiGLU ----------------------------------------------------------------------------------
 
 // silu(g) = g / (1 + e^−g), as torch (and the CPU backend) write it
-__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
-
 template <typename T>
 __global__ void k_swiglu_fwd(T* h, const T* gu, const float* scale, int n, int F) {
     const size_t n_all = (size_t)n * F;

@@ -130,6 +130,12 @@ struct Backend {
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
     // silu(g) = g · sigmoid(g) = g / (1 + e^−g).
     void (*swiglu_fwd)(Backend*, void* h, const void* gu, const float* scale, int n, int F);
+    // The experts' first GEMM and the SwiGLU in one op: gu = gemm_grouped(A, B) (N = 2F: gate rows
+    // [0, F) and up rows [F, 2F) of each B_g), then h = swiglu_fwd(gu, scale) with n = the rows of
+    // every group. The CPU backend does exactly that; the CUDA one may fuse it (the same bits of h
+    // from its gu).
+    void (*gemm_grouped_swiglu)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
+                                const void* B, void* gu, void* h, const float* scale);
     // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
     // (dscale is the same formula whether or not scale is NULL.) dgu may be gu itself (in place).
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,

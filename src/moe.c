@@ -196,10 +196,12 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     expert_offsets(m, s, off);
     void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-    grouped(m, s, off, s->gu, s->xe, at(m, m->w[1], o->w13), 2 * F, H, 1, (size_t)2 * F * H);
-    prof_mark("fwd.w13");
-    be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
-    prof_mark("fwd.swiglu");
+    {  // gu = xe·w13ᵀ and h = silu(gate)·up·scale in one op (one kernel where the backend fuses them)
+        GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0};
+        GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
+        be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
+    }
+    prof_mark("fwd.w13_swiglu");
     grouped(m, s, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F);
     prof_mark("fwd.w2");
 

@@ -56,6 +56,8 @@ void cpu_scatter_rows_f32(Backend*, float* out, const float* inp, const int32_t*
 void cpu_unpermute_fwd(Backend*, void* out, const void* yp, const int32_t* dest, int N, int k, int H, const void* add);
 void cpu_unpermute_bwd(Backend*, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H);
 void cpu_swiglu_fwd(Backend*, void* h, const void* gu, const float* scale, int n, int F);
+void cpu_gemm_grouped_swiglu(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* gu,
+                             void* h, const float* scale);
 void cpu_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
                     int F);
 

@@ -151,6 +151,7 @@ Backend* cpu_backend_create(void) {
     be->gemm_grouped_wgrad = cpu_gemm_grouped_wgrad;
 
     be->swiglu_fwd = cpu_swiglu_fwd;
+    be->gemm_grouped_swiglu = cpu_gemm_grouped_swiglu;
     be->swiglu_bwd = cpu_swiglu_bwd;
     be->router_fwd = cpu_router_fwd;
     be->router_bwd = cpu_router_bwd;

@@ -207,6 +207,14 @@ void cpu_swiglu_fwd(Backend* be, void* h_, const void* gu_, const float* scale, 
     }
 }
 
+// The spec of the fused op (backend.h): the grouped GEMM, then the SwiGLU over every group's rows.
+void cpu_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* gu,
+                             void* h, const float* scale) {
+    CHECK(d->N % 2 == 0, "gemm_grouped_swiglu: N = %d is not 2F", d->N);
+    cpu_gemm_grouped(be, d, g, A, B, gu);
+    cpu_swiglu_fwd(be, h, gu, scale, g->host_off[g->groups], d->N / 2);
+}
+
 // h = silu(g) · u · s:  du = dh · s · silu(g),  dg = dh · s · u · silu'(g) with
 // silu'(g) = σ(g) (1 + g (1 − σ(g))),  dscale = Σ_f dh · silu(g) · u.  dgu may alias gu.
 void cpu_swiglu_bwd(Backend* be, void* dgu_, float* dscale, const void* dh_, const void* gu_, const float* scale,

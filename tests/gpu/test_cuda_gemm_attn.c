@@ -175,6 +175,74 @@ static void test_gemm_grouped_wg(void) {
     }
 }
 
+// gemm_grouped_swiglu (the w13 GEMM with the SwiGLU and routing scale in the grouped kernel's
+// epilogue, gate rows [0, F) and up rows [F, 2F) of each expert's w13): gu against the CPU's GEMM,
+// h bit for bit against swiglu_fwd on that gu, and both against the CPU's composition; through
+// the kernel directly, be->gemm_grouped_swiglu with the switch on, and with it off (cuBLASLt +
+// swiglu_fwd).
+int cuda_gemm_grouped_swiglu_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                                void* gu, void* h, const float* scale);
+
+static void test_gemm_grouped_swiglu(void) {
+    const Mode* m = &g_modes[1];
+    Backend* be = m->gpu;
+    const int wg_ok = cuda_gemm_wg_available(be);
+    if (!wg_ok) printf("  (the wgmma grouped GEMM is unavailable here: the cuBLASLt path only)\n");
+    const struct { int G, F, K, scaled, off[6]; } cs[] = {
+        {5, 256, 448, 1, {0, 0, 130, 130, 387, 400}},  // empty groups, ragged row tiles, the stage ring wraps
+        {4, 1152, 128, 0, {0, 300, 600, 1100, 1800}},  // 144 tiles: the persistent loop; no scale
+    };
+    for (int c = 0; c < 2; c++) {
+        const int G = cs[c].G, F = cs[c].F, N = 2 * F, K = cs[c].K, *off = cs[c].off, R = off[G];
+        const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ng = (size_t)R * N, nh = (size_t)R * F;
+        float* A = act_in(m, randn(na, 1.f), na);
+        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* sc = xmalloc(sizeof(float) * (R + 1));
+        for (int i = 0; i < R; i++) sc[i] = 0.1f + 0.9f * (float)i / R;
+        const float* scale = cs[c].scaled ? sc : NULL;
+        float* gu = xmalloc(4 * ng);
+        float* h = xmalloc(4 * nh);
+        GemmDesc d = {.N = N, .K = K, .trans_b = 1, .alpha = 1};
+        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+        g_cpu->gemm_grouped_swiglu(g_cpu, &d, &gd, A, B, gu, h, scale);
+        void *dA = up_act(be, A, na), *dB = up_act(be, B, nb);
+        float* dsc = scale ? up_f32(be, sc, R) : NULL;
+        for (int via = wg_ok ? 0 : 2; via < 3; via++) {
+            void* dgu = poison_act(be, ng + N);  // one row past the last group: must stay poisoned
+            void* dh = poison_act(be, nh + F);
+            const char* path = via == 0 ? "kernel" : via == 1 ? "wg" : "cublas";
+            if (via == 0) {
+                EXPECT(cuda_gemm_grouped_swiglu_wg(be, &d, &gd, dA, dB, dgu, dh, dsc),
+                       "gemm_grouped_swiglu_wg G=%d F=%d K=%d: shape refused", G, F, K);
+            } else {
+                const int was = cuda_gemm_grouped_use_wg(be, via == 1);
+                be->gemm_grouped_swiglu(be, &d, &gd, dA, dB, dgu, dh, dsc);
+                cuda_gemm_grouped_use_wg(be, was);
+            }
+            void* dh2 = poison_act(be, nh);  // swiglu_fwd on the same gu
+            be->swiglu_fwd(be, dh2, dgu, dsc, R, F);
+            float* ggu = down_act(be, dgu, ng + N);
+            float* gh = down_act(be, dh, nh + F);
+            EXPECT(!cuda_gemm_wg_stalled(), "gemm_grouped_swiglu %s G=%d F=%d: an mbarrier wait gave up", path, G, F);
+            int written = 0;
+            for (int j = 0; j < N; j++) written += !isnan(ggu[ng + j]);
+            for (int j = 0; j < F; j++) written += !isnan(gh[nh + j]);
+            EXPECT(written == 0, "gemm_grouped_swiglu %s G=%d F=%d: %d values written past the last row", path, G, F,
+                   written);
+            char lab[64];
+            snprintf(lab, sizeof lab, "gemm_grouped_swiglu %s h = swiglu_fwd(gu)", path);
+            cmp_bits(m, lab, down_act(be, dh2, nh), gh, nh);  // frees both
+            gh = down_act(be, dh, nh);
+            snprintf(lab, sizeof lab, "gemm_grouped_swiglu %s gu", path);
+            cmp(m, lab, ggu, gu, ng, TOL_BF16_SUM);
+            snprintf(lab, sizeof lab, "gemm_grouped_swiglu %s h", path);
+            cmp(m, lab, gh, h, nh, TOL_BF16_SUM);
+        }
+        free(A), free(B), free(sc), free(gu), free(h);
+        dev_free_all();
+    }
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 // Each case runs on the wgmma kernels (MOETRAIN_ATTN=wgmma: an H200 with the sm_90a build; elsewhere
@@ -326,6 +394,12 @@ static void b_grouped(void* c_) {
     GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
     c->be->gemm_grouped(c->be, &d, &g, c->A, c->Bm, c->C);
 }
+static void b_grouped_swiglu(void* c_) {  // gu into C, h into y, scale f0
+    BenchCtx* c = c_;
+    GemmDesc d = {.N = c->N, .K = c->K, .trans_b = 1, .alpha = 1};
+    GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
+    c->be->gemm_grouped_swiglu(c->be, &d, &g, c->A, c->Bm, c->C, c->y, c->f0);
+}
 static void b_rms(void* c_) {
     BenchCtx* c = c_;
     c->be->rmsnorm_fwd(c->be, c->y, c->rstd, c->x, c->w, c->M, c->K, 1e-5f);
@@ -442,6 +516,20 @@ static void bench_gg(void) {
             printf("gg %-8s %-5s wg vs cublas: rel L2 %.2e\n", sh[s].name, k ? "skew" : "even", e);
             fflush(stdout);
         }
+    // the w13 GEMM with the SwiGLU: cuBLASLt + swiglu_fwd against the fused epilogue
+    float* sc = xmalloc(sizeof(float) * R);
+    for (int i = 0; i < R; i++) sc[i] = 0.25f + 0.5f * (float)(i % 7) / 7;
+    BenchCtx c = {.be = be, .N = 2 * F, .K = H, .G = G, .A = A, .Bm = W, .C = C, .y = C2, .f0 = up_f32(be, sc, R)};
+    for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + skew[i];
+    for (int round = 0; round < 2; round++)
+        for (int wg = 0; wg < 2; wg++) {
+            cuda_gemm_grouped_use_wg(be, wg);
+            const double ms = time_ms(be, b_grouped_swiglu, &c, 10);
+            printf("gg w13+swiglu skew  %-13s %8.3f ms\n", wg ? "wg (fused)" : "cublas+swiglu", ms);
+        }
+    cuda_gemm_grouped_use_wg(be, 0);
+    fflush(stdout);
+    free(sc);
     free(r);
     dev_free_all();
 }
@@ -615,6 +703,7 @@ int main(void) {
     RUN(test_gemm);
     RUN(test_gemm_grouped);
     RUN(test_gemm_grouped_wg);
+    RUN(test_gemm_grouped_swiglu);
     RUN(test_attention);
     RUN(test_attention_one_wg);
     RUN(test_attention_mma);
