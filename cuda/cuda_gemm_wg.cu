@@ -10,27 +10,37 @@
 // + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
 // group, tiles go in bands of GG_BAND column tiles, row tile by row tile, so that the CTAs working
 // at one time share a few A row panels and B column panels in L2.
-// Three warpgroups (setmaxnreg 40 / 232, as CUTLASS's warp-specialised kernels):
-//   producer   one thread streams 64-wide K slices of the A tile (128 × 64) and the B tile
-//              (256 × 64) by TMA (128-byte swizzle: wgmma.cuh's SW128 tiles) into GG_ST stages,
-//              each with a "full" mbarrier (bytes landed) and an "empty" one (8 consumer warps).
-//   consumers  warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns: per stage four
-//              wgmma m64n256k16 (both operands in shared memory, K-major), committed as one group;
-//              once the next stage's group is issued the previous one is waited for and its stage
-//              released. After the last K slice: fp32 → bf16, staged in shared memory
-//              128 columns at a time and stored in 16-byte chunks (rows past the group's end are
-//              not stored); the producer meanwhile fills the stages for the next tile.
-// Shared memory: 4 stages × 48 KB + 2 × 16 KB of epilogue staging + barriers: 225 KB, one CTA per SM.
+// Three warpgroups (168 registers a thread for all: the consumers need no more, so no setmaxnreg):
+//   consumers  (warps 0-7) warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns:
+//              per stage four wgmma m64n256k16 (both operands in shared memory, K-major),
+//              committed as one group; once the next stage's group is issued the previous one is
+//              waited for and its stage released. After the last K slice the accumulators go to
+//              the staging tile in shared memory as bf16 (128 × 256, 64 KB), and the consumers
+//              start the next tile's products at once.
+//   producer   (warp 8, one thread) streams 64-wide K slices of the A tile (128 × 64) and the B
+//              tile (256 × 64) by TMA (128-byte swizzle: wgmma.cuh's SW128 tiles) into GG_ST
+//              stages, each with a "full" mbarrier (bytes landed) and an "empty" one (8 consumer
+//              warps). With the SwiGLU epilogue the B tile is two boxes: gate rows f0.. and up
+//              rows F + f0.. of the expert's w13, so that a thread's accumulators hold gate and up
+//              of the same (row, f).
+//   epilogue   (warps 9-11) store the staged tile in 16-byte chunks (rows past the group's end
+//              are not stored) — with SwiGLU gate and up to gu and silu(gate)·up·scale to h —
+//              while the consumers compute the next tile; "staged" / "drained" mbarriers hand the
+//              staging tile back and forth.
+// So the tensor cores wait only for the staging writes between tiles, not for the global stores
+// or the SwiGLU. Shared memory: 3 stages × 48 KB + the 64 KB staging tile + barriers: 209 KB, one
+// CTA per SM.
 #include <string.h>
 
 #include "tma.cuh"
 
-enum { GG_BM = 128, GG_BN = 256, GG_BK = 64, GG_ST = 4, GG_THREADS = 384, GG_MAXG = 64, GG_BAND = 8 };
+enum { GG_BM = 128, GG_BN = 256, GG_BK = 64, GG_ST = 3, GG_THREADS = 384, GG_MAXG = 64, GG_BAND = 8 };
+enum { GG_EPI_WARPS = 3 };                 // warps 9..11
 #define GG_A_BYTES (GG_BM * GG_BK * 2u)
 #define GG_B_BYTES (GG_BN * GG_BK * 2u)
 #define GG_STAGE (GG_A_BYTES + GG_B_BYTES)
-#define GG_EPI (64u * 128u * 2u)  // a consumer warpgroup's epilogue staging: 64 rows × 128 columns
-#define GG_SMEM (GG_ST * GG_STAGE + 2u * GG_EPI + 1024u + 16u * GG_ST)
+#define GG_EPI (GG_BM * GG_BN * 2u)        // the staging tile, bf16, rows of 512 bytes
+#define GG_SMEM (GG_ST * GG_STAGE + GG_EPI + 1024u + 8u * (2 * GG_ST + 2))
 
 struct GGTiles {
     int nt, kb, tiles;          // column tiles, K slices (K / 64), tiles over all groups
@@ -55,87 +65,55 @@ __device__ __forceinline__ void gg_tile(const GGTiles& p, int t, int& g, int& ro
     row_end = p.row_off[g + 1];
 }
 
-// The epilogue of one consumer warpgroup, 128 columns of its 64 rows at a time: pk[2jj] holds
-// the bf16 pair of row rl = 16w + gq at columns 8jj + 2c4 (+1), pk[2jj + 1] that of row rl + 8
-// (the accumulator layout of wgmma.cuh). Stored into C (row stride ldc) from row r0, column c0
-// (rows from row_end on are not stored) through the warpgroup's staging buffer es in shared
-// memory, so that the global stores are whole 16-byte chunks, 256 bytes a row per 16 lanes. In
-// the buffer, row r's chunk j sits at position j ^ (r % 8): the writes (8 rows × 4 words per
-// warp) and the reads (2 rows per warp) are free of bank conflicts.
-__device__ __forceinline__ void gg_store(bf16* C, int ldc, const uint32_t* pk, uint32_t es, int wg, int r0,
-                                         int row_end, int c0) {
-    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, gq = lane >> 2, c4 = lane & 3;
-    const int rl = 16 * w + gq;  // and rl + 8; (rl + 8) % 8 == rl % 8 == gq
-    nbar_sync<128>(1 + wg);     // the buffer's previous reads are done
-#pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-        const uint32_t o = (uint32_t)(((jj ^ gq) << 4) + 4 * c4);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(es + rl * 256 + o), "r"(pk[2 * jj]));
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(es + (rl + 8) * 256 + o), "r"(pk[2 * jj + 1]));
-    }
-    nbar_sync<128>(1 + wg);
-    const int t = threadIdx.x & 127;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int q = i * 128 + t, row = q >> 4, ch = q & 15;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(es + row * 256 + ((ch ^ (row & 7)) << 4)));
-        if (r0 + row < row_end) *(uint4*)(C + (size_t)(r0 + row) * ldc + c0 + 8 * ch) = v;
-    }
+// The staging tile: row r (0..127) is 512 bytes, its 16-byte chunk j (columns 8j..8j+7) at
+// position j ^ (r % 8). A warp's accumulator writes (8 rows × 4 words) and the epilogue's chunk
+// reads (one row) are then free of bank conflicts.
+__device__ __forceinline__ uint32_t gg_stage_off(int r, int j) { return (uint32_t)(r * 512 + ((j ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ uint4 lds16(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
 }
 
-// Accumulator columns 128h..128h+127 as bf16 pairs for gg_store.
-__device__ __forceinline__ void gg_pack(uint32_t* pk, const float* d, int h) {
+// silu(gate)·up·scale of 8 bf16 pairs (gate and up as stored in gu), the arithmetic of
+// cuda_moe.cu's swiglu kernels, so that h has the bits swiglu_fwd would give on this gu.
+__device__ __forceinline__ uint4 gg_swiglu8(uint4 g4, uint4 u4, float s, int scaled) {
+    float g[8], u[8], v[8];
+    unpack8(g, g4);
+    unpack8(u, u4);
 #pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-        const int j = 16 * h + jj;
-        pk[2 * jj] = pack_bf16(d[4 * j], d[4 * j + 1]);
-        pk[2 * jj + 1] = pack_bf16(d[4 * j + 2], d[4 * j + 3]);
+    for (int e = 0; e < 8; e++) {
+        v[e] = silu_f(g[e]) * u[e];
+        if (scaled) v[e] *= s;
     }
+    return pack8(v);
 }
 
-// SwiGLU of the tile (columns 0..127 gate, 128..255 up): h = silu(gate)·up·scale from the
-// bf16-rounded gate and up, the arithmetic of cuda_moe.cu's k_swiglu_fwd (so the bits are those
-// of swiglu_fwd on the stored gu). s0, s1: the scales of rows rl and rl + 8 (1 without).
-__device__ __forceinline__ void gg_pack_swiglu(uint32_t* pk, const float* d, float s0, float s1, int scaled) {
-#pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float g = __bfloat162float(__float2bfloat16_rn(d[4 * jj + e]));
-            const float u = __bfloat162float(__float2bfloat16_rn(d[4 * (jj + 16) + e]));
-            v[e] = silu_f(g) * u;
-            if (scaled) v[e] *= e < 2 ? s0 : s1;
-        }
-        pk[2 * jj] = pack_bf16(v[0], v[1]);
-        pk[2 * jj + 1] = pack_bf16(v[2], v[3]);
-    }
-}
-
-// SW = 0: C = A·B_gᵀ. SW = 1: B_g's gate rows [f0, f0 + 128) and up rows [F + f0, ...) as one
-// 256-row tile; C = gu [R, 2F] gets both, Hout = h [R, F] the SwiGLU.
+// SW = 0: C = A·B_gᵀ. SW = 1: the 256 B rows of a tile are gate rows [f0, f0 + 128) and up rows
+// [F + f0, ...); C = gu [R, 2F] gets both, Hout = h [R, F] the SwiGLU.
 template <int SW>
 __global__ void __launch_bounds__(GG_THREADS, 1)
     k_gemm_grouped_wg(bf16* C, bf16* Hout, const __grid_constant__ CUtensorMap ma,
                       const __grid_constant__ CUtensorMap mb, const __grid_constant__ GGTiles p) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
-    const uint32_t epi = base + GG_ST * GG_STAGE;  // 2 × GG_EPI
-    const uint32_t full = epi + 2 * GG_EPI, empty = full + 8 * GG_ST;  // mbarriers, 8 bytes each
+    const uint32_t epi = base + GG_ST * GG_STAGE;  // the staging tile
+    // mbarriers, 8 bytes each: full[GG_ST], empty[GG_ST], staged, drained
+    const uint32_t full = epi + GG_EPI, empty = full + 8 * GG_ST, staged = empty + 8 * GG_ST, drained = staged + 8;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     if (tid == 0) {
         for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
+        mbar_init(staged, 8);
+        mbar_init(drained, GG_EPI_WARPS);
         mbar_init_fence();
     }
     __syncthreads();
 
-    if (warp >= 8) {  // ---- producer warpgroup
-        reg_dealloc<40>();
-        if (warp == 8 && lane == 0) {
+    if (warp >= 8) {
+        if (warp == 8) {  // ---- producer
+            if (lane != 0) return;
             uint32_t it = 0;  // K slices loaded so far (over all tiles): stage it % GG_ST, use it / GG_ST
             for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
                 int g, row0, row_end, col0;
@@ -153,17 +131,43 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                     }
                 }
             }
+            return;
+        }
+        // ---- epilogue warps: e = 0..95 over the staged tile's 16-byte chunks
+        const int e = tid - 9 * 32;
+        uint32_t n = 0;  // tiles drained so far
+        for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, n++) {
+            int g, row0, row_end, col0;
+            gg_tile(p, t, g, row0, row_end, col0);
+            const int rows = min(GG_BM, row_end - row0);
+            mbar_wait(staged, n & 1);
+            if (SW) {  // 16 gate chunks and 16 up chunks a row: (gate, up, h) per item
+                for (int q = e; q < rows * 16; q += GG_EPI_WARPS * 32) {
+                    const int r = q >> 4, j = q & 15;
+                    const uint4 g4 = lds16(epi + gg_stage_off(r, j)), u4 = lds16(epi + gg_stage_off(r, j + 16));
+                    bf16* gu = C + (size_t)(row0 + r) * p.ldc + col0 + 8 * j;
+                    *(uint4*)gu = g4;
+                    *(uint4*)(gu + p.F) = u4;
+                    const float s = p.scale ? p.scale[row0 + r] : 1.f;
+                    *(uint4*)(Hout + (size_t)(row0 + r) * p.ldh + col0 + 8 * j) = gg_swiglu8(g4, u4, s, p.scale != NULL);
+                }
+            } else {
+                for (int q = e; q < rows * 32; q += GG_EPI_WARPS * 32) {
+                    const int r = q >> 5, j = q & 31;
+                    *(uint4*)(C + (size_t)(row0 + r) * p.ldc + col0 + 8 * j) = lds16(epi + gg_stage_off(r, j));
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(drained);
         }
         return;
     }
     // ---- consumers
-    reg_alloc<232>();
-    const int wg = warp >> 2;
+    const int wg = warp >> 2, gq = lane >> 2, c4 = lane & 3;
+    const int rl = 64 * wg + 16 * (warp & 3) + gq;  // this thread's tile rows: rl, rl + 8
     float d[128];
-    uint32_t it = 0;
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        int g, row0, row_end, col0;
-        gg_tile(p, t, g, row0, row_end, col0);
+    uint32_t it = 0, n = 0;
+    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, n++) {
         for (int kb = 0; kb < p.kb; kb++, it++) {
             const uint32_t s = it % GG_ST, As = base + s * GG_STAGE, Bs = As + GG_A_BYTES;
             mbar_wait(full + 8 * s, (it / GG_ST) & 1);
@@ -183,20 +187,17 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
         wg_reg_fence<128>(d);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
-        const uint32_t es = epi + wg * GG_EPI;
-        const int r0 = row0 + 64 * wg;
-        uint32_t pk[32];
-        gg_pack(pk, d, 0);
-        gg_store(C, p.ldc, pk, es, wg, r0, row_end, col0);
-        gg_pack(pk, d, 1);
-        gg_store(C, p.ldc, pk, es, wg, r0, row_end, col0 + (SW ? p.F : 128));
-        if (SW) {
-            const int rl = r0 + 16 * (warp & 3) + (lane >> 2);
-            const float s0 = p.scale && rl < row_end ? p.scale[rl] : 1.f;
-            const float s1 = p.scale && rl + 8 < row_end ? p.scale[rl + 8] : 1.f;
-            gg_pack_swiglu(pk, d, s0, s1, p.scale != NULL);
-            gg_store(Hout, p.ldh, pk, es, wg, r0, row_end, col0);
+        // d[4j + 0..1]: row rl, columns 8j + 2c4 (+1); d[4j + 2..3]: row rl + 8 (wgmma.cuh)
+        if (n > 0) mbar_wait(drained, (n - 1) & 1);  // the epilogue warps are done with the last tile
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl, j) + 4 * c4),
+                         "r"(pack_bf16(d[4 * j], d[4 * j + 1])));
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl + 8, j) + 4 * c4),
+                         "r"(pack_bf16(d[4 * j + 2], d[4 * j + 3])));
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(staged);
     }
 }
 
