@@ -70,7 +70,8 @@ struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
-    int grouped_wg;      // MOETRAIN_GEMM_GROUPED=wg: gemm_grouped through cuda_gemm_wg.cu where it fits
+    int grouped_wg;      // MOETRAIN_GEMM_GROUPED: 0 cublas, 1 swiglu (gemm_grouped_swiglu through
+                         // cuda_gemm_wg.cu where it fits), 2 wg (gemm_grouped too)
 };
 
 static int env_flag(const char* name, int dflt) {
@@ -85,8 +86,9 @@ struct GemmCache* gemm_cache_create(void) {
     g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     const char* e = getenv("MOETRAIN_GEMM_GROUPED");
-    CHECK(!e || !e[0] || !strcmp(e, "cublas") || !strcmp(e, "wg"), "MOETRAIN_GEMM_GROUPED=%s: expected cublas or wg", e);
-    g->grouped_wg = e && !strcmp(e, "wg");
+    CHECK(!e || !e[0] || !strcmp(e, "cublas") || !strcmp(e, "swiglu") || !strcmp(e, "wg"),
+          "MOETRAIN_GEMM_GROUPED=%s: expected cublas, swiglu or wg", e);
+    g->grouped_wg = !e ? 0 : !strcmp(e, "wg") ? 2 : !strcmp(e, "swiglu") ? 1 : 0;
     return g;
 }
 
@@ -322,10 +324,11 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
     gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
 }
 
-// Tests and the bench: which grouped GEMM runs (1: cuda_gemm_wg.cu where it fits); returns the previous.
-extern "C" int cuda_gemm_grouped_use_wg(Backend* be, int on) {
+// Tests and the bench: which grouped GEMMs run on cuda_gemm_wg.cu's kernel where it fits (0 none,
+// 1 gemm_grouped_swiglu, 2 both: MOETRAIN_GEMM_GROUPED's values); returns the previous setting.
+extern "C" int cuda_gemm_grouped_use_wg(Backend* be, int mode) {
     const int was = CI(be)->gemm->grouped_wg;
-    CI(be)->gemm->grouped_wg = on;
+    CI(be)->gemm->grouped_wg = mode;
     return was;
 }
 
@@ -335,7 +338,7 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
     CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
-    if (CI(be)->gemm->grouped_wg && cuda_gemm_grouped_wg(be, d, g, A, B, C)) return;
+    if (CI(be)->gemm->grouped_wg == 2 && cuda_gemm_grouped_wg(be, d, g, A, B, C)) return;
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
@@ -350,7 +353,7 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     }
 }
 
-// The w13 GEMM and the SwiGLU: with MOETRAIN_GEMM_GROUPED=wg one launch of the grouped kernel with
+// The w13 GEMM and the SwiGLU: with MOETRAIN_GEMM_GROUPED=swiglu or wg one launch of the grouped kernel with
 // the SwiGLU in its epilogue where it takes the shape, else cuBLASLt's GEMMs then swiglu_fwd.
 void cuda_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
                               void* gu, void* h, const float* scale) {

@@ -159,7 +159,7 @@ static void test_gemm_grouped_wg(void) {
             if (via == 0) {
                 EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg G=%d N=%d K=%d: shape refused", G, N, K);
             } else {
-                const int was = cuda_gemm_grouped_use_wg(be, 1);
+                const int was = cuda_gemm_grouped_use_wg(be, 2);
                 be->gemm_grouped(be, &d, &gd, dA, dB, dC);
                 cuda_gemm_grouped_use_wg(be, was);
             }
@@ -215,7 +215,7 @@ static void test_gemm_grouped_swiglu(void) {
                 EXPECT(cuda_gemm_grouped_swiglu_wg(be, &d, &gd, dA, dB, dgu, dh, dsc),
                        "gemm_grouped_swiglu_wg G=%d F=%d K=%d: shape refused", G, F, K);
             } else {
-                const int was = cuda_gemm_grouped_use_wg(be, via == 1);
+                const int was = cuda_gemm_grouped_use_wg(be, via == 1 ? 1 : 0);
                 be->gemm_grouped_swiglu(be, &d, &gd, dA, dB, dgu, dh, dsc);
                 cuda_gemm_grouped_use_wg(be, was);
             }
@@ -492,7 +492,7 @@ static void bench_gg(void) {
             const double tf = 2.0 * R * (double)c.N * c.K / 1e12;
             for (int round = 0; round < 2; round++)
                 for (int wg = 0; wg < 2; wg++) {
-                    cuda_gemm_grouped_use_wg(be, wg);
+                    cuda_gemm_grouped_use_wg(be, 2 * wg);
                     const double ms = time_ms(be, b_grouped, &c, 10);
                     printf("gg %-8s %-5s rows %s  %-7s %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even",
                            "65536", wg ? "wg" : "cublas", ms, tf / ms * 1e3);
@@ -500,7 +500,7 @@ static void bench_gg(void) {
             cuda_gemm_grouped_use_wg(be, 0);
             b_grouped(&c);
             c.C = C2;
-            cuda_gemm_grouped_use_wg(be, 1);
+            cuda_gemm_grouped_use_wg(be, 2);
             b_grouped(&c);
             cuda_gemm_grouped_use_wg(be, 0);
             const size_t n = (size_t)1 << 22, last = (size_t)R * c.N - n;  // the first and last 4M values
