@@ -3,36 +3,37 @@
 // A packed [R, K] (group g's rows off[g]..off[g+1]), B_g = B + g·b_stride as [N, K] (the expert
 // weight, K-major: the forward's x·w13ᵀ and h·w2ᵀ), C packed [R, N], bf16 in and out, fp32 sums.
 // It is the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is"); on its
-// own it does what cuBLASLt does. Shapes it does not take (gg_run) go to cuBLASLt.
+// own it does what cuBLASLt does. MOETRAIN_GEMM_GROUPED=swiglu (the fused w13 only) or wg (every
+// forward expert GEMM) selects it; cublas, the default, keeps cuBLASLt. Shapes it does not take
+// (gg_run) go to cuBLASLt either way. Measured on the H200 (docs/performance.md, session 9): at
+// parity with cuBLASLt where K is long (w2: K = 14,336), 7-15% behind at K = 4,096 (w13), and the
+// SwiGLU epilogue breaks even in the step; a two-CTA cluster version with B multicast (commit
+// deaa840) was correct and 25% slower, so it is not this one.
 //
-// Tiles of 128 rows × 256 columns, in pairs: a cluster of two CTAs (one per SM) takes two row
-// tiles of one group and one column tile, and each CTA loads its own A tile and half of the B
-// tile, multicast by TMA into both CTAs' shared memory — B is read from L2 once per pair, a third
-// less L2 traffic than single CTAs. Persistent: cluster c walks tile pairs c, c + clusters, ...
-// over every group (no expert leaves a partial last wave of its own); within a group pairs go in
-// bands of GG_BAND column tiles, row pair by row pair, so that the CTAs working at one time share a
-// few A row panels and B column panels in L2. MOETRAIN_GEMM_GROUPED=swiglu (the fused w13 only) or
-// wg (every forward expert GEMM) selects it; cublas, the default, keeps cuBLASLt.
+// Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
+// + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
+// group, tiles go in bands of GG_BAND column tiles, row tile by row tile, so that the CTAs working
+// at one time share a few A row panels and B column panels in L2.
 // Three warpgroups (168 registers a thread for all: the consumers need no more, so no setmaxnreg):
 //   consumers  (warps 0-7) warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns:
 //              per stage four wgmma m64n256k16 (both operands in shared memory, K-major),
 //              committed as one group; once the next stage's group is issued the previous one is
-//              waited for and its stage released — to both CTAs' producers, since the peer wrote
-//              half of it. After the last K slice the accumulators go to the staging tile in
-//              shared memory as bf16 (128 × 256, 64 KB), and the consumers start the next tile's
-//              products at once.
-//   producer   (warp 8, one thread) streams 64-wide K slices of the A tile (128 × 64) and its half
-//              of the B tile (128 × 64, multicast) by TMA (128-byte swizzle: wgmma.cuh's SW128
-//              tiles) into GG_ST stages, each with a "full" mbarrier (bytes landed: 48 KB) and an
-//              "empty" one (the 16 consumer warps of the pair). With the SwiGLU epilogue rank 0
-//              loads the gate rows f0.. of the expert's w13 and rank 1 the up rows F + f0.., so
-//              that a thread's accumulators hold gate and up of the same (row, f).
+//              waited for and its stage released. After the last K slice the accumulators go to
+//              the staging tile in shared memory as bf16 (128 × 256, 64 KB), and the consumers
+//              start the next tile's products at once.
+//   producer   (warp 8, one thread) streams 64-wide K slices of the A tile (128 × 64) and the B
+//              tile (256 × 64) by TMA (128-byte swizzle: wgmma.cuh's SW128 tiles) into GG_ST
+//              stages, each with a "full" mbarrier (bytes landed) and an "empty" one (8 consumer
+//              warps). With the SwiGLU epilogue the B tile is two boxes: gate rows f0.. and up
+//              rows F + f0.. of the expert's w13, so that a thread's accumulators hold gate and up
+//              of the same (row, f).
 //   epilogue   (warps 9-11) store the staged tile in 16-byte chunks (rows past the group's end
 //              are not stored) — with SwiGLU gate and up to gu and silu(gate)·up·scale to h —
 //              while the consumers compute the next tile; "staged" / "drained" mbarriers hand the
 //              staging tile back and forth.
 // So the tensor cores wait only for the staging writes between tiles, not for the global stores
-// or the SwiGLU. Shared memory: 3 stages × 48 KB + the 64 KB staging tile + barriers: 209 KB.
+// or the SwiGLU. Shared memory: 3 stages × 48 KB + the 64 KB staging tile + barriers: 209 KB, one
+// CTA per SM.
 #include <string.h>
 
 #include "tma.cuh"
@@ -55,69 +56,17 @@ struct GGTiles {
     int tile_off[GG_MAXG + 1];  // group g: tiles [tile_off[g], tile_off[g + 1])
 };
 
-// Tile pair t (two row tiles, one column tile, of one group), the CTA of cluster rank `rank`
-// takes row tile 2·mp + rank: its group, first row, the group's row end, first column. When the
-// group has an odd number of row tiles, rank 1's last tile lies past the group's rows: it takes
-// part in the loads and products (its peer needs its half of B) and stores nothing.
-__device__ __forceinline__ void gg_tile(const GGTiles& p, int t, int rank, int& g, int& row0, int& row_end,
-                                        int& col0) {
+// Tile t: its group, first row, the group's row end, first column.
+__device__ __forceinline__ void gg_tile(const GGTiles& p, int t, int& g, int& row0, int& row_end, int& col0) {
     g = 0;
     while (t >= p.tile_off[g + 1]) g++;
     const int i = t - p.tile_off[g];
-    const int mt2 = (p.row_off[g + 1] - p.row_off[g] + 2 * GG_BM - 1) / (2 * GG_BM);  // row tile pairs
-    const int band = i / (mt2 * GG_BAND), j = i - band * mt2 * GG_BAND;
+    const int mt = (p.row_off[g + 1] - p.row_off[g] + GG_BM - 1) / GG_BM;
+    const int band = i / (mt * GG_BAND), j = i - band * mt * GG_BAND;
     const int w = min((int)GG_BAND, p.nt - band * GG_BAND);
-    row0 = p.row_off[g] + (2 * (j / w) + rank) * GG_BM;
+    row0 = p.row_off[g] + (j / w) * GG_BM;
     col0 = (band * GG_BAND + j % w) * p.cw;
     row_end = p.row_off[g + 1];
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Every thread of both CTAs (not necessarily converged): the release/acquire orders what came before.
-__device__ __forceinline__ void cluster_sync_all() {
-#if WG_DEVICE
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-// Arrive on the mbarrier at the same shared offset in the cluster's CTA `cta`.
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t cta) {
-#if WG_DEVICE
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n"
-                 ::"r"(bar), "r"(cta) : "memory");
-#endif
-}
-// mbar_wait at cluster scope (arrivals from the peer CTA), with the same give-up as tma.cuh's.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#if WG_DEVICE
-    uint32_t done = 0;
-    for (long n = 0;; n++) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-        if (done) return;
-        if (n > (1l << 26)) {
-            g_tma_stalled = 1;
-            return;
-        }
-    }
-#endif
-}
-// A 3-d TMA box multicast to the same shared offset (and mbarrier) in every CTA of the mask.
-__device__ __forceinline__ void tma_load3_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar,
-                                             uint16_t mask) {
-#if WG_DEVICE
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-        "%3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-        : "memory");
-#endif
 }
 
 // The staging tile: row r (0..127) is 512 bytes, its 16-byte chunk j (columns 8j..8j+7) at
@@ -145,54 +94,6 @@ __device__ __forceinline__ uint4 gg_swiglu8(uint4 g4, uint4 u4, float s, int sca
     return pack8(v);
 }
 
-// The consumer warps' part of k_gemm_grouped_wg (warps 0-7).
-__device__ __forceinline__ void gg_consume(const GGTiles& p, uint32_t base, uint32_t epi, uint32_t full, uint32_t empty,
-                                           uint32_t staged, uint32_t drained, int warp, int lane, int t0, int dt,
-                                           uint32_t peer) {
-    const int wg = warp >> 2, gq = lane >> 2, c4 = lane & 3;
-    const int rl = 64 * wg + 16 * (warp & 3) + gq;  // this thread's tile rows: rl, rl + 8
-    float d[128];
-    uint32_t it = 0, n = 0;
-    for (int t = t0; t < p.tiles; t += dt, n++) {
-        for (int kb = 0; kb < p.kb; kb++, it++) {
-            const uint32_t s = it % GG_ST, As = base + s * GG_STAGE, Bs = As + GG_A_BYTES;
-            mbar_wait(full + 8 * s, (it / GG_ST) & 1);
-            wg_arrive();
-#pragma unroll
-            for (int kk = 0; kk < GG_BK / 16; kk++)
-                wg_ss<256>(d, wg_desc_k(As, GG_BM, 64 * wg, kk), wg_desc_k(Bs, GG_BN, 0, kk), kb | kk);
-            wg_commit();
-            wg_wait<1>();  // the previous slice's products are done: its stage is free
-            wg_reg_fence<128>(d);
-            if (kb > 0) {
-                __syncwarp();
-                if (lane == 0) {
-                    mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
-                    mbar_arrive_remote(empty + 8 * ((it - 1) % GG_ST), peer);
-                }
-            }
-        }
-        wg_wait<0>();
-        wg_reg_fence<128>(d);
-        __syncwarp();
-        if (lane == 0) {
-            mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
-            mbar_arrive_remote(empty + 8 * ((it - 1) % GG_ST), peer);
-        }
-        // d[4j + 0..1]: row rl, columns 8j + 2c4 (+1); d[4j + 2..3]: row rl + 8 (wgmma.cuh)
-        if (n > 0) mbar_wait(drained, (n - 1) & 1);  // the epilogue warps are done with the last tile
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl, j) + 4 * c4),
-                         "r"(pack_bf16(d[4 * j], d[4 * j + 1])));
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl + 8, j) + 4 * c4),
-                         "r"(pack_bf16(d[4 * j + 2], d[4 * j + 3])));
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(staged);
-    }
-}
-
 // SW = 0: C = A·B_gᵀ. SW = 1: the 256 B rows of a tile are gate rows [f0, f0 + 128) and up rows
 // [F + f0, ...); C = gu [R, 2F] gets both, Hout = h [R, F] the SwiGLU.
 template <int SW>
@@ -206,43 +107,42 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     const uint32_t full = epi + GG_EPI, empty = full + 8 * GG_ST, staged = empty + 8 * GG_ST, drained = staged + 8;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
-    const int t0 = blockIdx.x >> 1, dt = gridDim.x >> 1;  // this cluster's first tile pair, the stride
     if (tid == 0) {
-        // empty: the 8 consumer warps of both CTAs (a stage holds B rows the peer loaded)
-        for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 16);
+        for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
         mbar_init(staged, 8);
         mbar_init(drained, GG_EPI_WARPS);
         mbar_init_fence();
     }
-    cluster_sync_all();  // both CTAs' barriers exist before any multicast or remote arrival
+    __syncthreads();
 
-    if (warp == 8) {  // ---- producer
-        if (lane == 0) {
+    if (warp >= 8) {
+        if (warp == 8) {  // ---- producer
+            if (lane != 0) return;
             uint32_t it = 0;  // K slices loaded so far (over all tiles): stage it % GG_ST, use it / GG_ST
-            for (int t = t0; t < p.tiles; t += dt) {
+            for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
                 int g, row0, row_end, col0;
-                gg_tile(p, t, (int)rank, g, row0, row_end, col0);
-                // this CTA's half of the B tile: rows 128·rank.. (SwiGLU: rank 0 the gate rows f0..,
-                // rank 1 the up rows F + f0..), multicast to both CTAs
-                const int brow = SW ? (int)rank * p.F + col0 : col0 + (int)rank * (GG_BN / 2);
+                gg_tile(p, t, g, row0, row_end, col0);
                 for (int kb = 0; kb < p.kb; kb++, it++) {
                     const uint32_t s = it % GG_ST, st = base + s * GG_STAGE;
-                    if (it >= GG_ST) mbar_wait_cluster(empty + 8 * s, ((it / GG_ST) - 1) & 1);
+                    if (it >= GG_ST) mbar_wait(empty + 8 * s, ((it / GG_ST) - 1) & 1);
                     mbar_expect_tx(full + 8 * s, GG_STAGE);
                     tma_load3(st, &ma, kb * GG_BK, row0, 0, full + 8 * s);
-                    tma_load3_mc(st + GG_A_BYTES + rank * (GG_B_BYTES / 2), &mb, kb * GG_BK, brow, g, full + 8 * s,
-                                 (uint16_t)3);
+                    if (SW) {
+                        tma_load3(st + GG_A_BYTES, &mb, kb * GG_BK, col0, g, full + 8 * s);
+                        tma_load3(st + GG_A_BYTES + GG_B_BYTES / 2, &mb, kb * GG_BK, p.F + col0, g, full + 8 * s);
+                    } else {
+                        tma_load3(st + GG_A_BYTES, &mb, kb * GG_BK, col0, g, full + 8 * s);
+                    }
                 }
             }
+            return;
         }
-    } else if (warp > 8) {
         // ---- epilogue warps: e = 0..95 over the staged tile's 16-byte chunks
         const int e = tid - 9 * 32;
         uint32_t n = 0;  // tiles drained so far
-        for (int t = t0; t < p.tiles; t += dt, n++) {
+        for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, n++) {
             int g, row0, row_end, col0;
-            gg_tile(p, t, (int)rank, g, row0, row_end, col0);
+            gg_tile(p, t, g, row0, row_end, col0);
             const int rows = min(GG_BM, row_end - row0);
             mbar_wait(staged, n & 1);
             if (SW) {  // 16 gate chunks and 16 up chunks a row: (gate, up, h) per item
@@ -264,11 +164,45 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(drained);
         }
-    } else {
-        gg_consume(p, base, epi, full, empty, staged, drained, warp, lane, t0, dt, peer);
+        return;
     }
-    __syncwarp();
-    cluster_sync_all();  // neither CTA leaves while the other may still write to it or arrive on its barriers
+    // ---- consumers
+    const int wg = warp >> 2, gq = lane >> 2, c4 = lane & 3;
+    const int rl = 64 * wg + 16 * (warp & 3) + gq;  // this thread's tile rows: rl, rl + 8
+    float d[128];
+    uint32_t it = 0, n = 0;
+    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, n++) {
+        for (int kb = 0; kb < p.kb; kb++, it++) {
+            const uint32_t s = it % GG_ST, As = base + s * GG_STAGE, Bs = As + GG_A_BYTES;
+            mbar_wait(full + 8 * s, (it / GG_ST) & 1);
+            wg_arrive();
+#pragma unroll
+            for (int kk = 0; kk < GG_BK / 16; kk++)
+                wg_ss<256>(d, wg_desc_k(As, GG_BM, 64 * wg, kk), wg_desc_k(Bs, GG_BN, 0, kk), kb | kk);
+            wg_commit();
+            wg_wait<1>();  // the previous slice's products are done: its stage is free
+            wg_reg_fence<128>(d);
+            if (kb > 0) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
+            }
+        }
+        wg_wait<0>();
+        wg_reg_fence<128>(d);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % GG_ST));
+        // d[4j + 0..1]: row rl, columns 8j + 2c4 (+1); d[4j + 2..3]: row rl + 8 (wgmma.cuh)
+        if (n > 0) mbar_wait(drained, (n - 1) & 1);  // the epilogue warps are done with the last tile
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl, j) + 4 * c4),
+                         "r"(pack_bf16(d[4 * j], d[4 * j + 1])));
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl + 8, j) + 4 * c4),
+                         "r"(pack_bf16(d[4 * j + 2], d[4 * j + 3])));
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(staged);
+    }
 }
 
 extern "C" int cuda_gemm_wg_stalled(void) { return tma_stalled_take(); }
@@ -297,7 +231,7 @@ static int gg_run(Backend* be, int sw, const GroupDesc* g, int N, int K, const v
         const int rows = g->host_off[i + 1] - g->host_off[i];
         CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, g->host_off[i], g->host_off[i + 1]);
         p.row_off[i] = g->host_off[i];
-        p.tile_off[i + 1] = p.tile_off[i] + (rows + 2 * GG_BM - 1) / (2 * GG_BM) * p.nt;  // tile pairs
+        p.tile_off[i + 1] = p.tile_off[i] + (rows + GG_BM - 1) / GG_BM * p.nt;
     }
     p.row_off[G] = g->host_off[G];
     for (int i = G + 1; i <= GG_MAXG; i++) p.row_off[i] = p.row_off[G], p.tile_off[i] = p.tile_off[G];
@@ -305,28 +239,16 @@ static int gg_run(Backend* be, int sw, const GroupDesc* g, int N, int K, const v
     if (p.tiles == 0) return 1;
     CUtensorMap ma, mb;
     if (!tma_map_rows(&ma, (const bf16*)A, p.row_off[G], K, (size_t)lda, 1, 0, GG_BM) ||
-        !tma_map_rows(&mb, (const bf16*)B, N, K, (size_t)ldb, G, g->b_stride, GG_BN / 2))
+        !tma_map_rows(&mb, (const bf16*)B, N, K, (size_t)ldb, G, g->b_stride, sw ? GG_BN / 2 : GG_BN))
         return 0;
+    static int attr_set[2];
     void (*k)(bf16*, bf16*, CUtensorMap, CUtensorMap, GGTiles) = sw ? k_gemm_grouped_wg<1> : k_gemm_grouped_wg<0>;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(GG_THREADS);
-    cfg.dynamicSmemBytes = GG_SMEM;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    static int clusters[2];  // pairs of CTAs that fit on the GPU at once (persistent: no more are launched)
-    if (!clusters[sw]) {
+    if (!attr_set[sw]) {
         CUDA_CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GG_SMEM));
-        cfg.gridDim = dim3(2 * (c->sms / 2));
-        CUDA_CK(cudaOccupancyMaxActiveClusters(&clusters[sw], k, &cfg));
-        if (clusters[sw] < 1) return 0;
+        attr_set[sw] = 1;
     }
-    cfg.gridDim = dim3(2 * (p.tiles < clusters[sw] ? p.tiles : clusters[sw]));
-    CUDA_CK(cudaLaunchKernelEx(&cfg, k, (bf16*)C, (bf16*)Hout, ma, mb, p));
+    const int grid = p.tiles < c->sms ? p.tiles : c->sms;
+    k<<<grid, GG_THREADS, GG_SMEM, c->stream>>>((bf16*)C, (bf16*)Hout, ma, mb, p);
     LAUNCH_CK(c);
     return 1;
 }
