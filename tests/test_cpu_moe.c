@@ -1,7 +1,7 @@
 // test_cpu_moe.c — the CPU MoE ops: router forward against a double softmax / top-k (ordering,
 // ties, NaN rows, statistics, z sum), router backward by finite differences through the
 // renormalised top-k, the aux and the z terms; the expert-major index; permute / unpermute
-// adjointness; SwiGLU with and without the routing scale. Method and tolerances: tests/cpu_fd.h.
+// adjointness; SwiGLU with and without the routing scale, and the fused w13 + SwiGLU op's contract. Method and tolerances: tests/cpu_fd.h.
 #include "cpu_fd.h"
 
 // ---- router forward ---------------------------------------------------------------------------
@@ -307,6 +307,24 @@ static void test_swiglu(void) {
     free(gu), free(sc), free(r), free(h);
 }
 
+// gemm_grouped_swiglu is, by its contract, gemm_grouped then swiglu_fwd over every group's rows
+// (N = 2F): the same bits as the two ops called apart, an empty group included.
+static void test_gemm_grouped_swiglu(void) {
+    enum { G = 3, F = 6, N = 2 * F, K = 5 };
+    const int off[G + 1] = {0, 4, 4, 9};
+    const int R = off[G];
+    float *A = rnd(R * K, 1), *B = rnd(G * N * K, 1), *sc = rnd(R, 1);
+    float *gu = fill(R * N, NAN), *h = fill(R * F, NAN), *gu2 = fill(R * N, NAN), *h2 = fill(R * F, NAN);
+    GemmDesc d = {.N = N, .K = K, .trans_b = 1, .alpha = 1};
+    GroupDesc g = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+    be->gemm_grouped_swiglu(be, &d, &g, A, B, gu, h, sc);
+    be->gemm_grouped(be, &d, &g, A, B, gu2);
+    be->swiglu_fwd(be, h2, gu2, sc, R, F);
+    EXPECT(memcmp(gu, gu2, sizeof(float) * R * N) == 0, "gemm_grouped_swiglu: gu differs from gemm_grouped's");
+    EXPECT(memcmp(h, h2, sizeof(float) * R * F) == 0, "gemm_grouped_swiglu: h differs from swiglu_fwd's");
+    free(A), free(B), free(sc), free(gu), free(h), free(gu2), free(h2);
+}
+
 int main(void) {
     be = cpu_backend_create();
     rng_seed(&rng, 4242);
@@ -316,6 +334,7 @@ int main(void) {
     RUN(test_moe_index);
     RUN(test_permute);
     RUN(test_swiglu);
+    RUN(test_gemm_grouped_swiglu);
     be->destroy(be);
     TEST_END();
 }
