@@ -71,16 +71,7 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap* map, 
         : "memory");
 #endif
 }
-// The same for 2-d and 3-d maps (the grouped GEMM's operands, cuda_gemm_wg.cu).
-__device__ __forceinline__ void tma_load2(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-#if WG_DEVICE
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-#endif
-}
+// The same for a 3-d map (the grouped GEMM's operands, cuda_gemm_wg.cu).
 __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
 #if WG_DEVICE
     asm volatile(
