@@ -206,7 +206,16 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
 }
 
 extern "C" int cuda_gemm_wg_stalled(void) { return tma_stalled_take(); }
-extern "C" int cuda_gemm_wg_available(Backend* be) { return cuda_wgmma_ok(CI(be)) && is_bf16(be); }
+// An sm_90a build on a compute-capability-9.0 GPU, bf16 (not tied to MOETRAIN_ATTN, unlike cuda_wgmma_ok).
+static int gg_ok(Backend* be) {
+#if defined(MOETRAIN_SM90A)
+    return CI(be)->cc_major == 9 && is_bf16(be);
+#else
+    (void)be;
+    return 0;
+#endif
+}
+extern "C" int cuda_gemm_wg_available(Backend* be) { return gg_ok(be); }
 
 // One launch over every group when the kernel takes the shape (returns 1), else 0 (nothing
 // launched). sw: the SwiGLU epilogue (N = 2F, Hout [R, F] with row stride ldh, scale or NULL).
@@ -214,7 +223,7 @@ static int gg_run(Backend* be, int sw, const GroupDesc* g, int N, int K, const v
                   int ldb, void* C, int ldc, void* Hout, int ldh, const float* scale) {
     CudaImpl* c = CI(be);
     const int G = g->groups, cw = sw ? 128 : GG_BN;
-    if (!cuda_wgmma_ok(c) || !is_bf16(be) || K <= 0 || K % GG_BK || N <= 0 || N % (sw ? 2 * cw : cw) || G < 1 ||
+    if (!gg_ok(be) || K <= 0 || K % GG_BK || N <= 0 || N % (sw ? 2 * cw : cw) || G < 1 ||
         G > GG_MAXG || lda % 8 || ldb % 8 || ldc % 8 || g->b_stride % 8 || (uintptr_t)A % 16 || (uintptr_t)B % 16 ||
         (uintptr_t)C % 16 || (sw && (ldh % 8 || (uintptr_t)Hout % 16)))
         return 0;
