@@ -131,7 +131,7 @@ static void test_gemm_grouped(void) {
 int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C);
 int cuda_gemm_wg_available(Backend* be);
 int cuda_gemm_wg_stalled(void);
-int cuda_gemm_grouped_use_wg(Backend* be, int on);
+int cuda_gemm_grouped_use_wg(Backend* be, int mode);  // 0 cuBLASLt, 1 the fused w13 op, 2 both grouped ops
 
 static void test_gemm_grouped_wg(void) {
     const Mode* m = &g_modes[1];
