@@ -8,7 +8,7 @@
 #
 # Steps:
 #   t:NAME one GPU test binary (t:test_cuda_ops)
-#   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings, _model,
+#   tests  every GPU test (test_cuda_wgmma, test_cuda_gemm_attn with its kernel timings, _gemm_wg, _model,
 #          _golden, _ops). If the
 #          attention test fails, every later step runs with MOETRAIN_ATTN=mma.
 #   ab:MBS:SET1,SET2,...   bench_8x7B_L2 at micro-batch MBS under each environment setting
@@ -26,7 +26,7 @@
 #          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log); NCU=0
 #          skips ncu, REF=0 the PyTorch reference
 #   gg     the grouped expert GEMM alone, cuBLASLt's per-expert calls against cuda_gemm_wg.cu's
-#          kernel (test_cuda_gemm_attn with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log
+#          kernel (test_cuda_gemm_wg with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
@@ -95,7 +95,7 @@ for step in $STEPS; do
     MOETRAIN_GPU_LONG=1 MOETRAIN_GPU_BENCH=1 timeout 200 build/tests/gpu/test_cuda_gemm_attn > $W/attn.log 2>&1; frc=$?
     say "test_cuda_gemm_attn rc=$frc"; grep -E "FAIL|passed|^attn_|^bench" $W/attn.log | head -30 | tee -a $L
     [ $frc -ne 0 ] && { export MOETRAIN_ATTN=mma; say "attention tests failed: the rest runs MOETRAIN_ATTN=mma"; }
-    for t in test_cuda_model test_cuda_golden test_cuda_ops test_cuda_optim; do
+    for t in test_cuda_gemm_wg test_cuda_model test_cuda_golden test_cuda_ops test_cuda_optim; do
       timeout 90 build/tests/gpu/$t > $LOGS/$t.log 2>&1; say "$t rc=$? $(tail -1 $LOGS/$t.log)"; grep FAIL $LOGS/$t.log | head -5 | tee -a $L
     done
     ;;
@@ -144,7 +144,7 @@ for step in $STEPS; do
     done
     grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" $W/ncu.log | head -60 | tee -a $L ;;
   gg)
-    MOETRAIN_GPU_BENCH=gg timeout 120 build/tests/gpu/test_cuda_gemm_attn > $LOGS/gg.log 2>&1
+    MOETRAIN_GPU_BENCH=gg timeout 120 build/tests/gpu/test_cuda_gemm_wg > $LOGS/gg.log 2>&1
     say "grouped GEMM bench rc=$?"; grep -E "^gg|FAIL|rror" $LOGS/gg.log | tee -a $L ;;
   san)
     [ "$(left)" -lt 60 ] && { say "skipped: too little time"; continue; }

@@ -172,6 +172,26 @@ static inline void record(const char* label, int bf16, double err, double tol) {
     g_rec[i].seen[bf16] = 1;
 }
 
+// ---- timings (MOETRAIN_GPU_BENCH modes: measurements, not tests) ------------------------------
+
+// Milliseconds per call of fn(ctx) over reps calls, after one warm-up call (plans, attributes, caches).
+static inline double time_ms(Backend* be, void (*fn)(void*), void* ctx, int reps) {
+    fn(ctx);
+    be->sync(be);
+    const double t0 = now_sec();
+    for (int i = 0; i < reps; i++) fn(ctx);
+    be->sync(be);
+    return (now_sec() - t0) * 1e3 / reps;
+}
+
+// A device buffer of n act (bf16) elements filled with random values: the nr values of r tiled.
+static inline void* rand_act(Backend* be, const float* r, size_t nr, size_t n) {
+    void* d = dev_alloc(be, 2 * n);
+    void* blk = up_act(be, r, nr);
+    for (size_t i = 0; i < n; i += nr) be->copy(be, (char*)d + 2 * i, blk, 2 * (n - i < nr ? n - i : nr));
+    return d;
+}
+
 // rel_l2(got, ref) ≤ tol; frees got.
 static inline void cmp(const Mode* m, const char* label, float* got, const float* ref, size_t n, double tol) {
     const double e = rel_l2(got, ref, n);
