@@ -1,14 +1,19 @@
 // cuda_gemm_wg.cu — the grouped expert GEMM as one Hopper kernel of our own (sm_90a), beside
-// cuda_gemm.cu's one cuBLASLt call per expert: C_g = A_g · B_gᵀ for every group g in one launch,
-// A packed [R, K] (group g's rows off[g]..off[g+1]), B_g = B + g·b_stride as [N, K] (the expert
-// weight, K-major: the forward's x·w13ᵀ and h·w2ᵀ), C packed [R, N], bf16 in and out, fp32 sums.
-// It is the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is"); on its
-// own it does what cuBLASLt does. MOETRAIN_GEMM_GROUPED=swiglu (the fused w13 only) or wg (every
-// forward expert GEMM) selects it; cublas, the default, keeps cuBLASLt. Shapes it does not take
-// (gg_run) go to cuBLASLt either way. Measured on the H200 (docs/performance.md, session 9): at
-// parity with cuBLASLt where K is long (w2: K = 14,336), 7-15% behind at K = 4,096 (w13), and the
-// SwiGLU epilogue breaks even in the step; a two-CTA cluster version with B multicast (commit
-// deaa840) was correct and 25% slower, so it is not this one.
+// cuda_gemm.cu's one cuBLASLt call per expert: C_g = A_g · op(B_g) for every group g in one
+// launch, A packed [R, K] (group g's rows off[g]..off[g+1]), C packed [R, N], bf16 in and out,
+// fp32 sums. B_g = B + g·b_stride is the expert weight in either layout:
+//   K-major  [N, K], C = A·B_gᵀ: the forward's x·w13ᵀ and h·w2ᵀ (TB = 0);
+//   MN-major [K, N], C = A·B_g:  the backward's data gradients dy·w2 and d(gate|up)·w13 (TB = 1),
+//            the layout cuBLASLt runs slowest (bwd.w13_dgrad at ~630 TFLOP/s where the forward
+//            w13, the same FLOPs, runs at ~720: docs/performance.md, session 10).
+// It is also the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is").
+// MOETRAIN_GEMM_GROUPED (cuda_gemm.cu) picks which expert GEMMs run here: swiglu (the fused
+// w13), fwd (the plain forward GEMMs), dgrad (the backward's), wg (all); cublas, the default,
+// keeps cuBLASLt. Shapes it does not take (gg_run) go to cuBLASLt either way. Measured on the
+// H200 (docs/performance.md, session 9): at parity with cuBLASLt where K is long (w2: K =
+// 14,336), 7-15% behind at K = 4,096 (w13), and the SwiGLU epilogue breaks even in the step; a
+// two-CTA cluster version with B multicast (commit deaa840) was correct and 25% slower, so it is
+// not this one.
 //
 // Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
 // + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
@@ -16,15 +21,18 @@
 // at one time share a few A row panels and B column panels in L2.
 // Three warpgroups (168 registers a thread for all: the consumers need no more, so no setmaxnreg):
 //   consumers  (warps 0-7) warpgroup wg owns rows 64wg..64wg+63 of the tile and all 256 columns:
-//              per stage four wgmma m64n256k16 (both operands in shared memory, K-major),
-//              committed as one group; once the next stage's group is issued the previous one is
-//              waited for and its stage released. After the last K slice the accumulators go to
-//              the staging tile in shared memory as bf16 (128 × 256, 64 KB), and the consumers
-//              start the next tile's products at once.
+//              per stage four wgmma m64n256k16 (both operands in shared memory; B K-major, or
+//              MN-major with the instruction's transpose-B flag), committed as one group; once
+//              the next stage's group is issued the previous one is waited for and its stage
+//              released. After the last K slice the accumulators go to the staging tile in shared
+//              memory as bf16 (128 × 256, 64 KB), and the consumers start the next tile's
+//              products at once.
 //   producer   (warp 8, one thread) streams 64-wide K slices of the A tile (128 × 64) and the B
 //              tile (256 × 64) by TMA (128-byte swizzle: wgmma.cuh's SW128 tiles) into GG_ST
 //              stages, each with a "full" mbarrier (bytes landed) and an "empty" one (8 consumer
-//              warps). With the SwiGLU epilogue the B tile is two boxes: gate rows f0.. and up
+//              warps). A K-major B tile is one box of 256 rows × 64 K; an MN-major one is four
+//              boxes of 64 K rows × 64 columns, the four 8 KB slabs of an SW128 tile of 64 rows.
+//              With the SwiGLU epilogue the B tile is two boxes: gate rows f0.. and up
 //              rows F + f0.. of the expert's w13, so that a thread's accumulators hold gate and up
 //              of the same (row, f).
 //   epilogue   (warps 9-11) store the staged tile in 16-byte chunks (rows past the group's end
@@ -94,9 +102,10 @@ __device__ __forceinline__ uint4 gg_swiglu8(uint4 g4, uint4 u4, float s, int sca
     return pack8(v);
 }
 
-// SW = 0: C = A·B_gᵀ. SW = 1: the 256 B rows of a tile are gate rows [f0, f0 + 128) and up rows
-// [F + f0, ...); C = gu [R, 2F] gets both, Hout = h [R, F] the SwiGLU.
-template <int SW>
+// SW = 0: C = A·op(B_g). SW = 1 (TB = 0 only): the 256 B rows of a tile are gate rows
+// [f0, f0 + 128) and up rows [F + f0, ...); C = gu [R, 2F] gets both, Hout = h [R, F] the SwiGLU.
+// TB = 0: B_g is [N, K] (C = A·B_gᵀ); TB = 1: B_g is [K, N] (C = A·B_g).
+template <int SW, int TB>
 __global__ void __launch_bounds__(GG_THREADS, 1)
     k_gemm_grouped_wg(bf16* C, bf16* Hout, const __grid_constant__ CUtensorMap ma,
                       const __grid_constant__ CUtensorMap mb, const __grid_constant__ GGTiles p) {
@@ -127,7 +136,12 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                     if (it >= GG_ST) mbar_wait(empty + 8 * s, ((it / GG_ST) - 1) & 1);
                     mbar_expect_tx(full + 8 * s, GG_STAGE);
                     tma_load3(st, &ma, kb * GG_BK, row0, 0, full + 8 * s);
-                    if (SW) {
+                    if (TB) {  // four slabs of 64 K rows × 64 columns
+#pragma unroll
+                        for (int j = 0; j < GG_BN / 64; j++)
+                            tma_load3(st + GG_A_BYTES + j * (GG_B_BYTES / 4), &mb, col0 + 64 * j, kb * GG_BK, g,
+                                      full + 8 * s);
+                    } else if (SW) {
                         tma_load3(st + GG_A_BYTES, &mb, kb * GG_BK, col0, g, full + 8 * s);
                         tma_load3(st + GG_A_BYTES + GG_B_BYTES / 2, &mb, kb * GG_BK, p.F + col0, g, full + 8 * s);
                     } else {
@@ -178,7 +192,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             wg_arrive();
 #pragma unroll
             for (int kk = 0; kk < GG_BK / 16; kk++)
-                wg_ss<256>(d, wg_desc_k(As, GG_BM, 64 * wg, kk), wg_desc_k(Bs, GG_BN, 0, kk), kb | kk);
+                wg_ss<256, 0, TB>(d, wg_desc_k(As, GG_BM, 64 * wg, kk),
+                                  TB ? wg_desc_mn(Bs, GG_BK, kk) : wg_desc_k(Bs, GG_BN, 0, kk), kb | kk);
             wg_commit();
             wg_wait<1>();  // the previous slice's products are done: its stage is free
             wg_reg_fence<128>(d);
@@ -218,12 +233,13 @@ static int gg_ok(Backend* be) {
 extern "C" int cuda_gemm_wg_available(Backend* be) { return gg_ok(be); }
 
 // One launch over every group when the kernel takes the shape (returns 1), else 0 (nothing
-// launched). sw: the SwiGLU epilogue (N = 2F, Hout [R, F] with row stride ldh, scale or NULL).
-static int gg_run(Backend* be, int sw, const GroupDesc* g, int N, int K, const void* A, int lda, const void* B,
-                  int ldb, void* C, int ldc, void* Hout, int ldh, const float* scale) {
+// launched). tb: B_g is [K, N] (C = A·B_g), else [N, K] (C = A·B_gᵀ). sw (tb = 0 only): the
+// SwiGLU epilogue (N = 2F, Hout [R, F] with row stride ldh, scale or NULL).
+static int gg_run(Backend* be, int sw, int tb, const GroupDesc* g, int N, int K, const void* A, int lda,
+                  const void* B, int ldb, void* C, int ldc, void* Hout, int ldh, const float* scale) {
     CudaImpl* c = CI(be);
     const int G = g->groups, cw = sw ? 128 : GG_BN;
-    if (!gg_ok(be) || K <= 0 || K % GG_BK || N <= 0 || N % (sw ? 2 * cw : cw) || G < 1 ||
+    if (!gg_ok(be) || (sw && tb) || K <= 0 || K % GG_BK || N <= 0 || N % (sw ? 2 * cw : cw) || G < 1 ||
         G > GG_MAXG || lda % 8 || ldb % 8 || ldc % 8 || g->b_stride % 8 || (uintptr_t)A % 16 || (uintptr_t)B % 16 ||
         (uintptr_t)C % 16 || (sw && (ldh % 8 || (uintptr_t)Hout % 16)))
         return 0;
@@ -248,25 +264,29 @@ static int gg_run(Backend* be, int sw, const GroupDesc* g, int N, int K, const v
     if (p.tiles == 0) return 1;
     CUtensorMap ma, mb;
     if (!tma_map_rows(&ma, (const bf16*)A, p.row_off[G], K, (size_t)lda, 1, 0, GG_BM) ||
-        !tma_map_rows(&mb, (const bf16*)B, N, K, (size_t)ldb, G, g->b_stride, sw ? GG_BN / 2 : GG_BN))
+        !(tb ? tma_map_rows(&mb, (const bf16*)B, K, N, (size_t)ldb, G, g->b_stride, GG_BK)
+             : tma_map_rows(&mb, (const bf16*)B, N, K, (size_t)ldb, G, g->b_stride, sw ? GG_BN / 2 : GG_BN)))
         return 0;
-    static int attr_set[2];
-    void (*k)(bf16*, bf16*, CUtensorMap, CUtensorMap, GGTiles) = sw ? k_gemm_grouped_wg<1> : k_gemm_grouped_wg<0>;
-    if (!attr_set[sw]) {
-        CUDA_CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GG_SMEM));
-        attr_set[sw] = 1;
+    typedef void (*Kernel)(bf16*, bf16*, CUtensorMap, CUtensorMap, GGTiles);
+    static const Kernel ks[3] = {k_gemm_grouped_wg<0, 0>, k_gemm_grouped_wg<1, 0>, k_gemm_grouped_wg<0, 1>};
+    static int attr_set[3];
+    const int v = tb ? 2 : sw;
+    if (!attr_set[v]) {
+        CUDA_CK(cudaFuncSetAttribute(ks[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GG_SMEM));
+        attr_set[v] = 1;
     }
     const int grid = p.tiles < c->sms ? p.tiles : c->sms;
-    k<<<grid, GG_THREADS, GG_SMEM, c->stream>>>((bf16*)C, (bf16*)Hout, ma, mb, p);
+    ks[v]<<<grid, GG_THREADS, GG_SMEM, c->stream>>>((bf16*)C, (bf16*)Hout, ma, mb, p);
     LAUNCH_CK(c);
     return 1;
 }
 
-// gemm_grouped's contract for C = A·B_gᵀ (trans_b, bf16 C, alpha 1, beta 0); 1 when launched.
+// gemm_grouped's contract for C = A·op(B_g) (either trans_b, bf16 C, alpha 1, beta 0); 1 when launched.
 extern "C" int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
                                     void* C) {
-    if (!d->trans_b || d->trans_a || d->c_f32 || d->c_in || d->alpha != 1.f || d->beta != 0.f) return 0;
-    return gg_run(be, 0, g, d->N, d->K, A, d->lda ? d->lda : d->K, B, d->ldb ? d->ldb : d->K, C,
+    if (d->trans_a || d->c_f32 || d->c_in || d->alpha != 1.f || d->beta != 0.f) return 0;
+    const int tb = !d->trans_b;
+    return gg_run(be, 0, tb, g, d->N, d->K, A, d->lda ? d->lda : d->K, B, d->ldb ? d->ldb : (tb ? d->N : d->K), C,
                   d->ldc ? d->ldc : d->N, NULL, 0, NULL);
 }
 
@@ -274,6 +294,6 @@ extern "C" int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupD
 extern "C" int cuda_gemm_grouped_swiglu_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A,
                                            const void* B, void* gu, void* h, const float* scale) {
     if (!d->trans_b || d->trans_a || d->c_f32 || d->c_in || d->alpha != 1.f || d->beta != 0.f || d->ldc) return 0;
-    return gg_run(be, 1, g, d->N, d->K, A, d->lda ? d->lda : d->K, B, d->ldb ? d->ldb : d->K, gu, d->N, h, d->N / 2,
-                  scale);
+    return gg_run(be, 1, 0, g, d->N, d->K, A, d->lda ? d->lda : d->K, B, d->ldb ? d->ldb : d->K, gu, d->N, h,
+                  d->N / 2, scale);
 }

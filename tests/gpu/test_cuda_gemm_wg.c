@@ -11,14 +11,17 @@
 
 #include "gpu_check.h"
 
-// The grouped expert GEMM of our own (cuda_gemm_wg.cu; bf16, K-major weights): the forward's
-// x·w13ᵀ / h·w2ᵀ shapes in small, against the CPU. The kernel is called directly, so a shape it
-// turns down fails here instead of falling back to cuBLASLt unseen; then once through
-// be->gemm_grouped with MOETRAIN_GEMM_GROUPED's switch on.
+// The grouped expert GEMM of our own (cuda_gemm_wg.cu; bf16): the forward's x·w13ᵀ / h·w2ᵀ
+// (K-major weights, trans_b) and the backward's dy·w2 / d(gate|up)·w13 (MN-major weights) in
+// small, against the CPU. The kernel is called directly, so a shape it turns down fails here
+// instead of falling back to cuBLASLt unseen; then once through be->gemm_grouped with
+// MOETRAIN_GEMM_GROUPED's switch on.
 int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C);
 int cuda_gemm_wg_available(Backend* be);
 int cuda_gemm_wg_stalled(void);
-int cuda_gemm_grouped_use_wg(Backend* be, int mode);  // 0 cuBLASLt, 1 the fused w13 op, 2 both grouped ops
+// Which grouped GEMMs run on the kernel (cuda_common.cuh's GG_USE_*: MOETRAIN_GEMM_GROUPED's set).
+enum { USE_CUBLAS = 0, USE_SWIGLU = 1, USE_FWD = 2, USE_DGRAD = 4, USE_ALL = 7 };
+int cuda_gemm_grouped_use_wg(Backend* be, int set);
 
 static void test_gemm_grouped_wg(void) {
     const Mode* m = &g_modes[1];
@@ -27,35 +30,42 @@ static void test_gemm_grouped_wg(void) {
         printf("  (the wgmma grouped GEMM is unavailable here: nothing to check)\n");
         return;
     }
-    const struct { int G, N, K, off[6]; } cs[] = {
-        {5, 512, 448, {0, 0, 130, 130, 387, 400}},  // empty groups, ragged row tiles, 7 K slices (the stage ring wraps)
-        {4, 2304, 128, {0, 300, 600, 1100, 1800}},  // 144 tiles, more than SMs: the persistent loop; a one-tile last band
+    const struct { int G, N, K, tb, off[6]; } cs[] = {
+        {5, 512, 448, 1, {0, 0, 130, 130, 387, 400}},  // empty groups, ragged row tiles, 7 K slices (the stage ring wraps)
+        {4, 2304, 128, 1, {0, 300, 600, 1100, 1800}},  // 144 tiles, more than SMs: the persistent loop; a one-tile last band
+        {5, 512, 448, 0, {0, 0, 130, 130, 387, 400}},  // the same with B_g [K, N] (the backward's data gradients)
+        {4, 2304, 128, 0, {0, 300, 600, 1100, 1800}},
     };
-    for (int c = 0; c < 2; c++) {
-        const int G = cs[c].G, N = cs[c].N, K = cs[c].K, *off = cs[c].off, R = off[G];
+    for (int c = 0; c < 4; c++) {
+        const int G = cs[c].G, N = cs[c].N, K = cs[c].K, tb = cs[c].tb, *off = cs[c].off, R = off[G];
+        const char* lay = tb ? "A·Bᵀ" : "A·B";
         const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
         float* A = act_in(m, randn(na, 1.f), na);
         float* B = act_in(m, randn(nb, 1.f), nb);
         float* C = xmalloc(4 * ncc);
-        GemmDesc d = {.N = N, .K = K, .trans_b = 1, .alpha = 1};
+        GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1};
         GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
         g_cpu->gemm_grouped(g_cpu, &d, &gd, A, B, C);
         void *dA = up_act(be, A, na), *dB = up_act(be, B, nb);
         for (int via = 0; via < 2; via++) {
             void* dC = poison_act(be, ncc + N);  // one row past the last group: must stay poisoned
             if (via == 0) {
-                EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg G=%d N=%d K=%d: shape refused", G, N, K);
-            } else {
-                const int was = cuda_gemm_grouped_use_wg(be, 2);
+                EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg %s G=%d N=%d K=%d: shape refused",
+                       lay, G, N, K);
+            } else {  // the switch of this layout alone
+                const int was = cuda_gemm_grouped_use_wg(be, tb ? USE_FWD : USE_DGRAD);
                 be->gemm_grouped(be, &d, &gd, dA, dB, dC);
                 cuda_gemm_grouped_use_wg(be, was);
             }
             float* got = down_act(be, dC, ncc + N);
-            EXPECT(!cuda_gemm_wg_stalled(), "gemm_grouped_wg G=%d N=%d K=%d: an mbarrier wait gave up", G, N, K);
+            EXPECT(!cuda_gemm_wg_stalled(), "gemm_grouped_wg %s G=%d N=%d K=%d: an mbarrier wait gave up", lay, G, N, K);
             int written = 0;
             for (int j = 0; j < N; j++) written += !isnan(got[ncc + j]);
-            EXPECT(written == 0, "gemm_grouped_wg G=%d N=%d K=%d: %d values written past the last row", G, N, K, written);
-            cmp(m, via ? "gemm_grouped (MOETRAIN_GEMM_GROUPED=wg)" : "gemm_grouped_wg", got, C, ncc, TOL_BF16_SUM);  // frees got
+            EXPECT(written == 0, "gemm_grouped_wg %s G=%d N=%d K=%d: %d values written past the last row", lay, G, N, K,
+                   written);
+            char lab[96];
+            snprintf(lab, sizeof lab, "%s %s", via ? "gemm_grouped (MOETRAIN_GEMM_GROUPED)" : "gemm_grouped_wg", lay);
+            cmp(m, lab, got, C, ncc, TOL_BF16_SUM);  // frees got
         }
         free(A), free(B), free(C);
         dev_free_all();
@@ -102,7 +112,7 @@ static void test_gemm_grouped_swiglu(void) {
                 EXPECT(cuda_gemm_grouped_swiglu_wg(be, &d, &gd, dA, dB, dgu, dh, dsc),
                        "gemm_grouped_swiglu_wg G=%d F=%d K=%d: shape refused", G, F, K);
             } else {
-                const int was = cuda_gemm_grouped_use_wg(be, via == 1 ? 1 : 0);
+                const int was = cuda_gemm_grouped_use_wg(be, via == 1 ? USE_SWIGLU : USE_CUBLAS);
                 be->gemm_grouped_swiglu(be, &d, &gd, dA, dB, dgu, dh, dsc);
                 cuda_gemm_grouped_use_wg(be, was);
             }
@@ -134,7 +144,7 @@ static void test_gemm_grouped_swiglu(void) {
 
 typedef struct GgCtx {
     Backend* be;
-    int N, K, G;
+    int N, K, G, tb;
     void *A, *W, *C, *H;  // A [R, K], W [G, N, K], C [R, N]; H [R, N / 2] (SwiGLU)
     float* scale;
     int off[9];
@@ -142,7 +152,7 @@ typedef struct GgCtx {
 
 static void b_grouped(void* c_) {
     GgCtx* c = c_;
-    GemmDesc d = {.N = c->N, .K = c->K, .trans_b = 1, .alpha = 1};
+    GemmDesc d = {.N = c->N, .K = c->K, .trans_b = c->tb, .alpha = 1};
     GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
     c->be->gemm_grouped(c->be, &d, &g, c->A, c->W, c->C);
 }
@@ -154,7 +164,8 @@ static void b_grouped_swiglu(void* c_) {
 }
 
 // MOETRAIN_GPU_BENCH=gg: the grouped expert GEMM, cuBLASLt's one call per expert against ours
-// (cuda_gemm_wg.cu), at the forward shapes of bench_8x7B_L2 at micro-batch 8 (65,536 routed rows
+// (cuda_gemm_wg.cu), at the forward and data-gradient shapes of bench_8x7B_L2 at micro-batch 8
+// (65,536 routed rows
 // over 8 experts: even, and skewed as a router early in training leaves them), back to back so that
 // the card runs at its power limit as it does in the step; the two alternate, twice. Then the two
 // outputs against each other (rel. L2: summation order and one bf16 rounding apart).
@@ -167,31 +178,33 @@ static void bench_gg(void) {
     const size_t nr = (size_t)1 << 24;
     float* r = randn(nr, 1.f);
     const int H = 4096, F = 14336, G = 8, R = 65536;
-    void* A = rand_act(be, r, nr, (size_t)R * F);
+    void* A = rand_act(be, r, nr, (size_t)R * 2 * F);
     void* W = rand_act(be, r, nr, (size_t)G * 2 * F * H);
     void* C = dev_alloc(be, 2 * (size_t)R * 2 * F);
     void* C2 = dev_alloc(be, 2 * (size_t)R * 2 * F);
-    const struct { const char* name; int N, K; } sh[] = {{"w13 fwd", 2 * F, H}, {"w2 fwd", H, F}};
+    const struct { const char* name; int N, K, tb; } sh[] = {
+        {"w13 fwd", 2 * F, H, 1}, {"w2 fwd", H, F, 1}, {"w2 dgrad", F, H, 0}, {"w13 dgrad", H, 2 * F, 0}};
     const int even[8] = {8192, 8192, 8192, 8192, 8192, 8192, 8192, 8192};
     const int skew[8] = {13000, 4100, 9000, 6900, 10100, 5300, 7700, 9436};  // sums to 65,536
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < 4; s++)
         for (int k = 0; k < 2; k++) {
-            GgCtx c = {.be = be, .N = sh[s].N, .K = sh[s].K, .G = G, .A = A, .W = W, .C = C};
+            const int use = sh[s].tb ? USE_FWD : USE_DGRAD;
+            GgCtx c = {.be = be, .N = sh[s].N, .K = sh[s].K, .G = G, .tb = sh[s].tb, .A = A, .W = W, .C = C};
             for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + (k ? skew : even)[i];
             const double tf = 2.0 * R * (double)c.N * c.K / 1e12;
             for (int round = 0; round < 2; round++)
                 for (int wg = 0; wg < 2; wg++) {
-                    cuda_gemm_grouped_use_wg(be, 2 * wg);
+                    cuda_gemm_grouped_use_wg(be, wg ? use : USE_CUBLAS);
                     const double ms = time_ms(be, b_grouped, &c, 10);
-                    printf("gg %-8s %-5s rows %s  %-7s %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even",
+                    printf("gg %-9s %-5s rows %s  %-7s %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even",
                            "65536", wg ? "wg" : "cublas", ms, tf / ms * 1e3);
                 }
-            cuda_gemm_grouped_use_wg(be, 0);
+            cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
             b_grouped(&c);
             c.C = C2;
-            cuda_gemm_grouped_use_wg(be, 2);
+            cuda_gemm_grouped_use_wg(be, use);
             b_grouped(&c);
-            cuda_gemm_grouped_use_wg(be, 0);
+            cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
             const size_t n = (size_t)1 << 22, last = (size_t)R * c.N - n;  // the first and last 4M values
             double e = 0;
             for (int part = 0; part < 2; part++) {
@@ -202,7 +215,7 @@ static void bench_gg(void) {
                 if (ep > e) e = ep;
                 free(x), free(y);
             }
-            printf("gg %-8s %-5s wg vs cublas: rel L2 %.2e\n", sh[s].name, k ? "skew" : "even", e);
+            printf("gg %-9s %-5s wg vs cublas: rel L2 %.2e\n", sh[s].name, k ? "skew" : "even", e);
             fflush(stdout);
         }
     // the w13 GEMM with the SwiGLU: cuBLASLt + swiglu_fwd against the fused epilogue
@@ -212,11 +225,11 @@ static void bench_gg(void) {
     for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + skew[i];
     for (int round = 0; round < 2; round++)
         for (int wg = 0; wg < 2; wg++) {
-            cuda_gemm_grouped_use_wg(be, wg);
+            cuda_gemm_grouped_use_wg(be, wg ? USE_SWIGLU : USE_CUBLAS);
             const double ms = time_ms(be, b_grouped_swiglu, &c, 10);
             printf("gg w13+swiglu skew  %-13s %8.3f ms\n", wg ? "wg (fused)" : "cublas+swiglu", ms);
         }
-    cuda_gemm_grouped_use_wg(be, 0);
+    cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
     fflush(stdout);
     free(sc);
     free(r);
