@@ -47,7 +47,7 @@
 #include "tma.cuh"
 
 enum { GG_BM = 128, GG_BN = 256, GG_BK = 64, GG_ST = 3, GG_THREADS = 384, GG_MAXG = 64, GG_BAND = 8 };
-enum { GG_EPI_WARPS = 3 };                 // warps 9..11
+enum { GG_EPI_WARPS = 3, GG_EPI_U = 4 };   // warps 9..11; items a thread loads at once (SwiGLU)
 #define GG_A_BYTES (GG_BM * GG_BK * 2u)
 #define GG_B_BYTES (GG_BN * GG_BK * 2u)
 #define GG_STAGE (GG_A_BYTES + GG_B_BYTES)
@@ -159,15 +159,29 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             gg_tile(p, t, g, row0, row_end, col0);
             const int rows = min(GG_BM, row_end - row0);
             mbar_wait(staged, n & 1);
-            if (SW) {  // 16 gate chunks and 16 up chunks a row: (gate, up, h) per item
-                for (int q = e; q < rows * 16; q += GG_EPI_WARPS * 32) {
-                    const int r = q >> 4, j = q & 15;
-                    const uint4 g4 = lds16(epi + gg_stage_off(r, j)), u4 = lds16(epi + gg_stage_off(r, j + 16));
-                    bf16* gu = C + (size_t)(row0 + r) * p.ldc + col0 + 8 * j;
-                    *(uint4*)gu = g4;
-                    *(uint4*)(gu + p.F) = u4;
-                    const float s = p.scale ? p.scale[row0 + r] : 1.f;
-                    *(uint4*)(Hout + (size_t)(row0 + r) * p.ldh + col0 + 8 * j) = gg_swiglu8(g4, u4, s, p.scale != NULL);
+            if (SW) {  // 16 gate chunks and 16 up chunks a row: (gate, up, h) per item; GG_EPI_U items a
+                       // round, every load first, so that the scale's global latency is paid once a round
+                const int nq = rows * 16;
+                for (int q0 = e; q0 < nq; q0 += GG_EPI_U * GG_EPI_WARPS * 32) {
+                    uint4 g4[GG_EPI_U], u4[GG_EPI_U];
+                    float sc[GG_EPI_U];
+#pragma unroll
+                    for (int u = 0; u < GG_EPI_U; u++) {
+                        const int q = min(q0 + u * GG_EPI_WARPS * 32, nq - 1), r = q >> 4, j = q & 15;
+                        g4[u] = lds16(epi + gg_stage_off(r, j));
+                        u4[u] = lds16(epi + gg_stage_off(r, j + 16));
+                        sc[u] = p.scale ? __ldg(p.scale + row0 + r) : 1.f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < GG_EPI_U; u++) {
+                        const int q = q0 + u * GG_EPI_WARPS * 32, r = q >> 4, j = q & 15;
+                        if (q >= nq) break;
+                        bf16* gu = C + (size_t)(row0 + r) * p.ldc + col0 + 8 * j;
+                        *(uint4*)gu = g4[u];
+                        *(uint4*)(gu + p.F) = u4[u];
+                        *(uint4*)(Hout + (size_t)(row0 + r) * p.ldh + col0 + 8 * j) =
+                            gg_swiglu8(g4[u], u4[u], sc[u], p.scale != NULL);
+                    }
                 }
             } else {
                 for (int q = e; q < rows * 32; q += GG_EPI_WARPS * 32) {

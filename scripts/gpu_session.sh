@@ -26,7 +26,8 @@
 #          Compute's view of one launch of each wgmma attention kernel at B 8 (ncu.log); NCU=0
 #          skips ncu, REF=0 the PyTorch reference
 #   gg     the grouped expert GEMM alone, cuBLASLt's per-expert calls against cuda_gemm_wg.cu's
-#          kernel (test_cuda_gemm_wg with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log
+#          kernel (test_cuda_gemm_wg with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log; ggncu: Nsight
+#          Compute on the first launch of each (the w13 forward) → ncu_gg.log
 #   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
 #          short cases)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
@@ -143,6 +144,18 @@ for step in $STEPS; do
       say "ncu $1 rc=$?"
     done
     grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" $W/ncu.log | head -60 | tee -a $L ;;
+  ggncu)  # Nsight Compute on one launch each of cuBLASLt's first w13 forward GEMM and ours (the gg bench)
+    [ "$(left)" -lt 90 ] && { say "skipped: too little time"; continue; }
+    for k in "nvjet|xmma|cutlass|sm90_" "k_gemm_grouped_wg"; do
+      MOETRAIN_GPU_BENCH=gg timeout $(( $(left) / 2 )) ncu --clock-control none -k "regex:$k" -c 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+        --metrics lts__t_bytes.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
+        build/tests/gpu/test_cuda_gemm_wg > $LOGS/ncu_gg1.log 2>&1
+      say "ncu $k rc=$?"; sed -n '/==PROF==/,$p' $LOGS/ncu_gg1.log | grep -v "^gg " >> $W/ncu_gg.log
+    done
+    grep -E "^  [a-zA-Z_]+.*\(|Duration|Throughput|Hit Rate|lts__|dram__|Cluster|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
+      $W/ncu_gg.log | head -70 | tee -a $L ;;
   gg)
     MOETRAIN_GPU_BENCH=gg timeout 120 build/tests/gpu/test_cuda_gemm_wg > $LOGS/gg.log 2>&1
     say "grouped GEMM bench rc=$?"; grep -E "^gg|FAIL|rror" $LOGS/gg.log | tee -a $L ;;
