@@ -3,17 +3,17 @@
 // launch, A packed [R, K] (group g's rows off[g]..off[g+1]), C packed [R, N], bf16 in and out,
 // fp32 sums. B_g = B + g·b_stride is the expert weight in either layout:
 //   K-major  [N, K], C = A·B_gᵀ: the forward's x·w13ᵀ and h·w2ᵀ (TB = 0);
-//   MN-major [K, N], C = A·B_g:  the backward's data gradients dy·w2 and d(gate|up)·w13 (TB = 1),
-//            the layout cuBLASLt runs slowest (bwd.w13_dgrad at ~630 TFLOP/s where the forward
-//            w13, the same FLOPs, runs at ~720: docs/performance.md, session 10).
+//   MN-major [K, N], C = A·B_g:  the backward's data gradients dy·w2 and d(gate|up)·w13 (TB = 1).
 // It is also the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is").
 // MOETRAIN_GEMM_GROUPED (cuda_gemm.cu) picks which expert GEMMs run here: swiglu (the fused
 // w13), fwd (the plain forward GEMMs), dgrad (the backward's), wg (all); cublas, the default,
 // keeps cuBLASLt. Shapes it does not take (gg_run) go to cuBLASLt either way. Measured on the
-// H200 (docs/performance.md, session 9): at parity with cuBLASLt where K is long (w2: K =
-// 14,336), 7-15% behind at K = 4,096 (w13), and the SwiGLU epilogue breaks even in the step; a
-// two-CTA cluster version with B multicast (commit deaa840) was correct and 25% slower, so it is
-// not this one.
+// H200 (docs/performance.md, sessions 9 and 10): within ~2% of cuBLASLt's cycles per tile at one
+// clock, but 7-20% slower at the power limit — it moves half as much data again through L2 as
+// cuBLASLt's 192 × 192 CTA-pair kernel — so the SwiGLU epilogue only breaks even in the step and
+// the data gradients lose ~5 ms. Two-CTA cluster versions with B multicast (commit deaa840; the
+// branch wip/gg-cluster4, with 4 stages and the fused SwiGLU backward) were correct and 25-30%
+// slower, so this is not one.
 //
 // Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
 // + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
