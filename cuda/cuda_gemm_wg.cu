@@ -12,8 +12,8 @@
 // clock, but 7-20% slower at the power limit — it moves half as much data again through L2 as
 // cuBLASLt's 192 × 192 CTA-pair kernel — so the SwiGLU epilogue only breaks even in the step and
 // the data gradients lose ~5 ms. Two-CTA cluster versions with B multicast (commit deaa840; the
-// branch wip/gg-cluster4, with 4 stages and the fused SwiGLU backward) were correct and 25-30%
-// slower, so this is not one.
+// branch wip/gg-cluster4, with 4 stages and the fused SwiGLU backward) are correct and no faster:
+// they read 2.5x as much from DRAM (session 10), so this is not one.
 //
 // Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
 // + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
