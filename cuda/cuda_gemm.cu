@@ -82,8 +82,8 @@ static int env_flag(const char* name, int dflt) {
 }
 
 // MOETRAIN_GEMM_GROUPED: a list joined by + or , of cublas (none), swiglu (the fused w13 forward),
-// fwd (the plain forward gemm_grouped: w2), dgrad (the backward's gemm_grouped: both data
-// gradients), wg (all three); unset or empty is cublas.
+// fwd (the plain forward gemm_grouped: w2, and w13 without swiglu), dgrad (the backward's
+// gemm_grouped: both data gradients), wg (all three); unset or empty is cublas.
 static int grouped_wg_parse(const char* e) {
     int set = 0;
     char buf[128];
