@@ -13,7 +13,6 @@
 // Gradients are fp32 or, with grad_act in a bf16 run, bf16 (G below): the same update on the same
 // values widened to fp32, for 2 bytes less traffic per element.
 #include <math.h>
-#include <stdlib.h>
 
 #include "cuda_common.cuh"
 
@@ -104,11 +103,21 @@ __global__ void k_adamw(float* master, P* param, float* m, float* v, const G* gr
     }
 }
 
+// The AdamW kernels' grid: one item (4 or 8 elements) per thread, no grid-stride loop. A grid
+// capped at 32 blocks per SM (grid_for) moved 3.95 TB/s at one layer's w13 (26 B per parameter),
+// this one 4.16 (docs/performance.md change 47): blocks that end and are replaced keep more loads
+// in flight than threads that loop.
+static unsigned grid_flat(size_t items, int threads) {
+    const size_t b = (items + threads - 1) / threads;
+    CHECK(b <= 0x7fffffffu, "adamw: %zu items exceed one launch", items);
+    return b ? (unsigned)b : 1u;
+}
+
 template <typename P, typename G>
 static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* v, const G* grad, size_t n,
                          const AdamArgs& a) {
     const bool vec = ((uintptr_t)master | (uintptr_t)m | (uintptr_t)v | (uintptr_t)grad) % 16 == 0;
-    const unsigned g = grid_for(c, vec ? (n + 3) / 4 : n, 256);
+    const unsigned g = grid_flat(vec ? (n + 3) / 4 : n, 256);
     if (vec) k_adamw<P, G, true><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
     else k_adamw<P, G, false><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
     LAUNCH_CK(c);
@@ -147,29 +156,9 @@ __device__ __forceinline__ uint32_t half_of(const uint32_t q[4], int j) { return
 static size_t split_head(const void* w) { return ((16 - (uintptr_t)w % 16) % 16) / 2; }
 static bool al16(const void* p) { return (uintptr_t)p % 16 == 0; }
 
-// Streaming loads and stores for the single-use optimizer traffic (MODE bit 0; ld/st.global.cs,
-// evict-first in L2), and the plain (non-streaming) forms.
-template <int CS> __device__ __forceinline__ uint4 ld16(const uint4* p) { return CS ? __ldcs(p) : *p; }
-template <int CS> __device__ __forceinline__ float4 ld16(const float4* p) { return CS ? __ldcs(p) : *p; }
-template <int CS> __device__ __forceinline__ void st16(uint4* p, uint4 x) { if (CS) __stcs(p, x); else *p = x; }
-template <int CS> __device__ __forceinline__ void st16(float4* p, float4 x) { if (CS) __stcs(p, x); else *p = x; }
-template <int CS> __device__ __forceinline__ void load_g8s(const float* g, size_t i, float o[8]) {
-    const float4 a = ld16<CS>((const float4*)g + 2 * i), b = ld16<CS>((const float4*)g + 2 * i + 1);
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-}
-template <int CS> __device__ __forceinline__ void load_g8s(const bf16* g, size_t i, float o[8]) {
-    const uint4 u = ld16<CS>((const uint4*)g + i);
-    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) o[2 * j] = bf_lo(q[j]), o[2 * j + 1] = bf_hi(q[j]);
-}
-
-// MODE (MOETRAIN_ADAMW, being measured): bit 0 streaming loads/stores, bit 1 one 8-element chunk
-// per thread over a grid that covers n (no grid-stride loop).
-template <typename G, bool VEC, int MODE>
+template <typename G, bool VEC>
 __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n, size_t head,
                               AdamArgs a) {
-    enum { CS = MODE & 1 };
     const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
     size_t done = 0, i0 = 0;
     if (VEC) {
@@ -178,14 +167,13 @@ __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, con
         float4 *m4 = (float4*)(m + head), *v4 = (float4*)(v + head);
         const G* g8 = grad + head;
         for (size_t i = tid; i < n8; i += step) {
-            const uint4 wv = ld16<CS>(w8 + i), rv = ld16<CS>(r8 + i);
-            const float4 m0 = ld16<CS>(m4 + 2 * i), m1 = ld16<CS>(m4 + 2 * i + 1), v0 = ld16<CS>(v4 + 2 * i),
-                         v1 = ld16<CS>(v4 + 2 * i + 1);
+            const uint4 wv = w8[i], rv = r8[i];
+            const float4 m0 = m4[2 * i], m1 = m4[2 * i + 1], v0 = v4[2 * i], v1 = v4[2 * i + 1];
             const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w}, rq[4] = {rv.x, rv.y, rv.z, rv.w};
             float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
             float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
             float gg[8];
-            load_g8s<CS>(g8, i, gg);
+            load_g8(g8, i, gg);
             uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -196,12 +184,12 @@ __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, con
                 wo[j >> 1] |= pw << (16 * (j & 1));
                 ro[j >> 1] |= pr << (16 * (j & 1));
             }
-            st16<CS>(w8 + i, make_uint4(wo[0], wo[1], wo[2], wo[3]));
-            st16<CS>(r8 + i, make_uint4(ro[0], ro[1], ro[2], ro[3]));
-            st16<CS>(m4 + 2 * i, make_float4(mm[0], mm[1], mm[2], mm[3]));
-            st16<CS>(m4 + 2 * i + 1, make_float4(mm[4], mm[5], mm[6], mm[7]));
-            st16<CS>(v4 + 2 * i, make_float4(vv[0], vv[1], vv[2], vv[3]));
-            st16<CS>(v4 + 2 * i + 1, make_float4(vv[4], vv[5], vv[6], vv[7]));
+            w8[i] = make_uint4(wo[0], wo[1], wo[2], wo[3]);
+            r8[i] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+            m4[2 * i] = make_float4(mm[0], mm[1], mm[2], mm[3]);
+            m4[2 * i + 1] = make_float4(mm[4], mm[5], mm[6], mm[7]);
+            v4[2 * i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            v4[2 * i + 1] = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
         done = head + 8 * n8;
         i0 = head;  // the scalar loops below: [0, head) and [done, n)
@@ -280,31 +268,15 @@ __global__ void k_split_unpack(float* x, const uint16_t* w, const int16_t* rem, 
     }
 }
 
-static int adamw_mode(void) {  // read at every call while it is being measured (the bench switches it)
-    const char* e = getenv("MOETRAIN_ADAMW");
-    return e ? atoi(e) & 3 : 0;
-}
-
-template <typename G, int MODE>
-static void launch_adamw_split_m(CudaImpl* c, uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n,
-                                 const AdamArgs& a) {
-    const size_t h = split_head(w);
-    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
-    const size_t items = vec ? (n - h) / 8 + 1 : n;
-    const unsigned g = (MODE & 2) ? (unsigned)((items + 255) / 256) : grid_for(c, items, 256);
-    if (vec) k_adamw_split<G, true, MODE><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
-    else k_adamw_split<G, false, MODE><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
-    LAUNCH_CK(c);
-}
 template <typename G>
 static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n,
                                const AdamArgs& a) {
-    switch (adamw_mode()) {
-    case 1: launch_adamw_split_m<G, 1>(c, w, rem, m, v, grad, n, a); break;
-    case 2: launch_adamw_split_m<G, 2>(c, w, rem, m, v, grad, n, a); break;
-    case 3: launch_adamw_split_m<G, 3>(c, w, rem, m, v, grad, n, a); break;
-    default: launch_adamw_split_m<G, 0>(c, w, rem, m, v, grad, n, a);
-    }
+    const size_t h = split_head(w);
+    const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
+    const unsigned g = grid_flat(vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_adamw_split<G, true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
+    else k_adamw_split<G, false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    LAUNCH_CK(c);
 }
 
 void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act,

@@ -4,6 +4,7 @@
 // The optimizer ops (adamw, the split-master ops) are in test_cuda_optim.c.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
 // the worst error per check is printed at the end. Needs a GPU: without one it fails.
+#define _POSIX_C_SOURCE 200809L  // setenv
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -487,10 +488,12 @@ static void test_permute(void) {
 // ---- loss and optimizer ------------------------------------------------------------------------
 
 static void test_cross_entropy(void) {
-    // n, V: in bf16, 32000 (Mixtral) takes the packed kernel (8 chunks per thread, two exponentials
-    // each), 64 (a DNA-sized vocabulary) the register-resident one with 1 chunk, 997 the scalar one
-    const int shapes[][2] = {{20, 32000}, {7, 997}, {6, 64}};
-    FOR_MODES for (int c = 0; c < 3; c++) {
+    // n, V: in bf16, 32000 (Mixtral) takes the packed kernels (8 chunks per thread, two exponentials
+    // each; 301 rows: more than two per block of the pipelined kernel, an odd number of rows over the
+    // SMs, ignored rows in either register buffer), 64 (a DNA-sized vocabulary) the
+    // register-resident one with 1 chunk, 997 the scalar one
+    const int shapes[][2] = {{20, 32000}, {301, 32000}, {7, 997}, {6, 64}};
+    FOR_MODES for (int c = 0; c < 4; c++) {
         Backend* be = m->gpu;
         const int n = shapes[c][0], V = shapes[c][1];
         const size_t nv = (size_t)n * V;
@@ -498,6 +501,7 @@ static void test_cross_entropy(void) {
         for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
         tg[1] = -1;
         tg[n - 1] = -1;  // ignored rows
+        if (n > 200) tg[133] = tg[200] = -1;
         float* lg = act_in(m, randn(nv, 3.f), nv);
         int32_t* dt = up_i32(be, tg, n);
         for (int grad = 0; grad < 2; grad++) {
@@ -520,6 +524,36 @@ static void test_cross_entropy(void) {
     }
 }
 
+// MOETRAIN_GPU_BENCH set: cross_entropy with the gradient at the step's head chunk (16,384 rows of
+// 32,000 bf16 logits, read and overwritten: 2.1 GB), the pipelined kernel against a block per row
+// (MOETRAIN_CE=rows), alternating, each the mean of 20 calls. A measurement printed, not a test.
+static void time_cross_entropy(void) {
+    Backend* be = g_modes[1].gpu;
+    const int n = 16384, V = 32000;
+    const size_t nr = (size_t)1 << 20;
+    float* r = randn(nr, 3.f);
+    void* d = rand_act(be, r, nr, (size_t)n * V);
+    int32_t* tg = xmalloc(4 * (size_t)n);
+    for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
+    int32_t* dt = up_i32(be, tg, n);
+    float* dl = dev_alloc(be, 4);
+    for (int k = 0; k < 4; k++) {
+        if (k & 1) setenv("MOETRAIN_CE", "rows", 1);
+        else unsetenv("MOETRAIN_CE");
+        be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);  // warm-up (the logits are now gradients: same cost)
+        be->sync(be);
+        const double t0 = now_sec();
+        for (int i = 0; i < 20; i++) be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
+        be->sync(be);
+        const double t = (now_sec() - t0) / 20 * 1e3;
+        printf("cross_entropy %dx%d with gradient, %s: %.3f ms (%.0f GB/s read + written)\n", n, V,
+               k & 1 ? "a block per row" : "pipelined", t, 4.0 * n * V / t / 1e6);
+    }
+    unsetenv("MOETRAIN_CE");
+    free(r), free(tg);
+    dev_free_all();
+}
+
 int main(void) {
     if (gpu_setup("test_cuda_ops")) return 1;
     RUN(test_memory);
@@ -533,6 +567,10 @@ int main(void) {
     RUN(test_moe_index);
     RUN(test_permute);
     RUN(test_cross_entropy);
+    setenv("MOETRAIN_CE", "rows", 1);  // the block-per-row kernel, measured against the pipelined one
+    RUN(test_cross_entropy);
+    unsetenv("MOETRAIN_CE");
+    if (getenv("MOETRAIN_GPU_BENCH")) time_cross_entropy();
     gpu_teardown();
     TEST_END();
 }

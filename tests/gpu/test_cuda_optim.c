@@ -207,78 +207,53 @@ static void test_adamw_act_grad(void) {
     }
 }
 
-// MOETRAIN_GPU_BENCH set: adamw (fp32 master + bf16 copy, 30 B per parameter) against adamw_split
-// (28 B) on 2^27 parameters, bf16 mode, synchronized wall clock over 20 calls after a warm-up;
-// then adamw_split with bf16 gradients (26 B, the expert arena of bench_8x7B_L2) under each
-// MOETRAIN_ADAMW variant, at the size of one layer's w13 (8 × 28,672 × 4,096 parameters).
+// MOETRAIN_GPU_BENCH set: the optimizer kernels at the size of one layer's w13 of bench_8x7B_L2
+// (8 × 28,672 × 4,096 parameters), bf16 mode, each the mean of 20 calls after two: adamw (fp32
+// master + bf16 copy, fp32 gradients: 30 B per parameter), adamw_split with fp32 gradients (28 B:
+// the dense arena) and with bf16 ones (26 B: the expert arena). On a random state (random blocks
+// of 2^16 values tiled): the rate does not depend on the values, but a bench never times zeros.
 // A measurement printed, not a test.
-static double time_calls(Backend* be, int k, float* p, void* w, int16_t* rem, float* mm, float* vv, void* g, size_t n) {
-    double t = 0;
-    for (int it = -2; it < 20; it++) {
-        if (it == 0) be->sync(be), t = now_sec();
-        if (k == 0) be->adamw(be, p, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-        else be->adamw_split(be, w, rem, mm, vv, g, k == 2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-    }
-    be->sync(be);
-    return (now_sec() - t) / 20 * 1e3;
-}
-
-// A device buffer of n fp32 values: the nr values of r tiled.
-static float* rand_f32(Backend* be, const float* r, size_t nr, size_t n) {
+static float* rand_f32(Backend* be, const float* r, size_t nr, size_t n) {  // the nr values of r tiled
     float* d = dev_alloc(be, 4 * n);
     float* blk = up_f32(be, r, nr);
     for (size_t i = 0; i < n; i += nr) be->copy(be, d + i, blk, 4 * (n - i < nr ? n - i : nr));
     return d;
 }
 
-static void time_adamw_split(void) {
+static void time_adamw(void) {
     Backend* be = g_modes[1].gpu;
-    size_t n = (size_t)1 << 27;
-    float *p = dev_alloc(be, 4 * n), *mm = dev_alloc(be, 4 * n), *vv = dev_alloc(be, 4 * n), *g = dev_alloc(be, 4 * n);
-    void* w = dev_alloc(be, 2 * n);
-    int16_t* rem = dev_alloc(be, 2 * n);
-    const double t0 = time_calls(be, 0, p, w, rem, mm, vv, g, n), t1 = time_calls(be, 1, p, w, rem, mm, vv, g, n);
-    printf("adamw %zu params: fp32 master + bf16 copy %.3f ms (%.0f GB/s at 30 B), split %.3f ms (%.0f GB/s at 28 B)\n",
-           n, t0, 30.0 * n / t0 / 1e6, t1, 28.0 * n / t1 / 1e6);
-    dev_free_all();
-    n = (size_t)8 * 28672 * 4096;
-    // not zeros: a live-looking state, random blocks of 2^16 values tiled (the rate does not depend
-    // on the values, but a bench never times a degenerate case)
-    const size_t nr = (size_t)1 << 16;
+    const size_t n = (size_t)8 * 28672 * 4096, nr = (size_t)1 << 16;
+    static const char* const what[3] = {"adamw, fp32 master + bf16 copy", "adamw_split, fp32 gradients",
+                                        "adamw_split, bf16 gradients"};
+    static const double bytes[3] = {30, 28, 26};
     float *rm = randn(nr, 1e-3f), *rv = randu(nr, 1e-8f, 1e-6f), *rw = randn(nr, 0.02f), *rg = randn(nr, 1e-3f);
-    mm = rand_f32(be, rm, nr, n), vv = rand_f32(be, rv, nr, n);
-    w = rand_act(be, rw, nr, n), rem = rand_act(be, rg, nr, n), g = rand_act(be, rg, nr, n);
-    free(rm), free(rv), free(rw), free(rg);
-    const char* old = getenv("MOETRAIN_ADAMW");
-    for (int r = 0; r < 8; r++) {  // each variant twice, alternating
-        const int mode = r & 3;
-        char s[8];
-        snprintf(s, sizeof s, "%d", mode);
-        setenv("MOETRAIN_ADAMW", s, 1);
-        const double t = time_calls(be, 2, NULL, w, rem, mm, vv, g, n);
-        printf("adamw_split bf16 grads %zu params MOETRAIN_ADAMW=%d: %.3f ms (%.0f GB/s at 26 B)\n", n, mode, t,
-               26.0 * n / t / 1e6);
+    for (int k = 0; k < 3; k++) {
+        float *mm = rand_f32(be, rm, nr, n), *vv = rand_f32(be, rv, nr, n);
+        float* master = k == 0 ? rand_f32(be, rw, nr, n) : NULL;
+        void* w = rand_act(be, rw, nr, n);                                       // bf16 copy or split w
+        int16_t* rem = k ? rand_act(be, rg, nr, n) : NULL;                       // any bits
+        void* g = k == 2 ? rand_act(be, rg, nr, n) : (void*)rand_f32(be, rg, nr, n);
+        double t = 0;
+        for (int it = -2; it < 20; it++) {
+            if (it == 0) be->sync(be), t = now_sec();
+            if (k == 0) be->adamw(be, master, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            else be->adamw_split(be, w, rem, mm, vv, g, k == 2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+        }
+        be->sync(be);
+        t = (now_sec() - t) / 20 * 1e3;
+        printf("%s, %zu params: %.3f ms (%.0f GB/s at %.0f B)\n", what[k], n, t, bytes[k] * n / t / 1e6, bytes[k]);
+        dev_free_all();
     }
-    if (old) setenv("MOETRAIN_ADAMW", old, 1);
-    else unsetenv("MOETRAIN_ADAMW");
-    dev_free_all();
+    free(rm), free(rv), free(rw), free(rg);
 }
 
 int main(void) {
     if (gpu_setup("test_cuda_optim")) return 1;
-    if (getenv("MOETRAIN_GPU_BENCH")) time_adamw_split();
+    if (getenv("MOETRAIN_GPU_BENCH")) time_adamw();
     RUN(test_adamw);
     RUN(test_split_pack);
     RUN(test_adamw_split);
     RUN(test_adamw_act_grad);
-    for (int mode = 1; mode < 4; mode++) {  // the MOETRAIN_ADAMW variants being measured: the same bits
-        char e[8];
-        snprintf(e, sizeof e, "%d", mode);
-        setenv("MOETRAIN_ADAMW", e, 1);
-        RUN(test_adamw_split);
-        RUN(test_adamw_act_grad);
-    }
-    unsetenv("MOETRAIN_ADAMW");
     gpu_teardown();
     TEST_END();
 }
