@@ -8,8 +8,6 @@
 // over the warps) and writes dest. The order is exactly experts ascending, then n, then slot.
 // Every gather writes each output row from one thread: no atomics.
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -299,47 +297,34 @@ __global__ void k_swiglu_bwd(T* dgu, float* dscale, const T* dh, const T* gu, co
 }
 
 // bf16, F % 8 == 0, 16-byte aligned: the same arithmetic, 8 values per thread and load (uint4).
-// A thread owns chunks w, w + 256, ... of the row and reads each chunk's (g, u) before writing its
-// (dg, du), so dgu may alias gu. U chunks a round, every load first (U = 2: the next chunk's loads
-// in flight during this one's arithmetic; the summation order of dscale is the same for any U).
-__device__ __forceinline__ void swiglu_bwd8(uint4 gv, uint4 uv, uint4 dv, float s, float& ds, uint4& og, uint4& ou) {
-    const bf16 *gb = (const bf16*)&gv, *ub = (const bf16*)&uv, *db = (const bf16*)&dv;
-    bf16 *ogb = (bf16*)&og, *oub = (bf16*)&ou;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float g = __bfloat162float(gb[i]), u = __bfloat162float(ub[i]), d = __bfloat162float(db[i]);
-        const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
-        ds += d * (si * u);
-        const float da = d * s;
-        oub[i] = __float2bfloat16_rn(da * si);
-        ogb[i] = __float2bfloat16_rn(da * u * (sg * (1.0f + g * (1.0f - sg))));
-    }
-}
-template <int U>
-__global__ void __launch_bounds__(256, 3) k_swiglu_bwd_v8(bf16* dgu, float* dscale, const bf16* dh, const bf16* gu, const float* scale, int F) {
+// Each thread reads its 8 (g, u) pairs before writing them: dgu may alias gu.
+__global__ void k_swiglu_bwd_v8(bf16* dgu, float* dscale, const bf16* dh, const bf16* gu, const float* scale, int F) {
     __shared__ float sh[32];
     const size_t r = blockIdx.x;
     const float s = scale ? scale[r] : 1.0f;
-    const int W = F / 8, B = blockDim.x;
+    const int W = F / 8;
     const uint4* g4 = (const uint4*)(gu + r * 2 * F);
     const uint4* u4 = (const uint4*)(gu + r * 2 * F + F);
     const uint4* d4 = (const uint4*)(dh + r * F);
     uint4* dg4 = (uint4*)(dgu + r * 2 * F);
     uint4* du4 = (uint4*)(dgu + r * 2 * F + F);
     float ds = 0.f;
-    for (int w = threadIdx.x; w < W; w += U * B) {
-        uint4 gv[U], uv[U], dv[U];
+    for (int w = threadIdx.x; w < W; w += blockDim.x) {
+        const uint4 gv = g4[w], uv = u4[w], dv = d4[w];
+        uint4 og, ou;
+        const bf16 *gb = (const bf16*)&gv, *ub = (const bf16*)&uv, *db = (const bf16*)&dv;
+        bf16 *ogb = (bf16*)&og, *oub = (bf16*)&ou;
 #pragma unroll
-        for (int k = 0; k < U; k++)
-            if (w + k * B < W) gv[k] = g4[w + k * B], uv[k] = u4[w + k * B], dv[k] = d4[w + k * B];
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            if (w + k * B >= W) break;
-            uint4 og, ou;
-            swiglu_bwd8(gv[k], uv[k], dv[k], s, ds, og, ou);
-            du4[w + k * B] = ou;
-            dg4[w + k * B] = og;
+        for (int i = 0; i < 8; i++) {
+            const float g = __bfloat162float(gb[i]), u = __bfloat162float(ub[i]), d = __bfloat162float(db[i]);
+            const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
+            ds += d * (si * u);
+            const float da = d * s;
+            oub[i] = __float2bfloat16_rn(da * si);
+            ogb[i] = __float2bfloat16_rn(da * u * (sg * (1.0f + g * (1.0f - sg))));
         }
+        du4[w] = ou;
+        dg4[w] = og;
     }
     if (dscale) {
         ds = block_sum(ds, sh);
@@ -353,10 +338,7 @@ void cuda_swiglu_bwd(Backend* be, void* dgu, float* dscale, const void* dh, cons
     if (n == 0) return;
     CudaImpl* c = CI(be);
     if (is_bf16(be) && F % 8 == 0 && (uintptr_t)dgu % 16 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)dh % 16 == 0)
-        if (getenv("MOETRAIN_SWIGLU_BWD") && strcmp(getenv("MOETRAIN_SWIGLU_BWD"), "1") == 0)  // being measured
-            k_swiglu_bwd_v8<1><<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
-        else
-            k_swiglu_bwd_v8<2><<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
+        k_swiglu_bwd_v8<<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
     else if (is_bf16(be))
         k_swiglu_bwd<bf16><<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
     else
