@@ -8,8 +8,6 @@
 // chunks per thread, V > 28,672 such as Mixtral's 32,000, kept packed: k_ce_rows_p). Row losses go to
 // scratch and one block adds them in row order (double), so the loss is the same on every run.
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -121,33 +119,28 @@ __global__ void __launch_bounds__(CE_THREADS) k_ce_rows_v(bf16* logits, float* r
     }
 }
 
-// The same row at 8 chunks per thread (V > 28,672, e.g. Mixtral's 32,000), lighter on registers:
-// the chunks stay packed bf16 (4 registers each) and e^(x − max) is taken twice — for the sum,
-// then for the gradient — as 2^(x·log2e − max·log2e) in one FFMA and one MUFU.EX2 (fast_exp2)
-// each. ce_row_p is one row whose chunks the caller has loaded into raw (thread t: chunks t,
-// t + CE_THREADS, ...): k_ce_rows_p a block per row, k_ce_rows_pipe a persistent block per SM
-// that loads its next row while it computes this one (docs/performance.md changes 34 and 48).
+// The same row at 8 chunks per thread (V > 28,672, e.g. Mixtral's 32,000), lighter on registers
+// so that two blocks share an SM: the chunks stay packed bf16 (4 registers each, 56 in all) and
+// e^(x − max) is taken twice — for the sum, then for the gradient — as 2^(x·log2e − max·log2e) in
+// one FFMA and one MUFU.EX2 (fast_exp2) each. k_ce_rows_v<8> held 8 fp32 per chunk (100
+// registers, one 512-thread block per SM: 2 TB/s on the H200); measured against it in the step,
+// docs/performance.md change 34.
 template <int NV>
-__device__ __forceinline__ void ce_load_p(uint4 (&raw)[NV], const bf16* logits, int r, int V) {
-    const uint4* x = (const uint4*)(logits + (size_t)r * V);
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const int c = threadIdx.x + i * CE_THREADS;
-        if (c < V / 8) raw[i] = x[c];
-    }
-}
-template <int NV>
-__device__ __forceinline__ void ce_row_p(const uint4 (&raw)[NV], bf16* logits, float* rowloss, const int32_t* tgt,
-                                         int r, int V, float gs, float* sh) {
-    uint4* x = (uint4*)(logits + (size_t)r * V);
+__global__ void __launch_bounds__(CE_THREADS, 2) k_ce_rows_p(bf16* logits, float* rowloss, const int32_t* tgt, int V,
+                                                             float gs) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    uint4* x = (uint4*)(logits + r * V);
     const int t = tgt[r], C = V / 8;
     if (ce_row_skip(x, rowloss, r, t, V, gs)) return;
-    const float xt = threadIdx.x == 0 ? __bfloat162float(logits[(size_t)r * V + t]) : 0.f;  // before any write
+    const float xt = threadIdx.x == 0 ? __bfloat162float(logits[r * V + t]) : 0.f;  // before any write
+    uint4 raw[NV];
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int c = threadIdx.x + i * CE_THREADS;
         if (c < C) {
+            raw[i] = x[c];
             float v[8];
             unpack8(v, raw[i]);
 #pragma unroll
@@ -182,35 +175,6 @@ __device__ __forceinline__ void ce_row_p(const uint4 (&raw)[NV], bf16* logits, f
     }
 }
 
-template <int NV>
-__global__ void __launch_bounds__(CE_THREADS, 2) k_ce_rows_p(bf16* logits, float* rowloss, const int32_t* tgt, int V,
-                                                             float gs) {
-    __shared__ float sh[32];
-    uint4 raw[NV];
-    ce_load_p<NV>(raw, logits, blockIdx.x, V);
-    ce_row_p<NV>(raw, logits, rowloss, tgt, blockIdx.x, V, gs, sh);
-}
-
-// Rows r = blockIdx.x, + gridDim.x, ... (grid ≤ n) in two register buffers: row r + gridDim.x is
-// in flight while row r is reduced and its gradient written, so that the SM's loads never wait
-// for its arithmetic (a block per row, two per SM, read 2.1 TB/s in the step: change 48).
-template <int NV>
-__global__ void __launch_bounds__(CE_THREADS, 1) k_ce_rows_pipe(bf16* logits, float* rowloss, const int32_t* tgt, int n,
-                                                                int V, float gs) {
-    __shared__ float sh[32];
-    const int G = gridDim.x;
-    uint4 a[NV], b[NV];
-    int r = blockIdx.x;
-    ce_load_p<NV>(a, logits, r, V);
-    for (; r < n; r += 2 * G) {
-        const int r1 = r + G, r2 = r + 2 * G;
-        if (r1 < n) ce_load_p<NV>(b, logits, r1, V);
-        ce_row_p<NV>(a, logits, rowloss, tgt, r, V, gs, sh);
-        if (r2 < n) ce_load_p<NV>(a, logits, r2, V);
-        if (r1 < n) ce_row_p<NV>(b, logits, rowloss, tgt, r1, V, gs, sh);
-    }
-}
-
 __global__ void k_ce_sum(float* loss, const float* rowloss, int n) {
     __shared__ double sh[256];
     double s = 0;
@@ -222,11 +186,6 @@ __global__ void k_ce_sum(float* loss, const float* rowloss, int n) {
         __syncthreads();
     }
     if (threadIdx.x == 0) loss[0] = (float)((double)loss[0] + sh[0]);
-}
-
-static int ce_pipe(void) {  // MOETRAIN_CE=rows: a block per row (being measured against the pipelined kernel)
-    const char* e = getenv("MOETRAIN_CE");
-    return !(e && strcmp(e, "rows") == 0);
 }
 
 void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* targets, int n, int V,
@@ -242,9 +201,6 @@ void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* t
     if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 2) k_ce_rows_v<2><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (nv == 4) k_ce_rows_v<4><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 8 && ce_pipe())
-        k_ce_rows_pipe<8><<<n < c->sms ? n : c->sms, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, n, V,
-                                                                                 grad_scale);
     else if (nv == 8) k_ce_rows_p<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
     else if (is_bf16(be))
         k_ce_rows<bf16><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);

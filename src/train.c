@@ -249,7 +249,6 @@ int trainer_run(Trainer* t) {
     if (t->step >= tc->steps)
         log_info("train: the run is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
                  t->step, tc->steps);
-    int prefetched = -1;  // the step whose first micro-batch is already in h_tok / h_tgt
     for (; t->step < tc->steps; t->step++) {
         const int s = t->step;
         if (s == 1 && t->rank == fail_rank) FATAL("injected failure (MOETRAIN_FAIL_RANK=%d)", fail_rank);
@@ -257,7 +256,7 @@ int trainer_run(Trainer* t) {
         double ce = 0, aux = 0, z = 0;
         for (int j = 0; j < t->n_micro; j++) {
             uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
-            if (j > 0 || prefetched != s) trainer_fill_batch(t, 0, first);
+            trainer_fill_batch(t, 0, first);
             a.fresh = j == 0;
             StepLoss l = model_step(&t->model, &a);
             ce += l.ce_sum;
@@ -273,13 +272,6 @@ int trainer_run(Trainer* t) {
             st = (StepStats){.grad_norm = NAN, .lr = optim_lr(&t->cfg.optim, tc->steps, s), .skipped = 1};
         } else {
             st = optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
-        }
-        // The next step's first micro-batch, read while the device finishes this one (the host
-        // buffers are free: the uploads are queued; trainer_eval below refills them and drops this)
-        prefetched = -1;
-        if (s + 1 < tc->steps) {
-            trainer_fill_batch(t, 0, (uint64_t)(s + 1) * tc->global_batch + (uint64_t)t->rank * B);
-            prefetched = s + 1;
         }
         t->be->sync(t->be);
         double dt = now_sec() - t0;
@@ -298,7 +290,6 @@ int trainer_run(Trainer* t) {
         if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
             ev = trainer_eval(t, tc->eval_batches);
             evp = &ev;
-            prefetched = -1;
         }
         if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
             log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);

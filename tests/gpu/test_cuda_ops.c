@@ -4,7 +4,6 @@
 // The optimizer ops (adamw, the split-master ops) are in test_cuda_optim.c.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
 // the worst error per check is printed at the end. Needs a GPU: without one it fails.
-#define _POSIX_C_SOURCE 200809L  // setenv
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,8 +307,8 @@ static void test_rope(void) {
 
 static void test_swiglu(void) {
     // n, F; F % 8 == 0 takes the vectorised bf16 forward kernel
-    const int shapes[][2] = {{33, 100}, {5, 1031}, {70, 256}};
-    FOR_MODES for (int c = 0; c < 3; c++) {
+    const int shapes[][2] = {{33, 100}, {5, 1031}, {70, 256}, {9, 4800}};  // 4800: 600 chunks, 2.3 rounds of 256
+    FOR_MODES for (int c = 0; c < 4; c++) {
         Backend* be = m->gpu;
         const int n = shapes[c][0], F = shapes[c][1];
         const size_t nf = (size_t)n * F;
@@ -488,9 +487,8 @@ static void test_permute(void) {
 // ---- loss and optimizer ------------------------------------------------------------------------
 
 static void test_cross_entropy(void) {
-    // n, V: in bf16, 32000 (Mixtral) takes the packed kernels (8 chunks per thread, two exponentials
-    // each; 301 rows: more than two per block of the pipelined kernel, an odd number of rows over the
-    // SMs, ignored rows in either register buffer), 64 (a DNA-sized vocabulary) the
+    // n, V: in bf16, 32000 (Mixtral) takes the packed kernel (8 chunks per thread, two exponentials
+    // each; 301 rows: more rows than SMs, ignored rows inside), 64 (a DNA-sized vocabulary) the
     // register-resident one with 1 chunk, 997 the scalar one
     const int shapes[][2] = {{20, 32000}, {301, 32000}, {7, 997}, {6, 64}};
     FOR_MODES for (int c = 0; c < 4; c++) {
@@ -525,33 +523,48 @@ static void test_cross_entropy(void) {
 }
 
 // MOETRAIN_GPU_BENCH set: cross_entropy with the gradient at the step's head chunk (16,384 rows of
-// 32,000 bf16 logits, read and overwritten: 2.1 GB), the pipelined kernel against a block per row
-// (MOETRAIN_CE=rows), alternating, each the mean of 20 calls. A measurement printed, not a test.
-static void time_cross_entropy(void) {
+// 32,000 bf16 logits, read and overwritten: 2.1 GB) and swiglu_bwd at one layer's shape at
+// micro-batch 8 (65,536 routed rows, F 14,336: 9.4 GB read and written), each the mean of 10 calls
+// after one, on random inputs (cross_entropy's are gradients after the first call: the same cost).
+// A measurement printed, not a test.
+static void time_memory_bound(void) {
     Backend* be = g_modes[1].gpu;
-    const int n = 16384, V = 32000;
     const size_t nr = (size_t)1 << 20;
     float* r = randn(nr, 3.f);
-    void* d = rand_act(be, r, nr, (size_t)n * V);
-    int32_t* tg = xmalloc(4 * (size_t)n);
-    for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
-    int32_t* dt = up_i32(be, tg, n);
-    float* dl = dev_alloc(be, 4);
-    for (int k = 0; k < 4; k++) {
-        if (k & 1) setenv("MOETRAIN_CE", "rows", 1);
-        else unsetenv("MOETRAIN_CE");
-        be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);  // warm-up (the logits are now gradients: same cost)
+    {
+        const int n = 16384, V = 32000;
+        void* d = rand_act(be, r, nr, (size_t)n * V);
+        int32_t* tg = xmalloc(4 * (size_t)n);
+        for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
+        int32_t* dt = up_i32(be, tg, n);
+        float* dl = dev_alloc(be, 4);
+        be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
         be->sync(be);
         const double t0 = now_sec();
-        for (int i = 0; i < 20; i++) be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
+        for (int i = 0; i < 10; i++) be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
         be->sync(be);
-        const double t = (now_sec() - t0) / 20 * 1e3;
-        printf("cross_entropy %dx%d with gradient, %s: %.3f ms (%.0f GB/s read + written)\n", n, V,
-               k & 1 ? "a block per row" : "pipelined", t, 4.0 * n * V / t / 1e6);
+        const double t = (now_sec() - t0) / 10 * 1e3;
+        printf("cross_entropy %dx%d with gradient: %.3f ms (%.0f GB/s read + written)\n", n, V, t, 4.0 * n * V / t / 1e6);
+        free(tg);
+        dev_free_all();
     }
-    unsetenv("MOETRAIN_CE");
-    free(r), free(tg);
-    dev_free_all();
+    {
+        const int n = 65536, F = 14336;
+        const size_t nf = (size_t)n * F;
+        float* sc = randu(n, 0.1f, 1.f);
+        void *gu = rand_act(be, r, nr, 2 * nf), *dh = rand_act(be, r + 7, nr - 7, nf), *out = dev_alloc(be, 4 * nf);
+        float *dsc = up_f32(be, sc, n), *ds = dev_alloc(be, 4 * (size_t)n);
+        be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
+        be->sync(be);
+        const double t0 = now_sec();
+        for (int i = 0; i < 10; i++) be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
+        be->sync(be);
+        const double t = (now_sec() - t0) / 10 * 1e3;
+        printf("swiglu_bwd %dx%d: %.3f ms (%.0f GB/s)\n", n, F, t, 10.0 * nf / t / 1e6);
+        free(sc);
+        dev_free_all();
+    }
+    free(r);
 }
 
 int main(void) {
@@ -567,10 +580,7 @@ int main(void) {
     RUN(test_moe_index);
     RUN(test_permute);
     RUN(test_cross_entropy);
-    setenv("MOETRAIN_CE", "rows", 1);  // the block-per-row kernel, measured against the pipelined one
-    RUN(test_cross_entropy);
-    unsetenv("MOETRAIN_CE");
-    if (getenv("MOETRAIN_GPU_BENCH")) time_cross_entropy();
+    if (getenv("MOETRAIN_GPU_BENCH")) time_memory_bound();
     gpu_teardown();
     TEST_END();
 }
