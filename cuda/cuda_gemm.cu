@@ -411,7 +411,7 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
 // What the heuristic's first pick (the one gemm_run uses) costs against its other candidates at
 // an exact shape; prints one line per candidate. A measurement tool for the bench, not an op.
 extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
-                                 const char* label) {
+                                 const char* label, float hot_ms) {
     CudaImpl* c = CI(be);
     const int M = d->M, N = d->N, K = d->K;
     GemmKey k;
@@ -436,7 +436,32 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     CUDA_CK(cudaEventCreate(&e0));
     CUDA_CK(cudaEventCreate(&e1));
     const float alpha = d->alpha, beta = d->beta;
-    for (int i = 0; i < nres; i++) {
+    // hot_ms > 0: the card at its power limit first (hot_ms · 3 of the first pick), then each
+    // candidate back to back for hot_ms, timed over its second half, and the first pick once more
+    // at the end (the drift of the card's state over the survey)
+    auto run = [&](int i, int reps) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r < reps && s == CUBLAS_STATUS_SUCCESS; r++)
+            s = cublasLtMatmul(c->lt, p.op, &alpha, B, p.la, A, p.lb, &beta, C, p.lc, C, p.lc, &res[i].algo, c->lt_ws,
+                               c->lt_ws_bytes, c->stream);
+        return s;
+    };
+    int per = 5;  // calls in hot_ms, from one timed call of the first pick
+    if (hot_ms > 0 && nres > 0) {
+        float one = 0;
+        run(0, 1);
+        CUDA_CK(cudaEventRecord(e0, c->stream));
+        run(0, 1);
+        CUDA_CK(cudaEventRecord(e1, c->stream));
+        CUDA_CK(cudaEventSynchronize(e1));
+        CUDA_CK(cudaEventElapsedTime(&one, e0, e1));
+        per = (int)(hot_ms / (one > 0.01f ? one : 0.01f));
+        if (per < 4) per = 4;
+        run(0, 3 * per);
+    }
+    for (int j = 0; j <= nres; j++) {
+        const int i = j == nres ? 0 : j;
+        if (j == nres && hot_ms <= 0) break;
         int tile = 0, stages = 0, splitk = 0, swz = 0, cluster = 0;
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
@@ -446,21 +471,20 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
                                              sizeof cluster, &w);
         float ms = 0;
-        const int reps = 5;
-        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-        for (int r = -1; r < reps && s == CUBLAS_STATUS_SUCCESS; r++) {
-            if (r == 0) CUDA_CK(cudaEventRecord(e0, c->stream));
-            s = cublasLtMatmul(c->lt, p.op, &alpha, B, p.la, A, p.lb, &beta, C, p.lc, C, p.lc, &res[i].algo, c->lt_ws,
-                               c->lt_ws_bytes, c->stream);
+        const int reps = hot_ms > 0 ? per - per / 2 : 5;
+        cublasStatus_t s = run(i, hot_ms > 0 ? per / 2 : 1);  // warm-up (hot: the first half)
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            CUDA_CK(cudaEventRecord(e0, c->stream));
+            s = run(i, reps);
         }
         CUDA_CK(cudaEventRecord(e1, c->stream));
         CUDA_CK(cudaEventSynchronize(e1));
         if (s == CUBLAS_STATUS_SUCCESS) CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        printf("survey %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2d  %8.3f ms %6.1f "
-               "TFLOP/s%s\n",
-               label, M, N, K, i, tile, stages, splitk, swz, cluster, ms, s ? 0.0 : 2.0 * M * N * K / ms / 1e9,
-               s ? " (refused)" : "");
+        printf("survey%s %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2d  %8.3f ms %6.1f "
+               "TFLOP/s%s%s\n",
+               hot_ms > 0 ? " hot" : "", label, M, N, K, i, tile, stages, splitk, swz, cluster, ms,
+               s ? 0.0 : 2.0 * M * N * K / ms / 1e9, s ? " (refused)" : "", j == nres ? " (first pick again)" : "");
     }
     fflush(stdout);
     cudaEventDestroy(e0);
