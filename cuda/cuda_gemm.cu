@@ -66,9 +66,17 @@ typedef struct GemmPlan {
     double gflop[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS], rate[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS];
 } GemmPlan;
 
+// MOETRAIN_GEMM_TILE (being measured): "ta,tb,X,Y=tile;..." makes a plan with trans_a ta and
+// trans_b tb take the heuristic's first candidate with that cuBLASLt tile id (cublasLtMatmulTile_t),
+// where (X, Y) is (N, K) for ta = 0 and (M, N) for ta = 1: the dims the expert GEMMs do not vary.
+enum { TILE_OVR_MAX = 16 };
+typedef struct TileOvr { int ta, tb, x, y, tile; } TileOvr;
+
 struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
+    TileOvr ovr[TILE_OVR_MAX];
+    int n_ovr;
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
     int grouped_wg;      // MOETRAIN_GEMM_GROUPED: which grouped GEMMs run on cuda_gemm_wg.cu's
                          // kernel where it fits, a set of GG_USE_* (0: cuBLASLt for all)
@@ -103,6 +111,16 @@ struct GemmCache* gemm_cache_create(void) {
     g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     g->grouped_wg = grouped_wg_parse(getenv("MOETRAIN_GEMM_GROUPED"));
+    const char* e = getenv("MOETRAIN_GEMM_TILE");
+    for (const char* q = e; q && *q && g->n_ovr < TILE_OVR_MAX;) {
+        TileOvr* o = &g->ovr[g->n_ovr];
+        int used = 0;
+        CHECK(sscanf(q, "%d,%d,%d,%d=%d%n", &o->ta, &o->tb, &o->x, &o->y, &o->tile, &used) == 5,
+              "MOETRAIN_GEMM_TILE=%s: expected ta,tb,X,Y=tile;...", e);
+        g->n_ovr++;
+        q += used;
+        while (*q == ';') q++;
+    }
     return g;
 }
 
@@ -162,6 +180,15 @@ static void set_dims(GemmPlan* p, int M, int K) {
     p->cur_K = K;
 }
 
+static int tile_ovr(const struct GemmCache* g, const GemmKey* k) {  // the MOETRAIN_GEMM_TILE tile, or -1
+    for (int i = 0; i < g->n_ovr; i++) {
+        const TileOvr* o = &g->ovr[i];
+        if (o->ta == k->ta && o->tb == k->tb && o->x == (k->ta ? k->M : k->N) && o->y == (k->ta ? k->N : k->K))
+            return o->tile;
+    }
+    return -1;
+}
+
 static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     memset(p, 0, sizeof *p);
     p->key = *k;
@@ -191,8 +218,9 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
     cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
     int nres = 0;
+    const int want = c->gemm ? tile_ovr(c->gemm, k) : -1;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
-                                                      tune ? GEMM_TUNE_MAX : 1, res, &nres);
+                                                      tune || want >= 0 ? GEMM_TUNE_MAX : 1, res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0)
         FATAL("cuBLASLt has no algorithm for the GEMM M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d "
@@ -200,6 +228,19 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
               M, N, K, k->ta, k->tb, k->lda, k->ldb, k->ldc, k->bf16 ? "bf16" : "fp32",
               ct == CUDA_R_16BF ? "bf16" : "fp32", k->align, cublasLt_status_name(s));
     p->algo = res[0].algo;
+    for (int i = 0; want >= 0 && i < nres; i++) {
+        int tile = -1;
+        size_t w;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        if (tile == want && res[i].state == CUBLAS_STATUS_SUCCESS) {
+            p->algo = res[i].algo;
+            if (c->gemm->tune_log)
+                fprintf(stderr, "gemm M=%d N=%d K=%d ta=%d tb=%d: MOETRAIN_GEMM_TILE %d = candidate #%d\n", k->M, k->N,
+                        k->K, k->ta, k->tb, want, i);
+            break;
+        }
+    }
+    if (!tune) nres = 1;  // the override asked for more candidates than the tuner uses
     p->n_cand = 0;
     for (int i = 0; i < nres; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
