@@ -66,17 +66,29 @@ typedef struct GemmPlan {
     double gflop[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS], rate[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS];
 } GemmPlan;
 
-// MOETRAIN_GEMM_TILE (being measured): "ta,tb,X,Y=tile;..." makes a plan with trans_a ta and
-// trans_b tb take the heuristic's first candidate with that cuBLASLt tile id (cublasLtMatmulTile_t),
-// where (X, Y) is (N, K) for ta = 0 and (M, N) for ta = 1: the dims the expert GEMMs do not vary.
-enum { TILE_OVR_MAX = 16 };
-typedef struct TileOvr { int ta, tb, x, y, tile; } TileOvr;
+// Tile preferences: a plan with trans_a ta and trans_b tb whose fixed dims (X, Y) — (N, K) for
+// ta = 0, (M, N) for ta = 1: the dims an expert GEMM does not vary — match takes the heuristic's
+// first candidate with that cuBLASLt tile id (cublasLtMatmulTile_t), where there is one; else
+// the first pick. The built-in table (bf16 on compute capability 9.0) holds what the hot survey
+// (MOETRAIN_GEMM_SURVEY=hot: each candidate back to back at the card's power limit) found and the
+// step confirmed for Mixtral-8x7B's expert GEMMs on the H200: the w13 forward on 176 × 128 tiles
+// (697 against the first pick's 674 TFLOP/s at 8,192 rows), its weight gradient on 128 × 160 (688
+// against 678); the step −1.3 ms at micro-batch 8 (docs/performance.md, change 48). The lm_head's
+// better candidates in the survey did not carry over to the step, and are left out.
+// MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none".
+enum { TILE_PREF_MAX = 16 };
+typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
+static const TilePref k_tile_pref_sm90[] = {
+    {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
+    {1, 0, 28672, 4096, 29},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
+};
 
 struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
-    TileOvr ovr[TILE_OVR_MAX];
-    int n_ovr;
+    TilePref pref[TILE_PREF_MAX];  // the tile preferences in force (the table or MOETRAIN_GEMM_TILE)
+    int n_pref;
+    int pref_env;                  // MOETRAIN_GEMM_TILE was given (it applies on any GPU)
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
     int grouped_wg;      // MOETRAIN_GEMM_GROUPED: which grouped GEMMs run on cuda_gemm_wg.cu's
                          // kernel where it fits, a set of GG_USE_* (0: cuBLASLt for all)
@@ -112,14 +124,22 @@ struct GemmCache* gemm_cache_create(void) {
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     g->grouped_wg = grouped_wg_parse(getenv("MOETRAIN_GEMM_GROUPED"));
     const char* e = getenv("MOETRAIN_GEMM_TILE");
-    for (const char* q = e; q && *q && g->n_ovr < TILE_OVR_MAX;) {
-        TileOvr* o = &g->ovr[g->n_ovr];
-        int used = 0;
-        CHECK(sscanf(q, "%d,%d,%d,%d=%d%n", &o->ta, &o->tb, &o->x, &o->y, &o->tile, &used) == 5,
-              "MOETRAIN_GEMM_TILE=%s: expected ta,tb,X,Y=tile;...", e);
-        g->n_ovr++;
-        q += used;
-        while (*q == ';') q++;
+    g->pref_env = e && e[0];
+    if (!g->pref_env) {
+        g->n_pref = (int)(sizeof k_tile_pref_sm90 / sizeof k_tile_pref_sm90[0]);
+        memcpy(g->pref, k_tile_pref_sm90, sizeof k_tile_pref_sm90);
+    } else if (strcmp(e, "none") != 0) {
+        for (const char* q = e; *q;) {
+            CHECK(g->n_pref < TILE_PREF_MAX, "MOETRAIN_GEMM_TILE=%s: more than %d entries", e, TILE_PREF_MAX);
+            TilePref* t = &g->pref[g->n_pref];
+            int used = 0;
+            CHECK(sscanf(q, "%d,%d,%d,%d=%d%n", &t->ta, &t->tb, &t->x, &t->y, &t->tile, &used) == 5 && used > 0,
+                  "MOETRAIN_GEMM_TILE=%s: expected none or ta,tb,X,Y=tile;... (docs/gpu.md)", e);
+            g->n_pref++;
+            q += used;
+            CHECK(*q == ';' || !*q, "MOETRAIN_GEMM_TILE=%s: expected ';' between entries", e);
+            while (*q == ';') q++;
+        }
     }
     return g;
 }
@@ -180,11 +200,14 @@ static void set_dims(GemmPlan* p, int M, int K) {
     p->cur_K = K;
 }
 
-static int tile_ovr(const struct GemmCache* g, const GemmKey* k) {  // the MOETRAIN_GEMM_TILE tile, or -1
-    for (int i = 0; i < g->n_ovr; i++) {
-        const TileOvr* o = &g->ovr[i];
-        if (o->ta == k->ta && o->tb == k->tb && o->x == (k->ta ? k->M : k->N) && o->y == (k->ta ? k->N : k->K))
-            return o->tile;
+// The preferred tile for the plan's key, or -1 (the built-in table: bf16 on compute capability 9.0).
+static int tile_pref(const CudaImpl* c, const GemmKey* k) {
+    const struct GemmCache* g = c->gemm;
+    if (!g || (!g->pref_env && !(k->bf16 && c->cc_major == 9))) return -1;
+    for (int i = 0; i < g->n_pref; i++) {
+        const TilePref* t = &g->pref[i];
+        if (t->ta == k->ta && t->tb == k->tb && t->x == (k->ta ? k->M : k->N) && t->y == (k->ta ? k->N : k->K))
+            return t->tile;
     }
     return -1;
 }
@@ -218,7 +241,7 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
     cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
     int nres = 0;
-    const int want = c->gemm ? tile_ovr(c->gemm, k) : -1;
+    const int want = tile_pref(c, k);
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
                                                       tune || want >= 0 ? GEMM_TUNE_MAX : 1, res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -235,12 +258,12 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
         if (tile == want && res[i].state == CUBLAS_STATUS_SUCCESS) {
             p->algo = res[i].algo;
             if (c->gemm->tune_log)
-                fprintf(stderr, "gemm M=%d N=%d K=%d ta=%d tb=%d: MOETRAIN_GEMM_TILE %d = candidate #%d\n", k->M, k->N,
+                fprintf(stderr, "gemm M=%d N=%d K=%d ta=%d tb=%d: preferred tile %d = candidate #%d\n", k->M, k->N,
                         k->K, k->ta, k->tb, want, i);
             break;
         }
     }
-    if (!tune) nres = 1;  // the override asked for more candidates than the tuner uses
+    if (!tune) nres = 1;  // the preference asked for more candidates than the first pick
     p->n_cand = 0;
     for (int i = 0; i < nres; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
@@ -302,6 +325,38 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
     FATAL("cuda gemm: plan cache full");
 }
 
+// A GEMM's plan key: strides already defaulted, al the operands' common alignment, dyn the dim
+// rounded up to a power of two (1 M, 2 K, 0 none).
+static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, int al, int dyn) {
+    GemmKey k;
+    memset(&k, 0, sizeof k);  // padding bytes take part in the hash
+    k.M = dyn == 1 ? round_pow2(d->M) : d->M;
+    k.N = d->N;
+    k.K = dyn == 2 ? round_pow2(d->K) : d->K;
+    k.ta = d->trans_a != 0;
+    k.tb = d->trans_b != 0;
+    k.lda = lda;
+    k.ldb = ldb;
+    k.ldc = ldc;
+    k.bf16 = is_bf16(be);
+    k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1;
+    k.align = al;
+    k.dyn = dyn;
+    return k;
+}
+
+// The cuBLASLt tile id (cublasLtMatmulTile_t) of the algorithm the plan for d uses (16-byte
+// aligned operands, default strides; dyn as gemm_run's): for the tile-preference test.
+extern "C" int cuda_gemm_plan_tile(Backend* be, const GemmDesc* d, int dyn) {
+    const int lda = d->lda ? d->lda : (d->trans_a ? d->M : d->K), ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
+    const GemmKey k = key_of(be, d, lda, ldb, d->ldc ? d->ldc : d->N, 16, dyn);
+    const GemmPlan* p = plan_get(CI(be), &k);
+    int tile = -1;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    return tile;
+}
+
 // One GEMM with explicit strides (already defaulted). dyn: which dim to round for the plan.
 static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
                      void* C, int dyn) {
@@ -317,24 +372,11 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
         cuda_scale_matrix(be, C, d->c_f32, M, N, ldc, d->beta);
         return;
     }
-    GemmKey k;
-    memset(&k, 0, sizeof k);  // padding bytes take part in the hash
-    k.M = dyn == 1 ? round_pow2(M) : M;
-    k.N = N;
-    k.K = dyn == 2 ? round_pow2(K) : K;
-    k.ta = d->trans_a != 0;
-    k.tb = d->trans_b != 0;
-    k.lda = lda;
-    k.ldb = ldb;
-    k.ldc = ldc;
-    k.bf16 = is_bf16(be);
-    k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1;
     int al = ptr_align(A), t;
     if ((t = ptr_align(B)) < al) al = t;
     if ((t = ptr_align(C)) < al) al = t;
     if ((t = ptr_align(Cin)) < al) al = t;
-    k.align = al;
-    k.dyn = dyn;
+    GemmKey k = key_of(be, d, lda, ldb, ldc, al, dyn);
     GemmPlan* p = plan_get(c, &k);
     if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);
     const float alpha = d->alpha, beta = d->beta;

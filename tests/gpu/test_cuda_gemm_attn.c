@@ -29,6 +29,45 @@ static float* block_of(const float* x, int rows, int cols, int ld) {
     return y;
 }
 
+int cuda_gemm_plan_tile(Backend* be, const GemmDesc* d, int dyn);
+int cuda_gemm_wg_available(Backend* be);
+
+// The tile preferences of cuda_gemm.cu (bf16 on compute capability 9.0): the w13 forward and
+// weight-gradient plans of Mixtral-8x7B at 8,192 rows per expert (rounded, as the grouped GEMMs
+// key them) use the table's tiles, and such a GEMM is right: its first 16 rows against the CPU.
+// A cuBLASLt whose candidates no longer hold the table's tiles fails here: the table is then stale.
+static void test_gemm_tile_pref(void) {
+    const Mode* m = &g_modes[1];
+    Backend* be = m->gpu;
+    if (getenv("MOETRAIN_GEMM_TILE") || !cuda_gemm_wg_available(be)) {  // the latter: Hopper, sm_90a, bf16
+        printf("skip test_gemm_tile_pref: %s\n", getenv("MOETRAIN_GEMM_TILE") ? "MOETRAIN_GEMM_TILE is set" : "not Hopper");
+        return;
+    }
+    const int F2 = 28672, H = 4096, R = 8192;
+    GemmDesc fwd = {.M = R, .N = F2, .K = H, .trans_b = 1, .alpha = 1};
+    GemmDesc wgr = {.M = F2, .N = H, .K = R, .trans_a = 1, .alpha = 1};
+    int t = cuda_gemm_plan_tile(be, &fwd, 1);
+    EXPECT(t == 201, "w13 forward plan at %d rows: tile %d, the table's is 201 (176x128)", R, t);
+    t = cuda_gemm_plan_tile(be, &wgr, 2);
+    EXPECT(t == 29, "w13 weight-gradient plan at %d rows: tile %d, the table's is 29 (128x160)", R, t);
+    // C = A·Bᵀ at R rows through the preferred plan; rows 0..15 against the CPU
+    const size_t na = (size_t)R * H, nb = (size_t)F2 * H, nr = (size_t)1 << 20;
+    float* r = randn(nr, 1.f);
+    void *A = rand_act(be, r, nr, na), *B = rand_act(be, r + 3, nr - 3, nb), *C = poison_act(be, (size_t)R * F2);
+    GroupDesc g1 = {.groups = 1};
+    int off[2] = {0, R};
+    g1.host_off = off;
+    be->gemm_grouped(be, &fwd, &g1, A, B, C);  // the expert path: the plan keyed by rounded rows
+    float *Ah = down_act(be, A, (size_t)16 * H), *Bh = down_act(be, B, nb), *ref = xmalloc(4 * (size_t)16 * F2);
+    GemmDesc sub = fwd;
+    sub.M = 16;
+    g_cpu->gemm(g_cpu, &sub, Ah, Bh, ref);
+    cmp(m, "gemm w13 forward, preferred tile (16 rows)", down_act(be, C, (size_t)16 * F2), ref, (size_t)16 * F2,
+        TOL_BF16_OUT);
+    free(Ah), free(Bh), free(ref), free(r);
+    dev_free_all();
+}
+
 static void test_gemm(void) {
     const GemmCase cs[] = {
         {37, 53, 70, 0, 0, 0, 0, 0, 1.f, 0.f, 0, 0},      // odd sizes, every transpose
@@ -509,6 +548,7 @@ int main(void) {
         return 0;
     }
     RUN(test_gemm);
+    RUN(test_gemm_tile_pref);
     RUN(test_gemm_grouped);
     RUN(test_attention);
     RUN(test_attention_one_wg);
