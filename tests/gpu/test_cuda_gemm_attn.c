@@ -325,63 +325,40 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
                       const char* label, float hot_ms);
 
 // MOETRAIN_GEMM_SURVEY=1: every candidate of cuBLASLt's heuristic for the GEMMs of a bench_8x7B_L2
-// step (expert GEMMs at 4096 and 8192 rows per expert: micro-batch 4 and 8; the lm_head GEMMs of
-// a 16,384-token chunk), each timed over 5 calls (a cool card).
-// MOETRAIN_GEMM_SURVEY=hot: the step's GEMMs at micro-batch 8 (the expert weight gradients in bf16,
-// as precision.expert_grad=auto writes them), each candidate back to back for 600 ms at the card's
-// power limit, where the step runs (docs/performance.md, change 48).
-static void gemm_survey_hot(void) {
-    Backend* be = g_modes[1].gpu;  // bf16
-    const size_t nr = (size_t)1 << 24;
-    float* r = randn(nr, 1.f);
-    const size_t big = (size_t)16384 * 32000;
-    void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
-    const int H = 4096, F = 14336, V = 32000, rows = 8192;
-    const struct { const char* name; GemmDesc d; } g[] = {
-        {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
-        {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
-        {"w13 wgrad bf16", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
-        {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
-        {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
-        {"w2 wgrad bf16", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
-        {"head fwd", {.M = 16384, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
-        {"head dgrad", {.M = 16384, .N = H, .K = V, .alpha = 1}},
-        {"head wgrad", {.M = V, .N = H, .K = 16384, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
-    };
-    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, 600.f);
-    free(r);
-    dev_free_all();
-}
-
-static void gemm_survey(void) {
+// step (expert GEMMs at 4096 and 8192 rows per expert: micro-batch 4 and 8, the weight gradients
+// in bf16 as precision.expert_grad=auto writes them, and the dgrad/forward products with the weight
+// stored transposed, "Wt"; the lm_head GEMMs of a 16,384-token chunk), each timed over 5 calls (a
+// cool card). MOETRAIN_GEMM_SURVEY=hot (hot_ms 600): micro-batch 8 only, each candidate back to
+// back for 600 ms at the card's power limit, where the step runs (docs/performance.md, change 48).
+static void gemm_survey(float hot_ms) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
     float* r = randn(nr, 1.f);
     const size_t big = (size_t)16384 * 32000;
     void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
     const int H = 4096, F = 14336, V = 32000;
-    for (int rows = 4096; rows <= 8192; rows *= 2) {
+    for (int rows = hot_ms > 0 ? 8192 : 4096; rows <= 8192; rows *= 2) {
         const struct { const char* name; GemmDesc d; } g[] = {
             {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
             {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
-            {"w13 wgrad", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+            {"w13 wgrad bf16", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
             {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
             {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
-            {"w2 wgrad", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
-            // the same products with the weight stored transposed (what a transposed copy would buy)
+            {"w2 wgrad bf16", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
             {"w13 fwd Wt", {.M = rows, .N = 2 * F, .K = H, .alpha = 1}},
             {"w13 dgrad Wt", {.M = rows, .N = H, .K = 2 * F, .trans_b = 1, .alpha = 1}},
             {"w2 fwd Wt", {.M = rows, .N = H, .K = F, .alpha = 1}},
             {"w2 dgrad Wt", {.M = rows, .N = F, .K = H, .trans_b = 1, .alpha = 1}},
         };
-        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, 0.f);
+        const size_t ng = hot_ms > 0 ? 6 : sizeof g / sizeof g[0];  // hot: not the transposed-weight rows
+        for (size_t i = 0; i < ng; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, hot_ms);
     }
     const struct { const char* name; GemmDesc d; } h[] = {
         {"head fwd", {.M = 16384, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
         {"head dgrad", {.M = 16384, .N = H, .K = V, .alpha = 1}},
         {"head wgrad", {.M = V, .N = H, .K = 16384, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
     };
-    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) cuda_gemm_survey(be, &h[i].d, A, B, C, 8, h[i].name, 0.f);
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) cuda_gemm_survey(be, &h[i].d, A, B, C, 8, h[i].name, hot_ms);
     free(r);
     dev_free_all();
 }
@@ -556,8 +533,8 @@ int main(void) {
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();
     const char* sv = getenv("MOETRAIN_GEMM_SURVEY");
-    if (sv && sv[0] == '1') gemm_survey();
-    if (sv && strcmp(sv, "hot") == 0) gemm_survey_hot();
+    if (sv && sv[0] == '1') gemm_survey(0.f);
+    if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f);
     gpu_teardown();
     TEST_END();
 }
