@@ -332,33 +332,27 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
 // back for 600 ms at the card's power limit, where the step runs (docs/performance.md, change 48).
 // MOETRAIN_GEMM_SURVEY=hotdense: the same for the attention projections at micro-batch 8 (32,768
 // tokens; q and o share their shapes, k and v theirs; weight gradients in fp32).
-static void gemm_survey_dense(float hot_ms) {
+static void gemm_survey(float hot_ms, int dense) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
     float* r = randn(nr, 1.f);
-    const size_t big = (size_t)32768 * 4096;
+    const size_t big = (size_t)16384 * 32000;  // the largest operand (logits), and C in fp32
     void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
-    const int H = 4096, KV = 1024, N = 32768;
-    const struct { const char* name; GemmDesc d; } g[] = {
-        {"q/o fwd", {.M = N, .N = H, .K = H, .trans_b = 1, .alpha = 1}},
-        {"k/v fwd", {.M = N, .N = KV, .K = H, .trans_b = 1, .alpha = 1}},
-        {"q/o dgrad", {.M = N, .N = H, .K = H, .alpha = 1}},
-        {"k/v dgrad", {.M = N, .N = H, .K = KV, .alpha = 1}},
-        {"q/o wgrad", {.M = H, .N = H, .K = N, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
-        {"k/v wgrad", {.M = KV, .N = H, .K = N, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
-    };
-    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, hot_ms);
-    free(r);
-    dev_free_all();
-}
-
-static void gemm_survey(float hot_ms) {
-    Backend* be = g_modes[1].gpu;  // bf16
-    const size_t nr = (size_t)1 << 24;
-    float* r = randn(nr, 1.f);
-    const size_t big = (size_t)16384 * 32000;
-    void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
-    const int H = 4096, F = 14336, V = 32000;
+    const int H = 4096, F = 14336, V = 32000, KV = 1024, T = 32768;
+    if (dense) {
+        const struct { const char* name; GemmDesc d; } q[] = {
+            {"q/o fwd", {.M = T, .N = H, .K = H, .trans_b = 1, .alpha = 1}},
+            {"k/v fwd", {.M = T, .N = KV, .K = H, .trans_b = 1, .alpha = 1}},
+            {"q/o dgrad", {.M = T, .N = H, .K = H, .alpha = 1}},
+            {"k/v dgrad", {.M = T, .N = H, .K = KV, .alpha = 1}},
+            {"q/o wgrad", {.M = H, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+            {"k/v wgrad", {.M = KV, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+        };
+        for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) cuda_gemm_survey(be, &q[i].d, A, B, C, 8, q[i].name, hot_ms);
+        free(r);
+        dev_free_all();
+        return;
+    }
     for (int rows = hot_ms > 0 ? 8192 : 4096; rows <= 8192; rows *= 2) {
         const struct { const char* name; GemmDesc d; } g[] = {
             {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
@@ -555,9 +549,9 @@ int main(void) {
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();
     const char* sv = getenv("MOETRAIN_GEMM_SURVEY");
-    if (sv && sv[0] == '1') gemm_survey(0.f);
-    if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f);
-    if (sv && strcmp(sv, "hotdense") == 0) gemm_survey_dense(600.f);
+    if (sv && sv[0] == '1') gemm_survey(0.f, 0);
+    if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f, 0);
+    if (sv && strcmp(sv, "hotdense") == 0) gemm_survey(600.f, 1);
     gpu_teardown();
     TEST_END();
 }
