@@ -112,8 +112,7 @@ static void* cu_alloc(Backend* be, size_t bytes) {
 static void cu_free(Backend* be, void* p) {
     if (!p) return;
     CudaImpl* c = CI(be);
-    CUDA_CK(cudaStreamSynchronize(c->side));  // no op in flight, on either queue, may still use it
-    CUDA_CK(cudaStreamSynchronize(c->main));
+    CUDA_CK(cudaStreamSynchronize(c->stream));  // no op in flight may still use it
     c->live -= amap_take(&c->allocs, (uintptr_t)p);
     CUDA_CK(cudaFree(p));
 }
@@ -316,83 +315,11 @@ void cuda_scale_matrix(Backend* be, void* C, int c_f32, int M, int N, int ldc, f
     LAUNCH_CK(CI(be));
 }
 
-// ---- the side queue (backend.h) ---------------------------------------------------------------
-
-// Tests: holds the side queue for `us` microseconds, so that a missing side_wait shows as a read
-// of weights not yet updated.
-__global__ void k_spin(unsigned us) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));  // nanoseconds
-    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    while (t - t0 < 1000ull * us);
-}
-
-static void cu_side_begin(Backend* be) {
-    CudaImpl* c = CI(be);
-    CHECK(c->stream == c->main, "side_begin inside side_begin");
-    CUDA_CK(cudaEventRecord(c->fork, c->main));
-    CUDA_CK(cudaStreamWaitEvent(c->side, c->fork, 0));
-    c->stream = c->side;
-    if (c->side_delay_us) {
-        k_spin<<<1, 1, 0, c->side>>>(c->side_delay_us);
-        LAUNCH_CK(c);
-    }
-}
-
-static void cu_side_mark(Backend* be, int id) {
-    CudaImpl* c = CI(be);
-    CHECK(c->stream == c->side && id >= 0 && id < 4096, "side_mark %d outside side_begin/side_end", id);
-    if (id >= c->nmarks) {
-        const int n = id + 1 > 2 * c->nmarks ? id + 1 : 2 * c->nmarks;
-        c->marks = (cudaEvent_t*)realloc(c->marks, sizeof(cudaEvent_t) * (size_t)n);
-        c->mark_set = (unsigned char*)realloc(c->mark_set, (size_t)n);
-        CHECK(c->marks && c->mark_set, "out of host memory");
-        for (int i = c->nmarks; i < n; i++) {
-            CUDA_CK(cudaEventCreateWithFlags(&c->marks[i], cudaEventDisableTiming));
-            c->mark_set[i] = 0;
-        }
-        c->nmarks = n;
-    }
-    CUDA_CK(cudaEventRecord(c->marks[id], c->side));
-    c->mark_set[id] = 1;
-    c->side_marks++;
-}
-
-static void cu_side_end(Backend* be) {
-    CudaImpl* c = CI(be);
-    CHECK(c->stream == c->side, "side_end without side_begin");
-    CUDA_CK(cudaEventRecord(c->side_done, c->side));
-    c->side_pending = 1;
-    c->stream = c->main;
-}
-
-static void cu_side_wait(Backend* be, int id) {
-    CudaImpl* c = CI(be);
-    if (id >= 0 && id < c->nmarks && c->mark_set[id]) CUDA_CK(cudaStreamWaitEvent(c->main, c->marks[id], 0));
-}
-
-static void cu_side_join(Backend* be) {
-    CudaImpl* c = CI(be);
-    if (!c->side_pending) return;
-    CUDA_CK(cudaStreamWaitEvent(c->main, c->side_done, 0));
-    c->side_pending = 0;
-}
-
-extern "C" void cuda_backend_side_delay(Backend* be, unsigned us) { CI(be)->side_delay_us = us; }
-extern "C" long cuda_backend_side_marks(Backend* be) { return CI(be)->side_marks; }
-
 // ---- the table -------------------------------------------------------------------------------
 
 static void cu_destroy(Backend* be) {
     CudaImpl* c = CI(be);
-    CUDA_CK(cudaStreamSynchronize(c->side));
-    CUDA_CK(cudaStreamSynchronize(c->main));
-    for (int i = 0; i < c->nmarks; i++) CUDA_CK(cudaEventDestroy(c->marks[i]));
-    free(c->marks);
-    free(c->mark_set);
-    CUDA_CK(cudaEventDestroy(c->fork));
-    CUDA_CK(cudaEventDestroy(c->side_done));
-    CUDA_CK(cudaStreamDestroy(c->side));
+    CUDA_CK(cudaStreamSynchronize(c->stream));
     gemm_cache_destroy(c->gemm);
     CUBLAS_CK(cublasLtDestroy(c->lt));
     CUDA_CK(cudaFree(c->lt_ws));
@@ -401,14 +328,14 @@ static void cu_destroy(Backend* be) {
         if (c->allocs.key[i] > 1) cudaFree((void*)c->allocs.key[i]);
     free(c->allocs.key);
     free(c->allocs.val);
-    CUDA_CK(cudaStreamDestroy(c->main));
+    CUDA_CK(cudaStreamDestroy(c->stream));
     free(c);
     free(be);
 }
 
 extern "C" void* cuda_backend_stream(Backend* be) {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0) return NULL;
-    return (void*)CI(be)->main;
+    return (void*)CI(be)->stream;
 }
 
 extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
@@ -446,13 +373,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     c->cc_major = prop.major;
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
     c->debug_sync = dbg && dbg[0] == '1';
-    int prio_low = 0, prio_high = 0;  // numerically: low ≥ high
-    CUDA_CK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
-    CUDA_CK(cudaStreamCreateWithPriority(&c->main, cudaStreamNonBlocking, prio_high));
-    CUDA_CK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, prio_low));
-    CUDA_CK(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
-    CUDA_CK(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming));
-    c->stream = c->main;
+    CUDA_CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CK(cublasLtCreate(&c->lt));
     c->lt_ws_bytes = LT_WS_BYTES;
     CUDA_CK(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
@@ -511,11 +432,6 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->split_unpack = cuda_split_unpack;
     be->adamw_split = cuda_adamw_split;
 
-    be->side_begin = cu_side_begin;
-    be->side_mark = cu_side_mark;
-    be->side_end = cu_side_end;
-    be->side_wait = cu_side_wait;
-    be->side_join = cu_side_join;
     be->peak_bytes = cu_peak_bytes;
     be->destroy = cu_destroy;
     CUDA_CK(cudaStreamSynchronize(c->stream));

@@ -53,15 +53,7 @@ typedef struct CudaImpl {
     int sms;                 // multiprocessor count
     int cc_major;            // compute capability (9 on Hopper)
     int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
-    cudaStream_t stream;     // where ops are issued: main, or side between side_begin and side_end
-    cudaStream_t main;       // the main queue (high priority); NCCL's collectives run there
-    cudaStream_t side;       // the side queue (low priority): the optimizer's overlapped update
-    cudaEvent_t fork, side_done;  // main's point side_begin waits for; the side's last issued work
-    cudaEvent_t* marks;      // side_mark events [nmarks] (created on first use)
-    unsigned char* mark_set; // [nmarks]: recorded at least once
-    int nmarks, side_pending;
-    unsigned side_delay_us;  // tests: each side_begin first spins this long on the side queue
-    long side_marks;         // marks recorded so far (tests)
+    cudaStream_t stream;     // the one stream every op runs on
     cublasLtHandle_t lt;
     void* lt_ws;             // cuBLASLt workspace [lt_ws_bytes]
     size_t lt_ws_bytes;

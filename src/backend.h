@@ -62,7 +62,7 @@ struct Backend {
     void (*to_device)(Backend*, void* dst, const void* host_src, size_t bytes);
     void (*copy)(Backend*, void* dst, const void* src, size_t bytes);
     void (*zero)(Backend*, void* p, size_t bytes);
-    void (*sync)(Backend*);  // waits for the main queue (side_join first: the side queue too)
+    void (*sync)(Backend*);
 
     // ---- casts and elementwise ---------------------------------------------------------------
     void (*f32_to_act)(Backend*, void* dst, const float* src, size_t n);
@@ -223,20 +223,6 @@ struct Backend {
                         int grad_act, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                         float grad_scale, int step);
 
-    // ---- a second queue (optional: NULL where every op runs in issue order, as on the CPU) ------
-    // The optimizer's update runs there, overlapped with the next step's forward (optim.overlap).
-    // side_begin: ops issued from now until side_end go to the side queue, after everything
-    //   issued so far on the main one; the side queue has the lower priority.
-    // side_mark(id): mark id (0 ≤ id < 4096) is reached when the side work issued so far is done.
-    // side_wait(id): main-queue ops issued from now wait for the last mark id (none set: no wait).
-    // side_join: main-queue ops issued from now wait for all side work issued so far.
-    // sync and to_host wait for the main queue only: side_join first to see the side's results.
-    void (*side_begin)(Backend*);
-    void (*side_mark)(Backend*, int id);
-    void (*side_end)(Backend*);
-    void (*side_wait)(Backend*, int id);
-    void (*side_join)(Backend*);
-
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);
 
@@ -249,9 +235,5 @@ Backend* cpu_backend_create(void);
 Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
 // The CUDA backend's stream (a cudaStream_t) for the NCCL communicator; NULL for other backends.
 void* cuda_backend_stream(Backend* be);
-// Tests: every side_begin first holds the side queue for us microseconds (0 = off); and the
-// number of side_mark calls so far.
-void cuda_backend_side_delay(Backend* be, unsigned us);
-long cuda_backend_side_marks(Backend* be);
 
 static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }

@@ -62,7 +62,6 @@ static const ConfigKey KEYS[] = {
     KEY(optim, weight_decay, K_FLOAT, "0.1", 0, 10, NULL, "decoupled weight decay"),
     BOOL(optim, decay_norms, "false", "apply weight decay to norm weights too"),
     KEY(optim, clip, K_FLOAT, "1.0", 0, 1e9, NULL, "global gradient-norm clip (0 = off)"),
-    BOOL(optim, overlap, "true", "GPUs: run the update on a second, low-priority stream, layer by layer in the order the next step's forward uses the weights, which waits for each layer's update just before it (the same arithmetic; parameters whose ZeRO-1 shards are all-gathered stay on the main stream)"),
     STR(data, path, "", "FASTA / FASTQ / text file (.gz ok) or llm.c .bin shard; empty = the shipped data/hairpin.fa.gz"),
     ENUM(data, format, "auto", "auto|fasta|fastq|text|bin|random", "input format (auto = by name and content; random = uniform tokens, for benchmarks)"),
     KEY(data, val_frac, K_FLOAT, "0.05", 0, 0.9, NULL, "fraction of records (windows for .bin) held out for validation"),

@@ -69,7 +69,6 @@ typedef struct OptimConfig {
     float beta1, beta2, eps, weight_decay;
     int decay_norms;   // apply weight decay to norm weights too
     float clip;        // global grad-norm clip (0 = off)
-    int overlap;       // update on the backend's side queue, overlapped with the next forward
 } OptimConfig;
 
 typedef struct DataConfig {

@@ -283,17 +283,6 @@ static void router_losses(Model* m, const MicroArgs* a, StepLoss* out) {
     if (a->backward) be->to_device(be, m->aux_dprob, dprob, sizeof(float) * (size_t)E);
 }
 
-int model_weight_use(const Model* m, const ParamInfo* p) {
-    if (p->layer >= 0) return 1 + p->layer;
-    return p->arena == ARENA_DENSE && p->offset == m->pl.embed ? 0 : m->c.layers + 1;
-}
-
-// The forward is about to read the weights of use `u` (model_weight_use): wait for their update
-// if the optimizer left it on the side queue.
-static void weights_ready(Model* m, int u) {
-    if (m->be->side_wait) m->be->side_wait(m->be, u);
-}
-
 StepLoss model_step(Model* m, const MicroArgs* a) {
     Backend* be = m->be;
     const ModelConfig* c = &m->c;
@@ -311,30 +300,21 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
           "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");
     m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
-    prof_mark("fwd.host_inputs");
-
-    weights_ready(m, 0);
-    be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
-    prof_mark("fwd.embed");
-    for (int l = 0; l < L; l++) {
-        weights_ready(m, 1 + l);
-        layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
-    }
-    router_losses(m, a, &out);
-    prof_mark("fwd.router_losses");
-
-    // Every update is done from here on (the last use): the gradients that ops add into (+=)
-    // start from zero; GEMMs overwrite theirs. Not earlier: an overlapped update may still read them.
-    weights_ready(m, L + 1);
-    if (m->fresh) {
+    if (m->fresh) {  // the gradients that ops add into (+=) start from zero; GEMMs overwrite theirs
         be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)V * H);
         be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);
         for (int l = 0; l < L; l++) {
             be->zero(be, G(m, 0, m->pl.layer[l].ln1), sizeof(float) * (size_t)H);
             be->zero(be, G(m, 0, m->pl.layer[l].ln2), sizeof(float) * (size_t)H);
         }
-        prof_mark("fwd.zero_grads");
     }
+    prof_mark("fwd.host_inputs");
+
+    be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
+    prof_mark("fwd.embed");
+    for (int l = 0; l < L; l++) layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
+    router_losses(m, a, &out);
+    prof_mark("fwd.router_losses");
 
     // Final norm and lm_head + cross-entropy in token chunks; the backward of each chunk runs
     // right away, so the logits never exist for all tokens at once.

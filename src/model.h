@@ -155,11 +155,6 @@ void model_free(Model* m);
 // dst [p->numel] (the optimizer keeps the masters).
 void model_init_tensor(const ModelConfig* c, const ParamInfo* p, uint64_t seed, float* dst);
 
-// When the forward first reads tensor p: 0 the embedding, 1 + l layer l, layers + 1 the final
-// norm and lm_head. model_step calls be->side_wait(use) before each (optim.h: the overlapped
-// update marks each group when done).
-int model_weight_use(const Model* m, const ParamInfo* p);
-
 // One micro-batch. tokens/targets: host [N]. Backward accumulates into m->grad when
 // grad_scale_ce != 0 (the scale turns the CE sum into the global mean; aux/z gradient scales
 // are given separately). n_micro is the accumulation count (for the aux/z gradient scale).

@@ -47,7 +47,6 @@ static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
         g->lo = lo - s->lo;
         g->n = hi - lo;
         g->wd = (p->no_decay && !c->decay_norms) ? 0.0f : c->weight_decay;
-        g->use = model_weight_use(m, p);
     }
 }
 
@@ -58,7 +57,6 @@ void optim_create(Optim* o, const OptimConfig* c, int zero1, MasterMode master, 
     o->split = master == MASTER_SPLIT && m->be->act_dtype == DTYPE_BF16;
     o->zero_grads = 1;
     o->steps_total = steps_total;
-    o->nuse = m->c.layers + 2;
     for (int a = 0; a < 2; a++) shard_init(o, m, a, c);
     o->d_norm = m->be->alloc(m->be, sizeof(float));
     o->d_bad = m->be->alloc(m->be, sizeof(float));
@@ -111,7 +109,6 @@ static float* which_buf(OptShard* s, int which) { return which == 0 ? s->master 
 static uint16_t* shard_w(const Model* m, int a, const OptShard* s) { return (uint16_t*)m->w[a] + s->lo; }
 
 void optim_gather(Optim* o, Model* m, int a, int which) {
-    optim_join(o, m);
     OptShard* s = &o->sh[a];
     if (which == 0 && o->split) {  // unpack into this rank's place in the staging, then gather in place
         float* own = m->grad[a] + s->lo;
@@ -127,7 +124,6 @@ void optim_gather(Optim* o, Model* m, int a, int which) {
 }
 
 void optim_scatter(Optim* o, Model* m, int a, int which) {
-    optim_join(o, m);
     OptShard* s = &o->sh[a];
     if (which == 0 && o->split) {
         m->be->split_pack(m->be, shard_w(m, a, s), s->rem, m->grad[a] + s->lo, s->n);
@@ -137,7 +133,6 @@ void optim_scatter(Optim* o, Model* m, int a, int which) {
 }
 
 void optim_load_from_staging(Optim* o, Model* m) {
-    optim_join(o, m);
     Backend* be = m->be;
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
@@ -150,30 +145,6 @@ void optim_load_from_staging(Optim* o, Model* m) {
         be->zero(be, s->v, sizeof(float) * s->n);
         be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
     }
-}
-
-typedef struct AdamArgs {
-    float lr, clip;
-    int step;  // 1-based
-} AdamArgs;
-
-// AdamW on one tensor segment of arena a's owned slice.
-static void update_seg(const Optim* o, Model* m, int a, const OptSeg* g, const AdamArgs* aa) {
-    Backend* be = m->be;
-    const OptShard* s = &o->sh[a];
-    void* param = (char*)m->w[a] + (s->lo + g->lo) * dtype_size(be->act_dtype);
-    const void* grad = gshard_at(m, a, s, g->lo);
-    if (o->split)  // the master is (param, rem): bf16 bits
-        be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n, aa->lr,
-                        o->c.beta1, o->c.beta2, o->c.eps, g->wd, aa->clip, aa->step);
-    else
-        be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n, aa->lr,
-                  o->c.beta1, o->c.beta2, o->c.eps, g->wd, aa->clip, aa->step);
-}
-
-void optim_join(Optim* o, Model* m) {
-    (void)o;
-    if (m->be->side_join) m->be->side_join(m->be);
 }
 
 StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
@@ -210,35 +181,27 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
         st.skipped = 1;
     } else {
         const float clip = (o->c.clip > 0 && st.grad_norm > o->c.clip) ? (float)(o->c.clip / (st.grad_norm + 1e-6)) : 1.0f;
-        const AdamArgs aa = {st.lr, clip, adam_step};
-        // arenas whose shards are all-gathered: on the main queue (the collective runs there)
-        int side[2];
+        const size_t esz = dtype_size(be->act_dtype);
         for (int a = 0; a < 2; a++) {
             OptShard* s = &o->sh[a];
-            const int gathered = o->zero1 && s->gsize > 1;
-            side[a] = o->c.overlap && be->side_begin && !gathered;
-            if (side[a]) continue;
-            for (int i = 0; i < s->nseg; i++) update_seg(o, m, a, &s->seg[i], &aa);
-            if (gathered) cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * dtype_size(be->act_dtype),
-                                         s->n * dtype_size(be->act_dtype));
-        }
-        // the rest on the side queue, in the order the next forward reads them (optim.h)
-        if (side[0] || side[1]) {
-            be->side_begin(be);
-            for (int u = 0; u < o->nuse; u++) {
-                for (int a = 0; a < 2; a++)
-                    for (int i = 0; side[a] && i < o->sh[a].nseg; i++)
-                        if (o->sh[a].seg[i].use == u) update_seg(o, m, a, &o->sh[a].seg[i], &aa);
-                be->side_mark(be, u);
+            for (int i = 0; i < s->nseg; i++) {
+                const OptSeg* g = &s->seg[i];
+                void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
+                const void* grad = gshard_at(m, a, s, g->lo);
+                if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
+                    be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
+                                    st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
+                else
+                    be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
+                              st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
             }
-            be->side_end(be);
+            if (o->zero1 && s->gsize > 1)
+                cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);
         }
     }
     prof_mark("optim.adamw");
-    if (o->zero_grads) {
-        optim_join(o, m);
+    if (o->zero_grads)
         for (int a = 0; a < 2; a++) be->zero(be, m->grad[a], sizeof(float) * m->padded[a]);
-    }
     prof_mark("optim.zero_grad");
     prof_step_done();
     return st;

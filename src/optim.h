@@ -9,12 +9,6 @@
 //   → global grad norm (each element counted once) → skip if non-finite → clip
 //   → AdamW on the owned slice (per tensor segment: weight decay per tensor)
 //   → all-gather the updated compute weights (ZeRO-1).
-// With optim.overlap and a backend with a side queue (backend.h), the AdamW launches of every
-// arena without an all-gather go to the side queue, in the order the forward reads the weights,
-// with side_mark(use) after each group: the next forward's side_wait(use) (model.c) holds each
-// layer until its update is done, so the update overlaps the forward of the layers before.
-// Anything else that reads the weights, the optimizer state or the gradients before the next
-// forward (a checkpoint, optim_gather) calls optim_join first.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -25,7 +19,6 @@
 typedef struct OptSeg {  // a tensor ∩ the owned slice
     size_t lo, n;        // elements, relative to the owned slice
     float wd;            // weight decay of this tensor
-    int use;             // when the forward first reads it: model_weight_use (0 = embedding)
 } OptSeg;
 
 typedef struct OptShard {
@@ -54,7 +47,6 @@ typedef struct Optim {
     float* d_bad;        // [1] backend fp32
     int zero_grads;      // zero m->grad after the update (default 1); 0 when the next step's
                          // first micro-batch overwrites them anyway (MicroArgs.fresh: the trainer)
-    int nuse;            // model_weight_use values: 0 .. nuse-1
 } Optim;
 
 // master: precision.master; split applies when the backend computes in bf16 (else fp32 masters).
@@ -77,8 +69,6 @@ typedef struct StepStats {
 // Reduce, clip and update for 0-based step s (Adam's step count is s + 1 - skipped so far;
 // the caller passes the 1-based Adam step). Zeroes the gradients afterwards (if o->zero_grads).
 StepStats optim_step(Optim* o, Model* m, int s, int adam_step);
-// Main-queue work issued from now waits for the update optim_step left on the side queue, if any.
-void optim_join(Optim* o, Model* m);
 
 // Gathers the full fp32 masters (which = 0), exp_avg (1) or exp_avg_sq (2) of arena a into
 // m->grad[a] (staging) on every rank of the arena's group (split masters: unpacked first).

