@@ -43,16 +43,6 @@ static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M,
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-int model_head_chunk(int N, int V, size_t esz) {
-    size_t cap = MODEL_HEAD_CHUNK_BYTES / ((size_t)V * esz);
-    if (cap < 1) cap = 1;
-    if (cap >= (size_t)N) return N;
-    const size_t chunks = ((size_t)N + cap - 1) / cap;
-    size_t c = ((size_t)N + chunks - 1) / chunks;
-    if (round_up(c, 128) <= cap) c = round_up(c, 128);
-    return (int)c;
-}
-
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm) {
     model_create_opts(m, c, B, T, NULL, be, comm);
 }
@@ -130,8 +120,12 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_xp = act_alloc(m, (size_t)N * K * H);
     m->s_wp = f32_alloc(m, (size_t)N * K);
     // lm_head logits in chunks of tokens: at most MODEL_HEAD_CHUNK_BYTES of logits at a time.
-    m->head_chunk = model_head_chunk(N, V, dtype_size(be->act_dtype));
-    m->s_logits = act_alloc(m, (size_t)m->head_chunk * (size_t)V);
+    size_t per_tok = (size_t)V * dtype_size(be->act_dtype);
+    size_t chunk = MODEL_HEAD_CHUNK_BYTES / per_tok;
+    if (chunk < 1) chunk = 1;
+    if (chunk > (size_t)N) chunk = (size_t)N;
+    m->head_chunk = (int)chunk;
+    m->s_logits = act_alloc(m, chunk * (size_t)V);
     m->counts = be->alloc(be, sizeof(int32_t) * (size_t)E);
     m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
     moe_plan_bumps(m);

@@ -60,17 +60,11 @@ typedef struct StepLoss {
 } StepLoss;
 
 // lm_head logits are computed (and their backward run) in token chunks of at most this many
-// bytes of logits: 1 GiB = 16,777 tokens of a 32,000 vocabulary in bf16 (one chunk for the
+// bytes of logits: 1 GiB = 16,384 tokens of a 32,000 vocabulary in bf16 (one chunk for the
 // bench's micro-batch 4). Larger chunks run the three head GEMMs nearer their peak and read and
 // write the fp32 lm_head gradient fewer times (2 GiB, one chunk at micro-batch 8, was not faster
-// there: docs/performance.md, change 32).
+// there: docs/performance.md, change 32). src/plan.c uses the same number.
 #define MODEL_HEAD_CHUNK_BYTES ((size_t)1 << 30)
-
-// Tokens per lm_head chunk for N tokens of V logits of esz bytes: the fewest chunks that keep
-// each within MODEL_HEAD_CHUNK_BYTES, of equal size rounded up to a multiple of 128 tokens (the
-// GEMMs' row tile) where that stays within it; the last chunk takes the rest. Micro-batch 8 at
-// seq 4096: two chunks of 16,384, not 16,777 + 15,991. model.c and plan.c both use it.
-int model_head_chunk(int N, int V, size_t esz);
 
 typedef struct Model {
     ModelConfig c;

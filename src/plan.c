@@ -74,7 +74,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     //                                       in bf16 the attention backward's dS instead, the
     //                                       causal 64 × 64 tiles: 8 KiB · B·Hq·nt(nt+1)/2, nt = ⌈T/64⌉,
     //                                       when it is larger but at most twice as large (moe.c)
-    //  logits chunk: model_head_chunk(N, V, a) tokens × V × a (≤ MODEL_HEAD_CHUNK_BYTES)
+    //  logits chunk: min(N, MODEL_HEAD_CHUNK_BYTES / (V·a)) tokens × V × a
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
     const double slack = m->ep > 1 ? 1.25 : 1.0;  // moe.c: rows beyond N·k arrive only with EP > 1
@@ -89,7 +89,10 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     const double ds = a == 2 ? 8192.0 * c->train.micro_batch * Hq * (nt * (nt + 1) / 2) : 0;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
                      (ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch);
-    m->logits = (double)model_head_chunk((int)m->tokens, mc->vocab_size, (size_t)a) * V * a;
+    double chunk = (double)(int64_t)(MODEL_HEAD_CHUNK_BYTES / (size_t)(V * a));
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    m->logits = (double)(int64_t)chunk * V * a;
     m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits;
     return 0;
 }
