@@ -10,7 +10,6 @@
 #include "cuda_common.cuh"
 
 enum { LT_WS_BYTES = 32 << 20 };     // cuBLASLt workspace
-enum { GEMM_STREAMS_DEFAULT = 1 };  // MOETRAIN_GEMM_STREAMS unset (docs/performance.md, change 51)
 enum { SCRATCH_BYTES = 64 << 20 };   // op workspace (see CudaImpl.scratch)
 enum { RED_BLOCKS = 1024 };          // fixed partition of sumsq: deterministic on any GPU
 
@@ -329,12 +328,6 @@ static void cu_destroy(Backend* be) {
         if (c->allocs.key[i] > 1) cudaFree((void*)c->allocs.key[i]);
     free(c->allocs.key);
     free(c->allocs.val);
-    for (int i = 1; i < c->gcreated; i++) {
-        CUDA_CK(cudaStreamSynchronize(c->gs[i]));
-        CUDA_CK(cudaStreamDestroy(c->gs[i]));
-        CUDA_CK(cudaFree(c->gws[i]));
-    }
-    for (int i = 0; i < GEMM_STREAMS_MAX; i++) CUDA_CK(cudaEventDestroy(c->gev[i]));
     CUDA_CK(cudaStreamDestroy(c->stream));
     free(c);
     free(be);
@@ -373,14 +366,6 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
         return NULL;
     }
 
-    // MOETRAIN_GEMM_STREAMS: streams the grouped GEMMs' per-expert calls take turns on (cuda_gemm.cu)
-    const char* gse = getenv("MOETRAIN_GEMM_STREAMS");
-    const int gstreams = gse && gse[0] ? atoi(gse) : GEMM_STREAMS_DEFAULT;
-    if (gstreams < 1 || gstreams > GEMM_STREAMS_MAX) {
-        err_set(e, "MOETRAIN_GEMM_STREAMS=%s: expected 1 to %d", gse, (int)GEMM_STREAMS_MAX);
-        return NULL;
-    }
-
     Backend* be = (Backend*)xcalloc(1, sizeof *be);
     CudaImpl* c = (CudaImpl*)xcalloc(1, sizeof *c);
     c->device = device;
@@ -392,14 +377,6 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     CUBLAS_CK(cublasLtCreate(&c->lt));
     c->lt_ws_bytes = LT_WS_BYTES;
     CUDA_CK(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
-    c->gstreams = c->gcreated = gstreams;
-    c->gs[0] = c->stream;
-    c->gws[0] = c->lt_ws;
-    for (int i = 0; i < GEMM_STREAMS_MAX; i++) CUDA_CK(cudaEventCreateWithFlags(&c->gev[i], cudaEventDisableTiming));
-    for (int i = 1; i < c->gstreams; i++) {
-        CUDA_CK(cudaStreamCreateWithFlags(&c->gs[i], cudaStreamNonBlocking));
-        CUDA_CK(cudaMalloc(&c->gws[i], c->lt_ws_bytes));
-    }
     c->scratch_bytes = SCRATCH_BYTES;
     CUDA_CK(cudaMalloc(&c->scratch, c->scratch_bytes));
     c->gemm = gemm_cache_create();

@@ -48,20 +48,12 @@ typedef struct AllocMap {
     size_t cap, used;
 } AllocMap;
 
-enum { GEMM_STREAMS_MAX = 4 };
-
 typedef struct CudaImpl {
     int device;
     int sms;                 // multiprocessor count
     int cc_major;            // compute capability (9 on Hopper)
     int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
-    cudaStream_t stream;     // the stream every op runs on (the grouped GEMMs fork from it: below)
-    // The grouped GEMMs' per-group cuBLASLt calls, round-robin over gstreams streams: gs[0] is
-    // `stream` itself, gs[1..] fork from it and join back (cuda_gemm.cu, MOETRAIN_GEMM_STREAMS).
-    int gstreams, gcreated;  // in use; created (gs[1 .. gcreated-1] are the backend's to destroy)
-    cudaStream_t gs[GEMM_STREAMS_MAX];
-    void* gws[GEMM_STREAMS_MAX];  // a cuBLASLt workspace per stream (gws[0] = lt_ws)
-    cudaEvent_t gev[GEMM_STREAMS_MAX];
+    cudaStream_t stream;     // the one stream every op runs on
     cublasLtHandle_t lt;
     void* lt_ws;             // cuBLASLt workspace [lt_ws_bytes]
     size_t lt_ws_bytes;

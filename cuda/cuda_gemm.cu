@@ -429,60 +429,6 @@ extern "C" int cuda_gemm_grouped_use_wg(Backend* be, int mode) {
     return was;
 }
 
-// ---- the per-group calls on several streams (MOETRAIN_GEMM_STREAMS) ---------------------------
-// A grouped GEMM on cuBLASLt is one call per expert, and each call ends in a partial last wave of
-// tiles: the w13 data gradient of an expert has ~1,000 output tiles of 28,672 K-steps' worth on
-// 132 SMs, so its last wave can leave most SMs idle for a tenth of the call. With gstreams = S > 1
-// the calls take turns on S streams (gs[0] = the backend stream, each with its own cuBLASLt
-// workspace), forked from the backend stream before the first and joined back after the last, so
-// the next expert's tiles fill the SMs the last wave leaves. The results do not depend on it.
-typedef struct GroupRun {
-    CudaImpl* c;
-    int issued;  // calls so far: call j runs on gs[j % S]
-} GroupRun;
-
-static GroupRun group_begin(Backend* be) {
-    CudaImpl* c = CI(be);
-    if (c->gstreams > 1) {
-        CUDA_CK(cudaEventRecord(c->gev[0], c->gs[0]));
-        for (int i = 1; i < c->gstreams; i++) CUDA_CK(cudaStreamWaitEvent(c->gs[i], c->gev[0], 0));
-    }
-    return (GroupRun){c, 0};
-}
-
-// The stream (and workspace) of the next call: the backend's stream and workspace are switched
-// until group_end.
-static void group_next(GroupRun* r) {
-    CudaImpl* c = r->c;
-    const int i = r->issued++ % c->gstreams;
-    c->stream = c->gs[i];
-    c->lt_ws = c->gws[i];
-}
-
-static void group_end(GroupRun* r) {
-    CudaImpl* c = r->c;
-    c->stream = c->gs[0];
-    c->lt_ws = c->gws[0];
-    for (int i = 1; i < c->gstreams && i < r->issued; i++) {
-        CUDA_CK(cudaEventRecord(c->gev[i], c->gs[i]));
-        CUDA_CK(cudaStreamWaitEvent(c->gs[0], c->gev[i], 0));
-    }
-}
-
-// Tests: the number of streams the grouped GEMMs use from now (1 to GEMM_STREAMS_MAX, at most
-// what the backend was created with); returns the previous number.
-extern "C" int cuda_gemm_grouped_streams(Backend* be, int n) {
-    CudaImpl* c = CI(be);
-    const int was = c->gstreams;
-    CHECK(n >= 1 && n <= GEMM_STREAMS_MAX, "cuda_gemm_grouped_streams: %d streams (1 to %d)", n, (int)GEMM_STREAMS_MAX);
-    for (; c->gcreated < n; c->gcreated++) {  // create what is missing
-        CUDA_CK(cudaStreamCreateWithFlags(&c->gs[c->gcreated], cudaStreamNonBlocking));
-        CUDA_CK(cudaMalloc(&c->gws[c->gcreated], c->lt_ws_bytes));
-    }
-    c->gstreams = n;
-    return was;
-}
-
 // One cuBLASLt call per non-empty group, or one launch of cuda_gemm_wg.cu's grouped kernel where it
 // takes the shape and MOETRAIN_GEMM_GROUPED asks for it: fwd for trans_b (C = A·B_gᵀ, the forward),
 // dgrad for the rest (C = A·B_g, the backward's data gradients).
@@ -495,18 +441,15 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
-    GroupRun run = group_begin(be);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) continue;
         GemmDesc x = *d;
         x.M = rows;
-        group_next(&run);
         gemm_run(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea,
                  (const char*)B + g->b_stride * i * ea, (char*)C + (size_t)r0 * ldc * ec, 1);
     }
-    group_end(&run);
 }
 
 // The w13 GEMM and the SwiGLU: with MOETRAIN_GEMM_GROUPED's swiglu (or wg) one launch of the grouped kernel with
@@ -527,11 +470,9 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
     CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
     const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
     char* db = (char*)dB;
-    GroupRun run = group_begin(be);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
-        group_next(&run);
         if (rows == 0) {  // += 0, or = 0
             if (beta == 0.f) be->zero(be, db + g->b_stride * i * eb, eb * N * K);
             continue;
@@ -547,7 +488,6 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
         gemm_run(be, &x, N, K, K, (const char*)dY + (size_t)r0 * N * ea, (const char*)X + (size_t)r0 * K * ea,
                  db + g->b_stride * i * eb, 2);
     }
-    group_end(&run);
 }
 
 // ---- survey (bench only): the heuristic's candidates for one shape, each timed ----------------

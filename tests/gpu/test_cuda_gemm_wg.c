@@ -3,9 +3,8 @@
 // against the CPU backend, with empty groups, ragged row tiles, more tiles than SMs and nothing
 // written past the last group. On a GPU that is not compute capability 9.0, or a build for another
 // SM, the kernel is unavailable and the tests say so (the cuBLASLt path of gemm_grouped_swiglu is
-// still checked). Then cuBLASLt's path on several streams (test_gemm_grouped_streams).
-// MOETRAIN_GPU_BENCH=gg times the kernel against cuBLASLt at bench_8x7B_L2's shapes instead of
-// testing; MOETRAIN_GPU_BENCH=ggs cuBLASLt's path on 1, 2 and 3 streams. Tolerances: gpu_check.h.
+// still checked). MOETRAIN_GPU_BENCH=gg times it against cuBLASLt at bench_8x7B_L2's shapes
+// instead of testing. Tolerances: gpu_check.h.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,84 +140,6 @@ static void test_gemm_grouped_swiglu(void) {
     }
 }
 
-// The cuBLASLt path's per-group calls on several streams (MOETRAIN_GEMM_STREAMS, cuda_gemm.cu):
-// gemm_grouped (forward and data-gradient layouts) and gemm_grouped_wgrad (fp32 = and +=, and
-// bf16 dB), ragged groups with an empty one, against the CPU, and on 2 and 3 streams bit for bit
-// against 1 (each run into a poisoned buffer, read back at once: a call not joined back into the
-// backend's stream shows as NaN or a difference).
-int cuda_gemm_grouped_streams(Backend* be, int n);
-
-static void test_gemm_grouped_streams(void) {
-    enum { G = 5, N = 768, K = 512 };
-    const int rows[G] = {700, 0, 1300, 257, 900};
-    int off[G + 1] = {0};
-    for (int i = 0; i < G; i++) off[i + 1] = off[i] + rows[i];
-    const int R = off[G];
-    float* a = randn((size_t)R * K, 1.f);
-    float* w = randn((size_t)G * N * K, 0.05f);
-    float* dy = randn((size_t)R * N, 1.f);
-    FOR_MODES {
-        Backend* be = m->gpu;
-        const int was_wg = cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
-        const int was = cuda_gemm_grouped_streams(be, 1);
-        float *ha = act_in(m, a, (size_t)R * K), *hw = act_in(m, w, (size_t)G * N * K), *hdy = act_in(m, dy, (size_t)R * N);
-        void *da = up_act(be, ha, (size_t)R * K), *dw = up_act(be, hw, (size_t)G * N * K), *ddy = up_act(be, hdy, (size_t)R * N);
-        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
-        for (int tb = 0; tb < 2; tb++) {  // tb: C [R, N] = A [R, K] · W_gᵀ; else C [R, K] = dY [R, N] · W_g
-            GemmDesc d = {.N = tb ? N : K, .K = tb ? K : N, .trans_b = tb, .alpha = 1};
-            const void* in = tb ? da : ddy;
-            const size_t nc = (size_t)R * d.N;
-            float* ref = xmalloc(sizeof(float) * nc);
-            g_cpu->gemm_grouped(g_cpu, &d, &gd, tb ? ha : hdy, hw, ref);
-            float* first = NULL;
-            for (int S = 1; S <= 3; S++) {
-                cuda_gemm_grouped_streams(be, S);
-                void* c = poison_act(be, nc);
-                be->gemm_grouped(be, &d, &gd, in, dw, c);
-                float* got = down_act(be, c, nc);
-                char lab[64];
-                snprintf(lab, sizeof lab, "gemm_grouped %s, %d stream%s", tb ? "fwd" : "dgrad", S, S > 1 ? "s" : "");
-                if (S == 1) first = dupf(got, nc), cmp(m, lab, got, ref, nc, TOL(TOL_FP32_OUT, TOL_BF16_OUT));
-                else cmp_bits(m, lab, got, dupf(first, nc), nc);
-            }
-            free(first), free(ref);
-        }
-        // weight gradients: dB_g [N, K] = dY_gᵀ · X_g, = then +=; fp32, and (bf16 mode) act dB
-        for (int act = 0; act <= m->bf16; act++) {
-            const size_t nb = (size_t)G * N * K;
-            GroupDesc gw = gd;
-            gw.db_act = act;
-            float* first = NULL;
-            for (int S = 1; S <= 3; S++) {
-                cuda_gemm_grouped_streams(be, S);
-                void* db = poison(be, nb * (act ? 2 : 4));
-                be->gemm_grouped_wgrad(be, &gw, N, K, ddy, da, db, 0.f);
-                if (!act) be->gemm_grouped_wgrad(be, &gw, N, K, ddy, da, db, 1.f);
-                float* got = act ? down_act(be, db, nb) : down_f32(be, db, nb);
-                char lab[64];
-                snprintf(lab, sizeof lab, "gemm_grouped_wgrad %s, %d stream%s", act ? "bf16 =" : "fp32 = +=", S, S > 1 ? "s" : "");
-                if (S == 1) {
-                    float* ref = xmalloc(sizeof(float) * nb);  // an empty group's dB_g: zeros
-                    GroupDesc gc = gd;
-                    g_cpu->gemm_grouped_wgrad(g_cpu, &gc, N, K, hdy, ha, ref, 0.f);
-                    if (!act) g_cpu->gemm_grouped_wgrad(g_cpu, &gc, N, K, hdy, ha, ref, 1.f);
-                    first = dupf(got, nb);
-                    cmp(m, lab, got, ref, nb, TOL(TOL_FP32_OUT, TOL_BF16_OUT));
-                    free(ref);
-                } else {
-                    cmp_bits(m, lab, got, dupf(first, nb), nb);
-                }
-            }
-            free(first);
-        }
-        cuda_gemm_grouped_streams(be, was);
-        cuda_gemm_grouped_use_wg(be, was_wg);
-        free(ha), free(hw), free(hdy);
-        dev_free_all();
-    }
-    free(a), free(w), free(dy);
-}
-
 // ---- timings (MOETRAIN_GPU_BENCH=gg; a measurement, not a test) ------------------------------
 
 typedef struct GgCtx {
@@ -315,70 +236,16 @@ static void bench_gg(void) {
     dev_free_all();
 }
 
-typedef struct GwCtx {
-    Backend* be;
-    GroupDesc g;
-    int N, K;
-    void *dY, *X, *dB;
-} GwCtx;
-static void b_wgrad(void* c_) {
-    GwCtx* c = c_;
-    c->be->gemm_grouped_wgrad(c->be, &c->g, c->N, c->K, c->dY, c->X, c->dB, 0.f);
-}
-
-// MOETRAIN_GPU_BENCH=ggs: cuBLASLt's per-expert calls on 1, 2 and 3 streams (MOETRAIN_GEMM_STREAMS)
-// at bench_8x7B_L2's six expert GEMM shapes at micro-batch 8, rows even and skewed, back to back
-// (the card at its power limit), the stream counts alternating, two rounds.
-static void bench_ggs(void) {
-    Backend* be = g_modes[1].gpu;
-    const size_t nr = (size_t)1 << 24;
-    float* r = randn(nr, 1.f);
-    const int H = 4096, F = 14336, G = 8, R = 65536;
-    void* A = rand_act(be, r, nr, (size_t)R * 2 * F);
-    void* X = rand_act(be, r, nr, (size_t)R * 2 * F);
-    void* W = rand_act(be, r, nr, (size_t)G * 2 * F * H);
-    void* C = dev_alloc(be, 2 * (size_t)R * 2 * F);
-    const struct { const char* name; int N, K, tb, wgrad; } sh[] = {
-        {"w13 fwd", 2 * F, H, 1, 0},  {"w2 fwd", H, F, 1, 0},    {"w2 dgrad", F, H, 0, 0},
-        {"w13 dgrad", H, 2 * F, 0, 0}, {"w2 wgrad", H, F, 0, 1}, {"w13 wgrad", 2 * F, H, 0, 1}};
-    const int even[8] = {8192, 8192, 8192, 8192, 8192, 8192, 8192, 8192};
-    const int skew[8] = {9500, 7400, 8900, 7300, 8700, 7600, 8300, 7836};  // load max/mean 1.16, as in the step
-    const int was = cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
-    for (int s = 0; s < 6; s++)
-        for (int k = 0; k < 2; k++) {
-            GgCtx c = {.be = be, .N = sh[s].N, .K = sh[s].K, .G = G, .tb = sh[s].tb, .A = A, .W = W, .C = C};
-            for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + (k ? skew : even)[i];
-            // wgrad: dB_g [N, K] = dY_gᵀ · X_g with dY = A [R, N], X [R, K], dB bf16 (precision.expert_grad)
-            GwCtx w = {.be = be, .g = {.groups = G, .host_off = c.off, .b_stride = (size_t)sh[s].N * sh[s].K, .db_act = 1},
-                       .N = sh[s].N, .K = sh[s].K, .dY = A, .X = X, .dB = C};
-            const double tf = 2.0 * R * (double)c.N * c.K / 1e12;
-            for (int round = 0; round < 2; round++)
-                for (int S = 1; S <= 3; S++) {
-                    cuda_gemm_grouped_streams(be, S);
-                    const double ms = sh[s].wgrad ? time_ms(be, b_wgrad, &w, 10) : time_ms(be, b_grouped, &c, 10);
-                    printf("ggs %-9s %-5s streams %d %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even", S, ms,
-                           tf / ms * 1e3);
-                    fflush(stdout);
-                }
-        }
-    cuda_gemm_grouped_streams(be, 1);
-    cuda_gemm_grouped_use_wg(be, was);
-    free(r);
-    dev_free_all();
-}
-
 int main(void) {
     if (gpu_setup("test_cuda_gemm_wg")) return 1;
     const char* b = getenv("MOETRAIN_GPU_BENCH");
-    if (b && (!strcmp(b, "gg") || !strcmp(b, "ggs"))) {  // the timings alone (no tests)
-        if (!strcmp(b, "gg")) bench_gg();
-        else bench_ggs();
+    if (b && !strcmp(b, "gg")) {  // the timings alone (no tests)
+        bench_gg();
         gpu_teardown();
         return 0;
     }
     RUN(test_gemm_grouped_wg);
     RUN(test_gemm_grouped_swiglu);
-    RUN(test_gemm_grouped_streams);
     gpu_teardown();
     TEST_END();
 }
