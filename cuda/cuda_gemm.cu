@@ -263,6 +263,14 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
             break;
         }
     }
+    if (c->gemm->tune_log) {  // every plan: the tile it runs on, and the heuristic's first pick
+        int t0 = -1, t = -1;
+        size_t w;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t0, sizeof t0, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t, &w);
+        fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d (first pick %d)\n", k->M, k->N, k->K, k->ta,
+                k->tb, k->dyn, t, t0);
+    }
     if (!tune) nres = 1;  // the preference asked for more candidates than the first pick
     p->n_cand = 0;
     for (int i = 0; i < nres; i++)
