@@ -70,17 +70,27 @@ typedef struct GemmPlan {
 // ta = 0, (M, N) for ta = 1: the dims an expert GEMM does not vary — match takes the heuristic's
 // first candidate with that cuBLASLt tile id (cublasLtMatmulTile_t), where there is one; else
 // the first pick. The built-in table (bf16 on compute capability 9.0) holds what the hot survey
-// (MOETRAIN_GEMM_SURVEY=hot: each candidate back to back at the card's power limit) found and the
-// step confirmed for Mixtral-8x7B's expert GEMMs on the H200: the w13 forward on 176 × 128 tiles
-// (697 against the first pick's 674 TFLOP/s at 8,192 rows), its weight gradient on 128 × 160 (688
-// against 678); the step −1.3 ms at micro-batch 8 (docs/performance.md, change 48). The lm_head's
-// better candidates in the survey did not carry over to the step, and are left out.
-// MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none".
+// (MOETRAIN_GEMM_SURVEY=hot / hotdense: each candidate back to back at the card's power limit)
+// found and the step confirmed for Mixtral-8x7B on the H200 (docs/performance.md):
+//   - change 48: the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at
+//     8,192 rows), its weight gradient on 128 × 160 (688 against 678); the step −1.3 ms.
+//   - change 52: the w13 data gradient and the w2 forward keep the tile the heuristic picks at
+//     8,192 rows (256 × 128) when an expert gets more rows and its plan is built at 16,384, where
+//     the heuristic picks 320 × 128; the q/o forward and data gradient and k/v's data
+//     gradient take 128 × 160 (the hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8.
+// The lm_head's better candidates in the survey did not carry over to the step, and are left out.
+// MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none"; MOETRAIN_GEMM_TUNE_LOG=1
+// prints every plan's tile and first pick.
 enum { TILE_PREF_MAX = 16 };
 typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
 static const TilePref k_tile_pref_sm90[] = {
     {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
     {1, 0, 28672, 4096, 29},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
+    {0, 0, 4096, 28672, 24},   // w13 data gradient d(gate|up)·w13: CUBLASLT_MATMUL_TILE_256x128
+    {0, 1, 4096, 14336, 24},   // w2 forward h·w2ᵀ, F = 14,336: 256x128
+    {0, 1, 4096, 4096, 29},    // q and o forward (one shape, the survey's q/o): 128x160
+    {0, 0, 4096, 4096, 29},    // q and o data gradient: 128x160
+    {0, 0, 4096, 1024, 29},    // k and v data gradient (8 kv heads × 128): 128x160
 };
 
 struct GemmCache {

@@ -32,10 +32,12 @@ static float* block_of(const float* x, int rows, int cols, int ld) {
 int cuda_gemm_plan_tile(Backend* be, const GemmDesc* d, int dyn);
 int cuda_gemm_wg_available(Backend* be);
 
-// The tile preferences of cuda_gemm.cu (bf16 on compute capability 9.0): the w13 forward and
-// weight-gradient plans of Mixtral-8x7B at 8,192 rows per expert (rounded, as the grouped GEMMs
-// key them) use the table's tiles, and such a GEMM is right: its first 16 rows against the CPU.
-// A cuBLASLt whose candidates no longer hold the table's tiles fails here: the table is then stale.
+// The tile preferences of cuda_gemm.cu (bf16 on compute capability 9.0): Mixtral-8x7B's expert
+// plans at 8,192 and 16,384 rows per expert (rounded, as the grouped GEMMs key them) and its
+// attention projections at 32,768 rows use the table's tiles, and two such GEMMs are right (the
+// forward layout, and the data-gradient layout with B as stored): their first 16 rows against the
+// CPU. A cuBLASLt whose candidates no longer hold the table's tiles fails here: the table is then
+// stale.
 static void test_gemm_tile_pref(void) {
     const Mode* m = &g_modes[1];
     Backend* be = m->gpu;
@@ -46,10 +48,39 @@ static void test_gemm_tile_pref(void) {
     const int F2 = 28672, H = 4096, R = 8192;
     GemmDesc fwd = {.M = R, .N = F2, .K = H, .trans_b = 1, .alpha = 1};
     GemmDesc wgr = {.M = F2, .N = H, .K = R, .trans_a = 1, .alpha = 1};
-    int t = cuda_gemm_plan_tile(be, &fwd, 1);
-    EXPECT(t == 201, "w13 forward plan at %d rows: tile %d, the table's is 201 (176x128)", R, t);
-    t = cuda_gemm_plan_tile(be, &wgr, 2);
-    EXPECT(t == 29, "w13 weight-gradient plan at %d rows: tile %d, the table's is 29 (128x160)", R, t);
+    const struct { const char* name; GemmDesc d; int dyn, tile; } plans[] = {
+        {"w13 forward", fwd, 1, 201},
+        {"w13 weight gradient", wgr, 2, 29},
+        {"w13 data gradient", {.M = R, .N = H, .K = F2, .alpha = 1}, 1, 24},
+        {"w2 forward", {.M = R, .N = H, .K = F2 / 2, .trans_b = 1, .alpha = 1}, 1, 24},
+        {"q/o forward", {.M = 4 * R, .N = H, .K = H, .trans_b = 1, .alpha = 1}, 0, 29},
+        {"q/o data gradient", {.M = 4 * R, .N = H, .K = H, .alpha = 1}, 0, 29},
+        {"k/v data gradient", {.M = 4 * R, .N = H, .K = 1024, .alpha = 1}, 0, 29},
+    };
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
+        for (int twice = 0; twice < 1 + (plans[i].dyn != 0); twice++) {  // a dynamic dim: 8,192 and 16,384
+            GemmDesc d = plans[i].d;
+            if (twice && plans[i].dyn == 1) d.M = R + 1000;
+            if (twice && plans[i].dyn == 2) d.K = R + 1000;
+            const int t = cuda_gemm_plan_tile(be, &d, plans[i].dyn);
+            EXPECT(t == plans[i].tile, "%s plan (M %d N %d K %d): tile %d, the table's is %d", plans[i].name, d.M, d.N, d.K,
+                   t, plans[i].tile);
+        }
+    {  // the q/o data gradient C [M, H] = A [M, H] · B [H, H] (B as stored) through its preferred plan
+        const int M = 4 * R;
+        const size_t na = (size_t)M * H, nb = (size_t)H * H, nr = (size_t)1 << 20;
+        float* r = randn(nr, 1.f);
+        void *A = rand_act(be, r, nr, na), *B = rand_act(be, r + 5, nr - 5, nb), *C = poison_act(be, na);
+        GemmDesc d = {.M = M, .N = H, .K = H, .alpha = 1};
+        be->gemm(be, &d, A, B, C);
+        float *Ah = down_act(be, A, (size_t)16 * H), *Bh = down_act(be, B, nb), *ref = xmalloc(4 * (size_t)16 * H);
+        GemmDesc sub = d;
+        sub.M = 16;
+        g_cpu->gemm(g_cpu, &sub, Ah, Bh, ref);
+        cmp(m, "gemm q/o data gradient, preferred tile (16 rows)", down_act(be, C, (size_t)16 * H), ref, (size_t)16 * H,
+            TOL_BF16_OUT);
+        free(Ah), free(Bh), free(ref), free(r);
+    }
     // C = A·Bᵀ at R rows through the preferred plan; rows 0..15 against the CPU
     const size_t na = (size_t)R * H, nb = (size_t)F2 * H, nr = (size_t)1 << 20;
     float* r = randn(nr, 1.f);
