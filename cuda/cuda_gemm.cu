@@ -74,7 +74,7 @@ typedef struct GemmPlan {
 // found and the step confirmed for Mixtral-8x7B on the H200 (docs/performance.md):
 //   - change 48: the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at
 //     8,192 rows), its weight gradient on 128 × 160 (688 against 678); the step −1.3 ms.
-//   - change 52: the w13 data gradient and the w2 forward keep the tile the heuristic picks at
+//   - change 54: the w13 data gradient and the w2 forward keep the tile the heuristic picks at
 //     8,192 rows (256 × 128) when an expert gets more rows and its plan is built at 16,384, where
 //     the heuristic picks 320 × 128; the q/o forward and data gradient and k/v's data
 //     gradient take 128 × 160 (the hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8.
