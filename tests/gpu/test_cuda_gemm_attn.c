@@ -32,6 +32,28 @@ static float* block_of(const float* x, int rows, int cols, int ld) {
 int cuda_gemm_plan_tile(Backend* be, const GemmDesc* d, int dyn);
 int cuda_gemm_wg_available(Backend* be);
 
+// C [M, N] = A [M, K] · B (Bᵀ with trans_b) on random bf16 operands, through be->gemm_grouped with
+// one group (grouped) or be->gemm; its first 16 rows against the CPU.
+static void pref_product(const Mode* m, const char* label, const GemmDesc* d, int grouped) {
+    Backend* be = m->gpu;
+    const size_t na = (size_t)d->M * d->K, nb = (size_t)d->N * d->K, nr = (size_t)1 << 20;
+    float* r = randn(nr, 1.f);
+    void *A = rand_act(be, r, nr, na), *B = rand_act(be, r + 3, nr - 3, nb), *C = poison_act(be, (size_t)d->M * d->N);
+    if (grouped) {
+        int off[2] = {0, d->M};
+        GroupDesc g1 = {.groups = 1, .host_off = off};
+        be->gemm_grouped(be, d, &g1, A, B, C);
+    } else {
+        be->gemm(be, d, A, B, C);
+    }
+    float *Ah = down_act(be, A, (size_t)16 * d->K), *Bh = down_act(be, B, nb), *ref = xmalloc(4 * (size_t)16 * d->N);
+    GemmDesc sub = *d;
+    sub.M = 16;
+    g_cpu->gemm(g_cpu, &sub, Ah, Bh, ref);
+    cmp(m, label, down_act(be, C, (size_t)16 * d->N), ref, (size_t)16 * d->N, TOL_BF16_OUT);
+    free(Ah), free(Bh), free(ref), free(r);
+}
+
 // The tile preferences of cuda_gemm.cu (bf16 on compute capability 9.0): Mixtral-8x7B's expert
 // plans at 8,192 and 16,384 rows per expert (rounded, as the grouped GEMMs key them) and its
 // attention projections at 32,768 rows use the table's tiles, and two such GEMMs are right (the
@@ -66,36 +88,11 @@ static void test_gemm_tile_pref(void) {
             EXPECT(t == plans[i].tile, "%s plan (M %d N %d K %d): tile %d, the table's is %d", plans[i].name, d.M, d.N, d.K,
                    t, plans[i].tile);
         }
-    {  // the q/o data gradient C [M, H] = A [M, H] · B [H, H] (B as stored) through its preferred plan
-        const int M = 4 * R;
-        const size_t na = (size_t)M * H, nb = (size_t)H * H, nr = (size_t)1 << 20;
-        float* r = randn(nr, 1.f);
-        void *A = rand_act(be, r, nr, na), *B = rand_act(be, r + 5, nr - 5, nb), *C = poison_act(be, na);
-        GemmDesc d = {.M = M, .N = H, .K = H, .alpha = 1};
-        be->gemm(be, &d, A, B, C);
-        float *Ah = down_act(be, A, (size_t)16 * H), *Bh = down_act(be, B, nb), *ref = xmalloc(4 * (size_t)16 * H);
-        GemmDesc sub = d;
-        sub.M = 16;
-        g_cpu->gemm(g_cpu, &sub, Ah, Bh, ref);
-        cmp(m, "gemm q/o data gradient, preferred tile (16 rows)", down_act(be, C, (size_t)16 * H), ref, (size_t)16 * H,
-            TOL_BF16_OUT);
-        free(Ah), free(Bh), free(ref), free(r);
-    }
-    // C = A·Bᵀ at R rows through the preferred plan; rows 0..15 against the CPU
-    const size_t na = (size_t)R * H, nb = (size_t)F2 * H, nr = (size_t)1 << 20;
-    float* r = randn(nr, 1.f);
-    void *A = rand_act(be, r, nr, na), *B = rand_act(be, r + 3, nr - 3, nb), *C = poison_act(be, (size_t)R * F2);
-    GroupDesc g1 = {.groups = 1};
-    int off[2] = {0, R};
-    g1.host_off = off;
-    be->gemm_grouped(be, &fwd, &g1, A, B, C);  // the expert path: the plan keyed by rounded rows
-    float *Ah = down_act(be, A, (size_t)16 * H), *Bh = down_act(be, B, nb), *ref = xmalloc(4 * (size_t)16 * F2);
-    GemmDesc sub = fwd;
-    sub.M = 16;
-    g_cpu->gemm(g_cpu, &sub, Ah, Bh, ref);
-    cmp(m, "gemm w13 forward, preferred tile (16 rows)", down_act(be, C, (size_t)16 * F2), ref, (size_t)16 * F2,
-        TOL_BF16_OUT);
-    free(Ah), free(Bh), free(ref), free(r);
+    // a product through a preferred plan of each layout: the w13 forward as an expert GEMM (one
+    // group, the plan keyed by rounded rows) and the q/o data gradient (B as stored)
+    pref_product(m, "gemm w13 forward, preferred tile (16 rows)", &fwd, 1);
+    const GemmDesc qo = {.M = 4 * R, .N = H, .K = H, .alpha = 1};
+    pref_product(m, "gemm q/o data gradient, preferred tile (16 rows)", &qo, 0);
     dev_free_all();
 }
 
