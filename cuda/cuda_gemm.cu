@@ -273,7 +273,7 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
             break;
         }
     }
-    if (c->gemm->tune_log) {  // every plan: the tile it runs on, and the heuristic's first pick
+    if (c->gemm && c->gemm->tune_log) {  // every plan: the tile it runs on, and the heuristic's first pick
         int t0 = -1, t = -1;
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t0, sizeof t0, &w);
