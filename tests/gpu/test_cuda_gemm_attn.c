@@ -360,14 +360,18 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
 // back for 600 ms at the card's power limit, where the step runs (docs/performance.md, change 48).
 // MOETRAIN_GEMM_SURVEY=hotdense: the same for the attention projections at micro-batch 8 (32,768
 // tokens; q and o share their shapes, k and v theirs; weight gradients in fp32).
-static void gemm_survey(float hot_ms, int dense) {
+// MOETRAIN_GEMM_SURVEY=hotskew: the same for the expert GEMMs whose rows vary, at 7,300 and 9,500
+// rows: an expert's share under the step's skewed routing (load max/mean ~1.16), where the
+// heuristic is asked at the exact size, unlike the step's plans (rounded to 8,192 or 16,384).
+enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2 };
+static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
     float* r = randn(nr, 1.f);
     const size_t big = (size_t)16384 * 32000;  // the largest operand (logits), and C in fp32
     void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
     const int H = 4096, F = 14336, V = 32000, KV = 1024, T = 32768;
-    if (dense) {
+    if (which == SURVEY_DENSE) {
         const struct { const char* name; GemmDesc d; } q[] = {
             {"q/o fwd", {.M = T, .N = H, .K = H, .trans_b = 1, .alpha = 1}},
             {"k/v fwd", {.M = T, .N = KV, .K = H, .trans_b = 1, .alpha = 1}},
@@ -377,6 +381,20 @@ static void gemm_survey(float hot_ms, int dense) {
             {"k/v wgrad", {.M = KV, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) cuda_gemm_survey(be, &q[i].d, A, B, C, 8, q[i].name, hot_ms);
+        free(r);
+        dev_free_all();
+        return;
+    }
+    if (which == SURVEY_SKEW) {
+        for (int rows = 7300; rows <= 9500; rows += 2200) {
+            const struct { const char* name; GemmDesc d; } g[] = {
+                {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
+                {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
+                {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
+                {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
+            };
+            for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, hot_ms);
+        }
         free(r);
         dev_free_all();
         return;
@@ -577,9 +595,10 @@ int main(void) {
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();
     const char* sv = getenv("MOETRAIN_GEMM_SURVEY");
-    if (sv && sv[0] == '1') gemm_survey(0.f, 0);
-    if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f, 0);
-    if (sv && strcmp(sv, "hotdense") == 0) gemm_survey(600.f, 1);
+    if (sv && sv[0] == '1') gemm_survey(0.f, SURVEY_EXPERT);
+    if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f, SURVEY_EXPERT);
+    if (sv && strcmp(sv, "hotdense") == 0) gemm_survey(600.f, SURVEY_DENSE);
+    if (sv && strcmp(sv, "hotskew") == 0) gemm_survey(600.f, SURVEY_SKEW);
     gpu_teardown();
     TEST_END();
 }
