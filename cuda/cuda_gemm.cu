@@ -13,7 +13,10 @@
 // changes every step, so their plans are keyed by that dimension rounded up to a power of two
 // (the heuristic runs at the rounded size; each call sets the exact rows/cols on the cached
 // layouts, which is a host-side attribute write). Should cuBLASLt refuse the cached algorithm
-// at the exact size, an exact-size plan is built and cached instead.
+// at the exact size, an exact-size plan is built and cached instead. MOETRAIN_GEMM_ROWS=R (a
+// multiple of 8) rounds up to a multiple of R instead, so the heuristic sees nearly the real
+// size (it offers tiles sized to the rows there: docs/performance.md, after session 12); once
+// half the plan cache is used, new plans go back to powers of two, which bounds the count.
 //
 // Autotuning (MOETRAIN_GEMM_TUNE=1; off by default): cuBLASLt's heuristic ranks up to
 // GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest when each
@@ -102,6 +105,7 @@ struct GemmCache {
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
     int grouped_wg;      // MOETRAIN_GEMM_GROUPED: which grouped GEMMs run on cuda_gemm_wg.cu's
                          // kernel where it fits, a set of GG_USE_* (0: cuBLASLt for all)
+    int rows_round;      // MOETRAIN_GEMM_ROWS: dynamic dims round up to a multiple of this (0: a power of two)
 };
 
 static int env_flag(const char* name, int dflt) {
@@ -133,6 +137,14 @@ struct GemmCache* gemm_cache_create(void) {
     g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     g->grouped_wg = grouped_wg_parse(getenv("MOETRAIN_GEMM_GROUPED"));
+    const char* rows = getenv("MOETRAIN_GEMM_ROWS");
+    if (rows && rows[0] && strcmp(rows, "pow2") != 0) {
+        char* end = NULL;
+        const long r = strtol(rows, &end, 10);
+        CHECK(end && !*end && r >= 8 && r <= 65536 && r % 8 == 0,
+              "MOETRAIN_GEMM_ROWS=%s: expected pow2 or a multiple of 8 from 8 to 65536", rows);
+        g->rows_round = (int)r;
+    }
     const char* e = getenv("MOETRAIN_GEMM_TILE");
     g->pref_env = e && e[0];
     if (!g->pref_env) {
@@ -343,14 +355,23 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
     FATAL("cuda gemm: plan cache full");
 }
 
+// A dynamic dim's plan size: up to a power of two, or a multiple of MOETRAIN_GEMM_ROWS while
+// the cache is less than half full.
+static int round_dyn(const struct GemmCache* g, int x) {
+    if (g && g->rows_round && x > 0 && g->used < CACHE_CAP / 2)
+        return (x + g->rows_round - 1) / g->rows_round * g->rows_round;
+    return round_pow2(x);
+}
+
 // A GEMM's plan key: strides already defaulted, al the operands' common alignment, dyn the dim
-// rounded up to a power of two (1 M, 2 K, 0 none).
+// rounded up (round_dyn: 1 M, 2 K, 0 none).
 static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, int al, int dyn) {
     GemmKey k;
     memset(&k, 0, sizeof k);  // padding bytes take part in the hash
-    k.M = dyn == 1 ? round_pow2(d->M) : d->M;
+    const struct GemmCache* g = CI(be)->gemm;
+    k.M = dyn == 1 ? round_dyn(g, d->M) : d->M;
     k.N = d->N;
-    k.K = dyn == 2 ? round_pow2(d->K) : d->K;
+    k.K = dyn == 2 ? round_dyn(g, d->K) : d->K;
     k.ta = d->trans_a != 0;
     k.tb = d->trans_b != 0;
     k.lda = lda;
@@ -362,6 +383,17 @@ static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc,
     k.dyn = dyn;
     return k;
 }
+
+// Tests: MOETRAIN_GEMM_ROWS from now (0 = powers of two); returns the previous value. And the
+// size a dynamic dim's plan is keyed at (dyn 1: M, 2: K).
+extern "C" int cuda_gemm_rows_round(Backend* be, int r) {
+    struct GemmCache* g = CI(be)->gemm;
+    const int was = g->rows_round;
+    CHECK(r == 0 || (r >= 8 && r % 8 == 0), "cuda_gemm_rows_round: %d", r);
+    g->rows_round = r;
+    return was;
+}
+extern "C" int cuda_gemm_plan_dim(Backend* be, int x) { return round_dyn(CI(be)->gemm, x); }
 
 // The cuBLASLt tile id (cublasLtMatmulTile_t) of the algorithm the plan for d uses (16-byte
 // aligned operands, default strides; dyn as gemm_run's): for the tile-preference test.

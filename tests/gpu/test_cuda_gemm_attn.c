@@ -63,8 +63,10 @@ static void pref_product(const Mode* m, const char* label, const GemmDesc* d, in
 static void test_gemm_tile_pref(void) {
     const Mode* m = &g_modes[1];
     Backend* be = m->gpu;
-    if (getenv("MOETRAIN_GEMM_TILE") || !cuda_gemm_wg_available(be)) {  // the latter: Hopper, sm_90a, bf16
-        printf("skip test_gemm_tile_pref: %s\n", getenv("MOETRAIN_GEMM_TILE") ? "MOETRAIN_GEMM_TILE is set" : "not Hopper");
+    const char* rows = getenv("MOETRAIN_GEMM_ROWS");
+    const int env = getenv("MOETRAIN_GEMM_TILE") || (rows && rows[0] && strcmp(rows, "pow2"));
+    if (env || !cuda_gemm_wg_available(be)) {  // the latter: Hopper, sm_90a, bf16
+        printf("skip test_gemm_tile_pref: %s\n", env ? "MOETRAIN_GEMM_TILE or MOETRAIN_GEMM_ROWS is set" : "not Hopper");
         return;
     }
     const int F2 = 28672, H = 4096, R = 8192;
@@ -187,6 +189,54 @@ static void test_gemm_grouped(void) {
         cmp(m, "gemm_grouped_wgrad act dB +=", down_act(be, daB, nb), prev, nb, TOL(TOL_F32, TOL_BF16_OUT));
         free(prev);
         free(A), free(B), free(C), free(dY), free(dB);
+        dev_free_all();
+    }
+}
+
+// MOETRAIN_GEMM_ROWS (cuda_gemm.cu): the dynamic dim of a plan rounded up to a multiple of R
+// instead of a power of two; then the grouped GEMMs and weight gradients on plans built at
+// sizes that are neither a power of two nor the call's own (rows 300 and 1,100 at R = 64: plans
+// at 320 and 1,152), against the CPU.
+int cuda_gemm_rows_round(Backend* be, int r);
+int cuda_gemm_plan_dim(Backend* be, int x);
+
+static void test_gemm_rows_round(void) {
+    const int off[3] = {0, 300, 1400};
+    const int G = 2, N = 256, K = 320, R = off[G];
+    FOR_MODES {
+        Backend* be = m->gpu;
+        const int was = cuda_gemm_rows_round(be, 256);
+        EXPECT(cuda_gemm_plan_dim(be, 9500) == 9728 && cuda_gemm_plan_dim(be, 8192) == 8192 &&
+                   cuda_gemm_plan_dim(be, 1) == 256,
+               "rows rounded to 256: %d %d %d", cuda_gemm_plan_dim(be, 9500), cuda_gemm_plan_dim(be, 8192),
+               cuda_gemm_plan_dim(be, 1));
+        cuda_gemm_rows_round(be, 0);
+        EXPECT(cuda_gemm_plan_dim(be, 9500) == 16384, "powers of two: %d", cuda_gemm_plan_dim(be, 9500));
+        cuda_gemm_rows_round(be, 64);
+        const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
+        float* A = act_in(m, randn(na, 1.f), na);
+        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* dY = act_in(m, randn(ncc, 1.f), ncc);
+        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+        void *dA = up_act(be, A, na), *dB = up_act(be, B, nb), *ddY = up_act(be, dY, ncc);
+        for (int tb = 0; tb < 2; tb++) {  // C [R, N] = A · B_gᵀ; or dX [R, K] = dY · B_g
+            GemmDesc d = {.N = tb ? N : K, .K = tb ? K : N, .trans_b = tb, .alpha = 1};
+            const size_t nc = (size_t)R * d.N;
+            float* ref = xmalloc(sizeof(float) * nc);
+            g_cpu->gemm_grouped(g_cpu, &d, &gd, tb ? A : dY, B, ref);
+            void* c = poison_act(be, nc);
+            be->gemm_grouped(be, &d, &gd, tb ? dA : ddY, dB, c);
+            cmp(m, tb ? "gemm_grouped, rows rounded to 64" : "gemm_grouped dgrad, rows rounded to 64", down_act(be, c, nc),
+                ref, nc, TOL(TOL_F32, TOL_BF16_SUM));
+            free(ref);
+        }
+        float* ref = xmalloc(sizeof(float) * nb);  // dB_g [N, K] = dY_gᵀ X_g: K of the plan is the rows
+        g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, ref, 0.f);
+        float* ddB = poison(be, sizeof(float) * nb);
+        be->gemm_grouped_wgrad(be, &gd, N, K, ddY, dA, ddB, 0.f);
+        cmp(m, "gemm_grouped_wgrad, rows rounded to 64", down_f32(be, ddB, nb), ref, nb, TOL(TOL_F32, TOL_FP32_OUT));
+        cuda_gemm_rows_round(be, was);
+        free(ref), free(A), free(B), free(dY);
         dev_free_all();
     }
 }
@@ -588,6 +638,7 @@ int main(void) {
     }
     RUN(test_gemm);
     RUN(test_gemm_tile_pref);
+    RUN(test_gemm_rows_round);
     RUN(test_gemm_grouped);
     RUN(test_attention);
     RUN(test_attention_one_wg);
