@@ -385,7 +385,7 @@ static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc,
 }
 
 // Tests: MOETRAIN_GEMM_ROWS from now (0 = powers of two); returns the previous value. And the
-// size a dynamic dim's plan is keyed at (dyn 1: M, 2: K).
+// size a plan's dynamic dim of x (an expert's rows: M, or K of a weight gradient) is keyed at.
 extern "C" int cuda_gemm_rows_round(Backend* be, int r) {
     struct GemmCache* g = CI(be)->gemm;
     const int was = g->rows_round;
