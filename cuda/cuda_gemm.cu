@@ -279,9 +279,6 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
         if (tile == want && res[i].state == CUBLAS_STATUS_SUCCESS) {
             p->algo = res[i].algo;
-            if (c->gemm->tune_log)
-                fprintf(stderr, "gemm M=%d N=%d K=%d ta=%d tb=%d: preferred tile %d = candidate #%d\n", k->M, k->N,
-                        k->K, k->ta, k->tb, want, i);
             break;
         }
     }
