@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_common.cuh"
 
@@ -264,8 +265,11 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
     int nres = 0;
     const int want = tile_pref(c, k);
+    struct timespec h0, h1;  // the heuristic's host time, for the plan log
+    clock_gettime(CLOCK_MONOTONIC, &h0);
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
                                                       tune || want >= 0 ? GEMM_TUNE_MAX : 1, res, &nres);
+    clock_gettime(CLOCK_MONOTONIC, &h1);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0)
         FATAL("cuBLASLt has no algorithm for the GEMM M=%d N=%d K=%d trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d "
@@ -287,8 +291,9 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t0, sizeof t0, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t, &w);
-        fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d (first pick %d)\n", k->M, k->N, k->K, k->ta,
-                k->tb, k->dyn, t, t0);
+        const double us = (h1.tv_sec - h0.tv_sec) * 1e6 + (h1.tv_nsec - h0.tv_nsec) * 1e-3;
+        fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d (first pick %d), heuristic %.0f us\n", k->M,
+                k->N, k->K, k->ta, k->tb, k->dyn, t, t0, us);
     }
     if (!tune) nres = 1;  // the preference asked for more candidates than the first pick
     p->n_cand = 0;

@@ -15,6 +15,10 @@
 #          (e.g. ab:8:MOETRAIN_ATTN=wgmma,MOETRAIN_ATTN=mma), or config overrides (a setting
 #          with a dot: train.keep_swiglu=true, several joined by +); the fastest environment
 #          setting is exported for the later steps (and said in d.log).
+#   abf:MBS:ROUNDS:FILE   the same, the settings from FILE (one per line: a name, then environment
+#          assignments and config overrides separated by spaces: values may hold , ; =), alternated
+#          ROUNDS times (A B C A B C ...); each run's step line and the per-setting medians → d.log.
+#          Nothing is exported. Lines starting with # are skipped.
 #   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof.log; profev the same
 #          from device events without syncs (MOETRAIN_PROFILE=events) → profev.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
@@ -117,6 +121,24 @@ for step in $STEPS; do
     done
     case $best in *.*=*) best= ;; esac  # only environment settings carry over
     [ -n "$best" ] && { export "${best?}"; say "$best for the rest"; } ;;
+  abf:*)  # abf:MBS:ROUNDS:FILE: alternated A/B over the settings in FILE
+    IFS=: read -r _ mbs rounds file <<< "$step"
+    [ -r "$file" ] || { say "abf: no file $file"; continue; }
+    for r in $(seq 1 "$rounds"); do
+      while read -r name rest; do
+        case $name in ''|'#'*) continue ;; esac
+        [ "$(left)" -lt 40 ] && { say "abf: stopped, too little time"; break 2; }
+        ev=(); ov=()
+        for a in $rest; do case ${a%%=*} in *.*) ov+=("$a") ;; *) ev+=("$a") ;; esac; done
+        f=$LOGS/abf_${mbs}_${name}_$r.log
+        env "${ev[@]}" timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs \
+          "${ov[@]}" > $f 2>&1
+        ms=$(bench_line $f | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p')
+        say "abf mbs=$mbs $name round $r: ${ms:-FAILED} ms | steps 3-12: $(grep -E '^step +[0-9]+/' $f | awk 'NR>2' | sed -n 's/.* \([0-9.]*\) ms.*/\1/p' | tr '\n' ' ')"
+        echo "$name $ms" >> $LOGS/abf_${mbs}_${file##*/}.txt
+      done < "$file"
+    done
+    awk '$2 != "" { v[$1] = v[$1] " " $2 } END { for (n in v) print "abf mbs='$mbs' " n ":" v[n] }' $LOGS/abf_${mbs}_${file##*/}.txt | tee -a $L ;;
   prof|profev)  # prof: a sync per stage; profev: device events (MOETRAIN_PROFILE=events), the plain step
     [ "$(left)" -lt 70 ] && { say "skipped: too little time"; continue; }
     pm=1; [ $step = profev ] && pm=events
