@@ -10,13 +10,17 @@
 //
 // Plans (matmul descriptor, three layouts, the heuristic's algorithm) are cached by shape in a
 // small open-addressing table and built once per shape. The expert GEMMs have a row count that
-// changes every step, so their plans are keyed by that dimension rounded up to a power of two
-// (the heuristic runs at the rounded size; each call sets the exact rows/cols on the cached
-// layouts, which is a host-side attribute write). Should cuBLASLt refuse the cached algorithm
-// at the exact size, an exact-size plan is built and cached instead. MOETRAIN_GEMM_ROWS=R (a
-// multiple of 8) rounds up to a multiple of R instead, so the heuristic sees nearly the real
-// size (it offers tiles sized to the rows there: docs/performance.md, after session 12); once
-// half the plan cache is used, new plans go back to powers of two, which bounds the count.
+// changes every step, so their plans are keyed by that dimension rounded up (the heuristic runs at
+// the rounded size; each call sets the exact rows/cols on the cached layouts, which is a
+// host-side attribute write). Should cuBLASLt refuse the cached algorithm at the exact size, an
+// exact-size plan is built and cached instead. The rounding (MOETRAIN_GEMM_ROWS):
+//   oct (default)  above 1,024 rows up to a multiple of 1/32 of the power of two below (8,193..16,384
+//                  → multiples of 256, 4,097..8,192 → of 128): the heuristic sees the real size within
+//                  3%, and offers tiles sized to the rows there (docs/performance.md, change 55); at
+//                  most 32 plans per octave and shape, the same plan for a row count in every run
+//   pow2           up to a power of two (sessions 1-12)
+//   R              up to a multiple of R (a multiple of 8; experiments)
+// Once half the plan cache is used, new plans go back to powers of two, which bounds the count.
 //
 // Autotuning (MOETRAIN_GEMM_TUNE=1; off by default): cuBLASLt's heuristic ranks up to
 // GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest when each
@@ -41,7 +45,7 @@
 
 #include "cuda_common.cuh"
 
-enum { CACHE_CAP = 1024 };  // plans; a run uses a few dozen
+enum { CACHE_CAP = 2048 };  // plans; a run uses a few dozen to a few hundred (the expert GEMMs' row counts)
 enum { GEMM_TUNE_MAX = 8 };   // candidates timed per plan
 enum { GEMM_TUNE_ROUNDS = 2 };  // timings per candidate (the least counts: a first call may include a module load)
 static const double GEMM_TUNE_MARGIN = 0.97;  // a candidate replaces the first pick below 97% of its time
@@ -78,20 +82,19 @@ typedef struct GemmPlan {
 // found and the step confirmed for Mixtral-8x7B on the H200 (docs/performance.md):
 //   - change 48: the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at
 //     8,192 rows), its weight gradient on 128 × 160 (688 against 678); the step −1.3 ms.
-//   - change 54: the w13 data gradient and the w2 forward keep the tile the heuristic picks at
-//     8,192 rows (256 × 128) when an expert gets more rows and its plan is built at 16,384, where
-//     the heuristic picks 320 × 128; the q/o forward and data gradient and k/v's data
-//     gradient take 128 × 160 (the hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8.
+//   - change 54: the q/o forward and data gradient and k/v's data gradient take 128 × 160 (the
+//     hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8, with two entries for the w13
+//     data gradient and the w2 forward (256 × 128) that change 55 made unnecessary: plans keyed by
+//     rows near the real count, where the heuristic's own pick is the better one.
 // The lm_head's better candidates in the survey did not carry over to the step, and are left out.
 // MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none"; MOETRAIN_GEMM_TUNE_LOG=1
 // prints every plan's tile and first pick.
 enum { TILE_PREF_MAX = 16 };
+enum { ROWS_OCT = 0, ROWS_POW2 = -1 };  // GemmCache.rows_round besides a multiple R
 typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
 static const TilePref k_tile_pref_sm90[] = {
     {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
     {1, 0, 28672, 4096, 29},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
-    {0, 0, 4096, 28672, 24},   // w13 data gradient d(gate|up)·w13: CUBLASLT_MATMUL_TILE_256x128
-    {0, 1, 4096, 14336, 24},   // w2 forward h·w2ᵀ, F = 14,336: 256x128
     {0, 1, 4096, 4096, 29},    // q and o forward (one shape, the survey's q/o): 128x160
     {0, 0, 4096, 4096, 29},    // q and o data gradient: 128x160
     {0, 0, 4096, 1024, 29},    // k and v data gradient (8 kv heads × 128): 128x160
@@ -106,7 +109,7 @@ struct GemmCache {
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
     int grouped_wg;      // MOETRAIN_GEMM_GROUPED: which grouped GEMMs run on cuda_gemm_wg.cu's
                          // kernel where it fits, a set of GG_USE_* (0: cuBLASLt for all)
-    int rows_round;      // MOETRAIN_GEMM_ROWS: dynamic dims round up to a multiple of this (0: a power of two)
+    int rows_round;      // MOETRAIN_GEMM_ROWS: dynamic dims round up to a multiple of this; ROWS_OCT, ROWS_POW2
 };
 
 static int env_flag(const char* name, int dflt) {
@@ -139,12 +142,13 @@ struct GemmCache* gemm_cache_create(void) {
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
     g->grouped_wg = grouped_wg_parse(getenv("MOETRAIN_GEMM_GROUPED"));
     const char* rows = getenv("MOETRAIN_GEMM_ROWS");
-    if (rows && rows[0] && strcmp(rows, "pow2") != 0) {
+    g->rows_round = ROWS_OCT;
+    if (rows && rows[0] && strcmp(rows, "oct") != 0) {
         char* end = NULL;
         const long r = strtol(rows, &end, 10);
-        CHECK(end && !*end && r >= 8 && r <= 65536 && r % 8 == 0,
-              "MOETRAIN_GEMM_ROWS=%s: expected pow2 or a multiple of 8 from 8 to 65536", rows);
-        g->rows_round = (int)r;
+        CHECK(!strcmp(rows, "pow2") || (end && !*end && r >= 8 && r <= 65536 && r % 8 == 0),
+              "MOETRAIN_GEMM_ROWS=%s: expected oct, pow2 or a multiple of 8 from 8 to 65536", rows);
+        g->rows_round = strcmp(rows, "pow2") ? (int)r : ROWS_POW2;
     }
     const char* e = getenv("MOETRAIN_GEMM_TILE");
     g->pref_env = e && e[0];
@@ -357,12 +361,17 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
     FATAL("cuda gemm: plan cache full");
 }
 
-// A dynamic dim's plan size: up to a power of two, or a multiple of MOETRAIN_GEMM_ROWS while
-// the cache is less than half full.
+// A dynamic dim's plan size (MOETRAIN_GEMM_ROWS: the header): while the cache is less than half
+// full, up to a multiple of 1/32 of the power of two below x (oct; powers of two up to 1,024) or of
+// R; else, and for pow2, up to a power of two.
 static int round_dyn(const struct GemmCache* g, int x) {
-    if (g && g->rows_round && x > 0 && g->used < CACHE_CAP / 2)
-        return (x + g->rows_round - 1) / g->rows_round * g->rows_round;
-    return round_pow2(x);
+    if (!g || x <= 0 || g->rows_round == ROWS_POW2 || g->used >= CACHE_CAP / 2) return round_pow2(x);
+    int step = g->rows_round;
+    if (step == ROWS_OCT) {
+        if (x <= 1024) return round_pow2(x);
+        step = round_pow2(x) / 64;  // (the power of two at or above x) / 64 = (the one below) / 32
+    }
+    return (x + step - 1) / step * step;
 }
 
 // A GEMM's plan key: strides already defaulted, al the operands' common alignment, dyn the dim
@@ -386,12 +395,13 @@ static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc,
     return k;
 }
 
-// Tests: MOETRAIN_GEMM_ROWS from now (0 = powers of two); returns the previous value. And the
-// size a plan's dynamic dim of x (an expert's rows: M, or K of a weight gradient) is keyed at.
+// Tests: MOETRAIN_GEMM_ROWS from now (ROWS_OCT = 0, ROWS_POW2 = -1, or R); returns the previous
+// value. And the size a plan's dynamic dim of x (an expert's rows: M, or K of a weight gradient)
+// is keyed at.
 extern "C" int cuda_gemm_rows_round(Backend* be, int r) {
     struct GemmCache* g = CI(be)->gemm;
     const int was = g->rows_round;
-    CHECK(r == 0 || (r >= 8 && r % 8 == 0), "cuda_gemm_rows_round: %d", r);
+    CHECK(r == ROWS_OCT || r == ROWS_POW2 || (r >= 8 && r % 8 == 0), "cuda_gemm_rows_round: %d", r);
     g->rows_round = r;
     return was;
 }

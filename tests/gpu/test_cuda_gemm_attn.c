@@ -55,7 +55,7 @@ static void pref_product(const Mode* m, const char* label, const GemmDesc* d, in
 }
 
 // The tile preferences of cuda_gemm.cu (bf16 on compute capability 9.0): Mixtral-8x7B's expert
-// plans at 8,192 and 16,384 rows per expert (rounded, as the grouped GEMMs key them) and its
+// plans at 8,192 and 9,192 rows per expert (keyed at 8,192 and 9,216, as the grouped GEMMs key them) and its
 // attention projections at 32,768 rows use the table's tiles, and two such GEMMs are right (the
 // forward layout, and the data-gradient layout with B as stored): their first 16 rows against the
 // CPU. A cuBLASLt whose candidates no longer hold the table's tiles fails here: the table is then
@@ -64,7 +64,7 @@ static void test_gemm_tile_pref(void) {
     const Mode* m = &g_modes[1];
     Backend* be = m->gpu;
     const char* rows = getenv("MOETRAIN_GEMM_ROWS");
-    const int env = getenv("MOETRAIN_GEMM_TILE") || (rows && rows[0] && strcmp(rows, "pow2"));
+    const int env = getenv("MOETRAIN_GEMM_TILE") || (rows && rows[0] && strcmp(rows, "oct"));
     if (env || !cuda_gemm_wg_available(be)) {  // the latter: Hopper, sm_90a, bf16
         printf("skip test_gemm_tile_pref: %s\n", env ? "MOETRAIN_GEMM_TILE or MOETRAIN_GEMM_ROWS is set" : "not Hopper");
         return;
@@ -75,14 +75,12 @@ static void test_gemm_tile_pref(void) {
     const struct { const char* name; GemmDesc d; int dyn, tile; } plans[] = {
         {"w13 forward", fwd, 1, 201},
         {"w13 weight gradient", wgr, 2, 29},
-        {"w13 data gradient", {.M = R, .N = H, .K = F2, .alpha = 1}, 1, 24},
-        {"w2 forward", {.M = R, .N = H, .K = F2 / 2, .trans_b = 1, .alpha = 1}, 1, 24},
         {"q/o forward", {.M = 4 * R, .N = H, .K = H, .trans_b = 1, .alpha = 1}, 0, 29},
         {"q/o data gradient", {.M = 4 * R, .N = H, .K = H, .alpha = 1}, 0, 29},
         {"k/v data gradient", {.M = 4 * R, .N = H, .K = 1024, .alpha = 1}, 0, 29},
     };
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
-        for (int twice = 0; twice < 1 + (plans[i].dyn != 0); twice++) {  // a dynamic dim: 8,192 and 16,384
+        for (int twice = 0; twice < 1 + (plans[i].dyn != 0); twice++) {  // a dynamic dim: 8,192 and 9,192
             GemmDesc d = plans[i].d;
             if (twice && plans[i].dyn == 1) d.M = R + 1000;
             if (twice && plans[i].dyn == 2) d.K = R + 1000;
@@ -193,8 +191,8 @@ static void test_gemm_grouped(void) {
     }
 }
 
-// MOETRAIN_GEMM_ROWS (cuda_gemm.cu): the dynamic dim of a plan rounded up to a multiple of R
-// instead of a power of two; then the grouped GEMMs and weight gradients on plans built at
+// MOETRAIN_GEMM_ROWS (cuda_gemm.cu): the size a plan's dynamic dim is keyed at under oct (the
+// default: 1/32 of an octave above 1,024 rows), a multiple R and pow2; then the grouped GEMMs and weight gradients on plans built at
 // sizes that are neither a power of two nor the call's own (rows 300 and 1,100 at R = 64: plans
 // at 320 and 1,152), against the CPU.
 int cuda_gemm_rows_round(Backend* be, int r);
@@ -205,12 +203,18 @@ static void test_gemm_rows_round(void) {
     const int G = 2, N = 256, K = 320, R = off[G];
     FOR_MODES {
         Backend* be = m->gpu;
-        const int was = cuda_gemm_rows_round(be, 256);
+        const int was = cuda_gemm_rows_round(be, 0);  // oct, the default
+        const int x[] = {1, 1000, 1025, 5000, 8192, 8193, 9500, 16384, 20000};
+        const int want[] = {1, 1024, 1056, 5120, 8192, 8448, 9728, 16384, 20480};
+        for (int i = 0; i < (int)(sizeof x / sizeof x[0]); i++)
+            EXPECT(cuda_gemm_plan_dim(be, x[i]) == want[i], "oct: %d rows keyed at %d, want %d", x[i],
+                   cuda_gemm_plan_dim(be, x[i]), want[i]);
+        cuda_gemm_rows_round(be, 256);
         EXPECT(cuda_gemm_plan_dim(be, 9500) == 9728 && cuda_gemm_plan_dim(be, 8192) == 8192 &&
                    cuda_gemm_plan_dim(be, 1) == 256,
                "rows rounded to 256: %d %d %d", cuda_gemm_plan_dim(be, 9500), cuda_gemm_plan_dim(be, 8192),
                cuda_gemm_plan_dim(be, 1));
-        cuda_gemm_rows_round(be, 0);
+        cuda_gemm_rows_round(be, -1);
         EXPECT(cuda_gemm_plan_dim(be, 9500) == 16384, "powers of two: %d", cuda_gemm_plan_dim(be, 9500));
         cuda_gemm_rows_round(be, 64);
         const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
