@@ -56,7 +56,8 @@ RES=$OUT/results.jsonl
 : >"$RES"
 
 say() { echo "bench: $*" >&2; }
-say "out $OUT; MBS=[$MBS] SEQ=[$SEQ] HF_VARIANTS=[$HF_VARIANTS]; commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+# build/commit.txt where the caller wrote one (a worktree copied to the GPU machine has no git metadata of its own)
+say "out $OUT; MBS=[$MBS] SEQ=[$SEQ] HF_VARIANTS=[$HF_VARIANTS]; commit $(cat build/commit.txt 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo ?)"
 command -v nvidia-smi >/dev/null && nvidia-smi -L >&2
 
 fail=0
