@@ -36,6 +36,7 @@ enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
 #define WK_L (2u * 64u * 4u)       // bytes of a stage's lse[64] then Δ[64]
 #define WK_SD (64u * 64u * 2u)     // bytes of a dSᵀ image
 
+template <bool PP>
 __global__ void __launch_bounds__(WK_THREADS, 1)
     k_attn_dkdv_ws(bf16* dk, bf16* dv, bf16* ds, const float* lse, const float* delta,
                    const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mo,
@@ -104,13 +105,18 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
         int started = 0, par = 0;
         mbar_wait(fullKV, 0);
 
+        if (PP && wg == 1) nbar_arrive<256>(3);  // warpgroup 0 takes the first turn
         for (int it = 0; it < n_it; it++) {
             const int s = it % WK_NS, u = it / WK_NS;
             const int hh = it / per_h, qt = 2 * kb + it % per_h, qq0 = qt * WK_R;
+            // (warpgroup-uniform) some query of the tile sees some key of ours; a warpgroup that
+            // skips the item still takes its turns
+            const bool act = qt >= ktw;
             mbar_wait(full0 + 8 * s, u & 1);
-            if (qt >= ktw) {  // (warpgroup-uniform) some query of the tile sees some key of ours
-                const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
-                const float* ls = lsh + s * (WK_L / 4);
+            const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
+            uint32_t ap[4][4], as[4][4];  // Pᵀ and dSᵀ as bf16 A fragments
+            if (PP) nbar_sync<256>(3 + wg);  // my turn: Sᵀ and dPᵀ
+            if (act) {
                 float sT[32], dpT[32];  // Sᵀ and dPᵀ: rows = keys, columns = queries
                 wg_arrive();
 #pragma unroll
@@ -120,6 +126,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 for (int kk = 0; kk < 8; kk++)
                     wg_ss<64>(dpT, wg_desc_k(Vs, 128, 64 * wg, kk), wg_desc_k(Os, WK_R, 0, kk), kk > 0);
                 wg_commit();
+                if (PP) nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
                 wg_reg_fence<32>(sT);
                 wg_reg_fence<32>(dpT);
                 wg_wait<0>();
@@ -127,14 +134,19 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 wg_reg_fence<32>(dpT);
 
                 // Pᵀ (query < key and query ≥ T masked), dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
+                const float* ls = lsh + s * (WK_L / 4);
                 const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T;
                 attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask);
-                uint32_t ap[4][4], as[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     wg_pack_a(ap[kk], sT, kk);
                     wg_pack_a(as[kk], dpT, kk);
                 }
+            } else if (PP) {
+                nbar_arrive<256>(4 - wg);
+            }
+            if (PP) nbar_sync<256>(3 + wg);  // my turn: dV and dK
+            if (act) {
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
                 wg_reg_fence_u<16>(&ap[0][0]);
@@ -146,6 +158,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                     wg_rs<128, 1>(dka, as[kk], wg_desc_mn(Qs, WK_R, kk), kk > 0 || started);
                 }
                 wg_commit();
+                if (PP) nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
                 started = 1;
@@ -170,10 +183,13 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 wg_wait<0>();  // dV, dK done: the stage's Q and dO are no longer read
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
+            } else if (PP) {
+                nbar_arrive<256>(4 - wg);
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
+        if (PP && wg == 0) nbar_sync<256>(3);  // warpgroup 1's last hand-over (one more arrival on barrier 3)
 
         const size_t ks = (size_t)Hkv * 128, koff = (size_t)b * T * ks + (size_t)kh * 128;
 #pragma unroll
@@ -279,13 +295,21 @@ int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, co
     const size_t smem = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
+    // MOETRAIN_ATTN_DKDV_PP (default 1): the two warpgroups take turns issuing their products
+    const char* e = getenv("MOETRAIN_ATTN_DKDV_PP");
+    CHECK(!e || !e[0] || !strcmp(e, "0") || !strcmp(e, "1"), "MOETRAIN_ATTN_DKDV_PP=%s: expected 0 or 1", e);
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
     const dim3 grid((unsigned)((T + 127) / 128), (unsigned)np);
-    k_attn_dkdv_ws<<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2,
-                                                           scale);
+    if (!(e && e[0] == '0'))
+        k_attn_dkdv_ws<true><<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv,
+                                                                     p0, sl2, scale);
+    else
+        k_attn_dkdv_ws<false><<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq,
+                                                                      Hkv, p0, sl2, scale);
     LAUNCH_CK(c);
     return 1;
 }

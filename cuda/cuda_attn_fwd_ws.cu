@@ -16,6 +16,11 @@
 //               wait for both, release K_j and V_{j-1};
 //               softmax of S_j in registers (online, log2 domain) into P_j, O ·= its correction.
 //             While one warpgroup runs its softmax, the tensor cores work on the other's products.
+//             With OVL (the default; MOETRAIN_ATTN_FWD_OVL=0 turns it off), FlashAttention-3's
+//             intra-warpgroup overlap as well: S_j and P_{j-1}·V_{j-1} are two commit groups, the
+//             softmax waits only for S_j and turns it into P_j in place (fp32) while the tensor
+//             cores still read P_{j-1} from registers; then it waits for P·V, releases V_{j-1},
+//             rescales O and packs P_j to bf16 over P_{j-1}.
 //             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
 // Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
 // A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
@@ -25,6 +30,52 @@
 enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
 #define WS_TILE (128u * 128u * 2u)  // bytes of one [128][128] bf16 tile (two 16 KB slabs)
 
+// Online softmax of one 128-key tile in registers (log2 domain) for this thread's rows row0 and
+// row0 + 8: keys above the row or ≥ T are masked where the tile reaches past wrow0 (the warp's first
+// row); the running max mr and row sums lr are updated, corr is O's correction, and sacc becomes P
+// (fp32, in place: no register of an unfinished P·V is written).
+__device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], float (&lr)[2], float (&corr)[2], int k0,
+                                           int wrow0, int row0, int c4, int T, float sl2) {
+    const bool need_mask = k0 + WS_N - 1 > wrow0 || k0 + WS_N > T;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        float x = sacc[i];
+        if (need_mask) {
+            const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
+            if (key > row || key >= T) x = -INFINITY;
+        }
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
+        corr[r] = fast_exp2(mr[r] - m2);
+        mr[r] = m2;
+        lr[r] *= corr[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int r = (i >> 1) & 1;
+        float x = sacc[i];
+        if (need_mask) {
+            const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + r * 8;
+            if (key > row || key >= T) x = -INFINITY;
+        }
+        sacc[i] = fast_exp2(fmaf(x, sl2, -mr[r]));
+        lr[r] += sacc[i];
+    }
+}
+
+// P (ws_softmax's sacc) as bf16 A fragments: p[kk] = keys 16kk..16kk+15.
+__device__ __forceinline__ void ws_pack_p(uint32_t (&p)[8][4], const float (&sacc)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) p[i >> 3][(i >> 1) & 3] = pack_bf16(sacc[i], sacc[i + 1]);
+}
+
+template <bool OVL>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                   const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2) {
@@ -85,10 +136,30 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         mbar_wait(fullQ, 0);
         if (wg == 1) nbar_arrive<256>(1);  // warpgroup 0 takes the first turn
 
-        for (int j = 0; j < n; j++) {
+        // key tile 0: S_0 alone (no P·V before it)
+        {
+            mbar_wait(fullK, 0);
+            nbar_sync<256>(1 + wg);  // my turn
+            float sacc[64];
+            wg_arrive();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                wg_ss<128>(sacc, wg_desc_k(Qs + r0w * 128, WS_M, 0, kk), wg_desc_k(Kb, WS_N, 0, kk), kk > 0);
+            wg_commit();
+            nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
+            wg_reg_fence<64>(sacc);
+            wg_wait<0>();
+            wg_reg_fence<64>(sacc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(emptyK);
+            float corr[2];  // O is still zero: nothing to rescale
+            ws_softmax(sacc, mr, lr, corr, 0, q0 + r0w + w * 16, row0, c4, T, sl2);
+            ws_pack_p(a, sacc);
+        }
+        for (int j = 1; j < n; j++) {
             const int s = j & 1, sp = s ^ 1;
             mbar_wait(fullK + 8 * s, (j >> 1) & 1);
-            if (j > 0) mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
+            mbar_wait(fullV + 8 * sp, ((j - 1) >> 1) & 1);
             nbar_sync<256>(1 + wg);  // my turn
             float sacc[64];
             wg_reg_fence<64>(o);
@@ -101,63 +172,40 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < 8; kk++)
                 wg_ss<128>(sacc, wg_desc_k(qa, WS_M, 0, kk), wg_desc_k(ka, WS_N, 0, kk), kk > 0);
-            if (j > 0) {
-#pragma unroll
-                for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
+            if (OVL) {  // S_j a group of its own: the softmax waits only for it
+                wg_commit();
+                wg_arrive();
             }
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
             wg_commit();
             nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
             wg_reg_fence<64>(sacc);
-            wg_wait<0>();
+            if (OVL) wg_wait<1>();  // S_j done; P_{j-1}·V_{j-1} may still run
+            else wg_wait<0>();
             wg_reg_fence<64>(sacc);
-            wg_reg_fence<64>(o);
+            if (!OVL) {
+                wg_reg_fence<64>(o);
+                wg_reg_fence_u<32>(&a[0][0]);
+            }
             __syncwarp();
-            if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
+            if (lane == 0) {  // this warp is done reading K_j (and, without OVL, V_{j-1})
                 mbar_arrive(emptyK + 8 * s);
-                if (j > 0) mbar_arrive(emptyV + 8 * sp);
+                if (!OVL) mbar_arrive(emptyV + 8 * sp);
             }
-
-            // softmax of tile j (log2 domain; sacc only read)
-            const int k0 = j * WS_N;
-            const bool need_mask = k0 + WS_N - 1 > q0 + r0w + w * 16 || k0 + WS_N > T;
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int i = 0; i < 64; i++) {
-                float x = sacc[i];
-                if (need_mask) {
-                    const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-                    if (key > row || key >= T) x = -INFINITY;
-                }
-                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
-            }
+            // P_j in sacc: with OVL the tensor cores may still be reading P_{j-1} from a and adding into O
             float corr[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
-                corr[r] = fast_exp2(mr[r] - m2);
-                mr[r] = m2;
-                lr[r] *= corr[r];
-            }
-#pragma unroll
-            for (int i = 0; i < 64; i += 2) {
-                float p[2];
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int ii = i + e, r = (ii >> 1) & 1;
-                    float x = sacc[ii];
-                    if (need_mask) {
-                        const int key = k0 + (ii >> 2) * 8 + 2 * c4 + (ii & 1), row = row0 + r * 8;
-                        if (key > row || key >= T) x = -INFINITY;
-                    }
-                    p[e] = fast_exp2(fmaf(x, sl2, -mr[r]));
-                    lr[r] += p[e];
-                }
-                a[i >> 3][(i >> 1) & 3] = pack_bf16(p[0], p[1]);
+            ws_softmax(sacc, mr, lr, corr, j * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2);
+            if (OVL) {  // P_{j-1}·V_{j-1} done: V_{j-1} is free, O and a may change
+                wg_wait<0>();
+                wg_reg_fence<64>(o);
+                wg_reg_fence_u<32>(&a[0][0]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(emptyV + 8 * sp);
             }
 #pragma unroll
             for (int i = 0; i < 64; i++) o[i] *= corr[(i >> 1) & 1];
+            ws_pack_p(a, sacc);
         }
 
         // the last tile's P·V (outside the turns)
@@ -212,11 +260,18 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
     const size_t smem = 5 * (size_t)WS_TILE + 128 + 1024;  // tiles, mbarriers, room to align to 1024
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
+    // MOETRAIN_ATTN_FWD_OVL (default 1): each warpgroup's softmax of S_j runs under its own P_{j-1}·V_{j-1}
+    const char* e = getenv("MOETRAIN_ATTN_FWD_OVL");
+    CHECK(!e || !e[0] || !strcmp(e, "0") || !strcmp(e, "1"), "MOETRAIN_ATTN_FWD_OVL=%s: expected 0 or 1", e);
+    const bool ovl = !(e && e[0] == '0');
     const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
-    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, LOG2E / sqrtf((float)D));
+    const float sl2 = LOG2E / sqrtf((float)D);
+    if (ovl) k_attn_fwd_ws<true><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
+    else k_attn_fwd_ws<false><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
     LAUNCH_CK(c);
     return 1;
 }

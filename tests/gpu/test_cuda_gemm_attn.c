@@ -280,10 +280,24 @@ static void attention_cases(const char* path) {
         be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
         char lab[64];
         EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd D=%d T=%d: an mbarrier wait gave up", path, D, T);
+        float* got_o = down_act(be, dO, nq);
+        float* got_l = down_f32(be, dL, nl);
+        float *got_o_copy = dupf(got_o, nq), *got_l_copy = dupf(got_l, nl);
         snprintf(lab, sizeof lab, "%s attn_fwd out D=%d T=%d", path, D, T);
-        cmp(m, lab, down_act(be, dO, nq), o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
+        cmp(m, lab, got_o, o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
         snprintf(lab, sizeof lab, "%s attn_fwd lse D=%d T=%d", path, D, T);
-        cmp(m, lab, down_f32(be, dL, nl), l, nl, TOL(TOL_F32, TOL_FP32_OUT));
+        cmp(m, lab, got_l, l, nl, TOL(TOL_F32, TOL_FP32_OUT));
+        // the warp-specialised forward without the intra-warpgroup overlap: the same operations in
+        // the same order, so the same bits (on other kernels the setting changes nothing)
+        setenv("MOETRAIN_ATTN_FWD_OVL", "0", 1);
+        dO = poison_act(be, nq), dL = poison(be, 4 * nl);
+        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
+        unsetenv("MOETRAIN_ATTN_FWD_OVL");
+        EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd (no overlap) D=%d T=%d: an mbarrier wait gave up", path, D, T);
+        snprintf(lab, sizeof lab, "%s attn_fwd out, overlap off = on, D=%d T=%d", path, D, T);
+        cmp_bits(m, lab, got_o_copy, down_act(be, dO, nq), nq);
+        snprintf(lab, sizeof lab, "%s attn_fwd lse, overlap off = on, D=%d T=%d", path, D, T);
+        cmp_bits(m, lab, got_l_copy, down_f32(be, dL, nl), nl);
 
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
         float* orr = act_in(m, o, nq);
@@ -315,7 +329,26 @@ static void attention_cases(const char* path) {
             float* got_k_copy = dupf(got_k, nk);
             cmp(m, lab, got_k, rk, nk, TOL(TOL_F32, TOL_ATTN_BWD));
             snprintf(lab, sizeof lab, "%s/%s attn_bwd dv D=%d T=%d", path, wv[w].name, D, T);
-            cmp(m, lab, down_act(be, gv, nk), rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+            float* got_v = down_act(be, gv, nk);
+            float* got_v_copy = dupf(got_v, nk);
+            cmp(m, lab, got_v, rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
+            if (w > 0) {  // the warp-specialised dK/dV without the warpgroups' turns: the same bits
+                float *q2 = dupf(got_q_copy, nq), *k2 = dupf(got_k_copy, nk);
+                setenv("MOETRAIN_ATTN_DKDV_PP", "0", 1);
+                gq = poison_act(be, nq), gk = poison_act(be, nk), gv = poison_act(be, nk);
+                be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+                unsetenv("MOETRAIN_ATTN_DKDV_PP");
+                EXPECT(!cuda_attn_bwd_ws_stalled(), "%s/%s attn_bwd (no turns) D=%d T=%d: an mbarrier wait gave up",
+                       path, wv[w].name, D, T);
+                snprintf(lab, sizeof lab, "%s/%s attn_bwd dq, turns off = on", path, wv[w].name);
+                cmp_bits(m, lab, q2, down_act(be, gq, nq), nq);
+                snprintf(lab, sizeof lab, "%s/%s attn_bwd dk, turns off = on", path, wv[w].name);
+                cmp_bits(m, lab, k2, down_act(be, gk, nk), nk);
+                snprintf(lab, sizeof lab, "%s/%s attn_bwd dv, turns off = on", path, wv[w].name);
+                cmp_bits(m, lab, got_v_copy, down_act(be, gv, nk), nk);
+            } else {
+                free(got_v_copy);
+            }
             // again, over poisoned outputs: bit-identical (no atomics anywhere)
             gq = poison_act(be, nq), gk = poison_act(be, nk);
             be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
@@ -499,7 +532,11 @@ static void bench_attn(Backend* be, int B) {
         const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
         printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
-        if (path == 0) {  // the one-warpgroup forward the warp-specialised one replaces
+        if (path == 0) {  // without the intra-warpgroup overlap, and the one-warpgroup forward
+            setenv("MOETRAIN_ATTN_FWD_OVL", "0", 1);
+            t = time_ms(be, b_attn_fwd, &c, 10);
+            printf("attn_fwd wgmma no overlap (FWD_OVL=0)      %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
+            unsetenv("MOETRAIN_ATTN_FWD_OVL");
             setenv("MOETRAIN_ATTN_FWD", "wg", 1);
             t = time_ms(be, b_attn_fwd, &c, 10);
             printf("attn_fwd wgmma one-warpgroup (wg)          %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
@@ -514,6 +551,11 @@ static void bench_attn(Backend* be, int B) {
             t = time_ms(be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
                    ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
+            setenv("MOETRAIN_ATTN_DKDV_PP", "0", 1);
+            t = time_ms(be, b_attn_bwd, &c, 5);
+            printf("attn_bwd wgmma stored dS, no turns (DKDV_PP=0) %6.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
+                   2.5 * fl_attn / t / 1e9);
+            unsetenv("MOETRAIN_ATTN_DKDV_PP");
             setenv("MOETRAIN_ATTN_DS", "wg", 1);  // the one-warpgroup dk/dv and cp.async dq kernels
             t = time_ms(be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS, MOETRAIN_ATTN_DS=wg %7.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
