@@ -450,6 +450,35 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
 // MOETRAIN_GEMM_SURVEY=hotskew: the same for the expert GEMMs whose rows vary, at 7,300 and 9,500
 // rows: an expert's share under the step's skewed routing (load max/mean ~1.16), where the
 // heuristic is asked at the exact size, unlike the step's plans (rounded to 8,192 or 16,384).
+void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, const char* label,
+                               float hot_ms);
+
+// MOETRAIN_GEMM_SURVEY=hotvar: the step's own pick for each expert and lm_head GEMM at micro-batch
+// 8 (8,192 rows per expert, a 16,384-token lm_head chunk) against the same algorithm with another
+// cluster shape, CTA swizzling or custom option (cuda_gemm_survey_variants), hot.
+static void gemm_survey_variants(float hot_ms) {
+    Backend* be = g_modes[1].gpu;  // bf16
+    const size_t nr = (size_t)1 << 24;
+    float* r = randn(nr, 1.f);
+    const size_t big = (size_t)16384 * 32000;
+    void *A = rand_act(be, r, nr, big), *B = rand_act(be, r, nr, big), *C = dev_alloc(be, 4 * big);
+    const int H = 4096, F = 14336, V = 32000, rows = 8192, T = 16384;
+    const struct { const char* name; GemmDesc d; } g[] = {
+        {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
+        {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
+        {"w13 wgrad", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
+        {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
+        {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
+        {"w2 wgrad", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
+        {"head fwd", {.M = T, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
+        {"head dgrad", {.M = T, .N = H, .K = V, .alpha = 1}},
+        {"head wgrad", {.M = V, .N = H, .K = T, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) cuda_gemm_survey_variants(be, &g[i].d, A, B, C, g[i].name, hot_ms);
+    free(r);
+    dev_free_all();
+}
+
 enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2 };
 static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
@@ -696,6 +725,7 @@ int main(void) {
     if (sv && strcmp(sv, "hot") == 0) gemm_survey(600.f, SURVEY_EXPERT);
     if (sv && strcmp(sv, "hotdense") == 0) gemm_survey(600.f, SURVEY_DENSE);
     if (sv && strcmp(sv, "hotskew") == 0) gemm_survey(600.f, SURVEY_SKEW);
+    if (sv && strcmp(sv, "hotvar") == 0) gemm_survey_variants(300.f);
     gpu_teardown();
     TEST_END();
 }
