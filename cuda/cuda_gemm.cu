@@ -91,13 +91,13 @@ typedef struct GemmPlan {
 // prints every plan's tile and first pick.
 enum { TILE_PREF_MAX = 16 };
 enum { ROWS_OCT = 0, ROWS_POW2 = -1 };  // GemmCache.rows_round besides a multiple R
-typedef struct TilePref { int ta, tb, x, y, tile, custom; } TilePref;  // tile/custom < 0: the pick's own
+typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
 static const TilePref k_tile_pref_sm90[] = {
-    {0, 1, 28672, 4096, 201, -1},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
-    {1, 0, 28672, 4096, 29, -1},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
-    {0, 1, 4096, 4096, 29, -1},    // q and o forward (one shape, the survey's q/o): 128x160
-    {0, 0, 4096, 4096, 29, -1},    // q and o data gradient: 128x160
-    {0, 0, 4096, 1024, 29, -1},    // k and v data gradient (8 kv heads × 128): 128x160
+    {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
+    {1, 0, 28672, 4096, 29},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
+    {0, 1, 4096, 4096, 29},    // q and o forward (one shape, the survey's q/o): 128x160
+    {0, 0, 4096, 4096, 29},    // q and o data gradient: 128x160
+    {0, 0, 4096, 1024, 29},    // k and v data gradient (8 kv heads × 128): 128x160
 };
 
 struct GemmCache {
@@ -161,15 +161,9 @@ struct GemmCache* gemm_cache_create(void) {
             TilePref* t = &g->pref[g->n_pref];
             int used = 0;
             CHECK(sscanf(q, "%d,%d,%d,%d=%d%n", &t->ta, &t->tb, &t->x, &t->y, &t->tile, &used) == 5 && used > 0,
-                  "MOETRAIN_GEMM_TILE=%s: expected none or ta,tb,X,Y=tile[:custom];... (docs/gpu.md)", e);
-            q += used;
-            t->custom = -1;
-            if (*q == ':') {
-                CHECK(sscanf(q, ":%d%n", &t->custom, &used) == 1 && used > 1 && t->custom >= 0,
-                      "MOETRAIN_GEMM_TILE=%s: expected a custom option (0 or more) after ':'", e);
-                q += used;
-            }
+                  "MOETRAIN_GEMM_TILE=%s: expected none or ta,tb,X,Y=tile;... (docs/gpu.md)", e);
             g->n_pref++;
+            q += used;
             CHECK(*q == ';' || !*q, "MOETRAIN_GEMM_TILE=%s: expected ';' between entries", e);
             while (*q == ';') q++;
         }
@@ -233,16 +227,16 @@ static void set_dims(GemmPlan* p, int M, int K) {
     p->cur_K = K;
 }
 
-// The preference for the plan's key, or NULL (the built-in table: bf16 on compute capability 9.0).
-static const TilePref* tile_pref(const CudaImpl* c, const GemmKey* k) {
+// The preferred tile for the plan's key, or -1 (the built-in table: bf16 on compute capability 9.0).
+static int tile_pref(const CudaImpl* c, const GemmKey* k) {
     const struct GemmCache* g = c->gemm;
-    if (!g || (!g->pref_env && !(k->bf16 && c->cc_major == 9))) return NULL;
+    if (!g || (!g->pref_env && !(k->bf16 && c->cc_major == 9))) return -1;
     for (int i = 0; i < g->n_pref; i++) {
         const TilePref* t = &g->pref[i];
         if (t->ta == k->ta && t->tb == k->tb && t->x == (k->ta ? k->M : k->N) && t->y == (k->ta ? k->N : k->K))
-            return t;
+            return t->tile;
     }
-    return NULL;
+    return -1;
 }
 
 static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
@@ -274,8 +268,7 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
     cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
     int nres = 0;
-    const TilePref* pref_t = tile_pref(c, k);
-    const int want = pref_t ? pref_t->tile : -1;
+    const int want = tile_pref(c, k);
     struct timespec h0, h1;  // the heuristic's host time, for the plan log
     clock_gettime(CLOCK_MONOTONIC, &h0);
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
@@ -297,26 +290,14 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
             break;
         }
     }
-    if (pref_t && pref_t->custom >= 0) {  // the algorithm's custom option, where cuBLASLt accepts it for this shape
-        cublasLtMatmulAlgo_t a = p->algo;
-        const uint32_t o = (uint32_t)pref_t->custom;
-        cublasLtMatmulHeuristicResult_t r;
-        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ==
-                CUBLAS_STATUS_SUCCESS &&
-            cublasLtMatmulAlgoCheck(c->lt, p->op, p->la, p->lb, p->lc, p->lc, &a, &r) == CUBLAS_STATUS_SUCCESS &&
-            r.workspaceSize <= c->lt_ws_bytes)
-            p->algo = a;
-    }
     if (c->gemm && c->gemm->tune_log) {  // every plan: the tile it runs on, and the heuristic's first pick
         int t0 = -1, t = -1;
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t0, sizeof t0, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t, &w);
         const double us = (h1.tv_sec - h0.tv_sec) * 1e6 + (h1.tv_nsec - h0.tv_nsec) * 1e-3;
-        uint32_t cu = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &cu, sizeof cu, &w);
-        fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d custom %u (first pick %d), heuristic %.0f us\n",
-                k->M, k->N, k->K, k->ta, k->tb, k->dyn, t, cu, t0, us);
+        fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d (first pick %d), heuristic %.0f us\n", k->M,
+                k->N, k->K, k->ta, k->tb, k->dyn, t, t0, us);
     }
     if (!tune) nres = 1;  // the preference asked for more candidates than the first pick
     p->n_cand = 0;
