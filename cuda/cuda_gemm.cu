@@ -607,7 +607,8 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     for (int j = 0; j <= nres; j++) {
         const int i = j == nres ? 0 : j;
         if (j == nres && hot_ms <= 0) break;
-        int tile = 0, stages = 0, splitk = 0, swz = 0, cluster = 0;
+        int tile = 0, stages = 0, splitk = 0, swz = 0;
+        uint16_t cluster = 0;  // cublasLtClusterShape_t, stored in 16 bits (a 4-byte read is refused)
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
@@ -626,9 +627,9 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
         CUDA_CK(cudaEventSynchronize(e1));
         if (s == CUBLAS_STATUS_SUCCESS) CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        printf("survey%s %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2d  %8.3f ms %6.1f "
+        printf("survey%s %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2u  %8.3f ms %6.1f "
                "TFLOP/s%s%s\n",
-               hot_ms > 0 ? " hot" : "", label, M, N, K, i, tile, stages, splitk, swz, cluster, ms,
+               hot_ms > 0 ? " hot" : "", label, M, N, K, i, tile, stages, splitk, swz, (unsigned)cluster, ms,
                s ? 0.0 : 2.0 * M * N * K / ms / 1e9, s ? " (refused)" : "", j == nres ? " (first pick again)" : "");
     }
     fflush(stdout);
