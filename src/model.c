@@ -234,7 +234,8 @@ static void layer_backward(Model* m, int l) {
     linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD, 1);
     prof_mark("bwd.o_wgrad");
     // workspace: the MoE's per-layer scratch, dead once moe_backward returned (the next use
-    // resets it); at micro-batch 8 × 4096 tokens of 8x7B it holds every pair's dS (4.4 GB) in 2 chunks
+    // resets it); at micro-batch 8 × 4096 tokens of 8x7B it holds every pair's dS (4.4 GB) at once
+    // (moe_plan_bumps grows it to that size when that at most doubles it)
     size_t ws_bytes = 0;
     void* ws = bump_all(&m->tmp, &ws_bytes);
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
