@@ -553,21 +553,34 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
 }
 
 // ---- survey (bench only): the heuristic's candidates for one shape, each timed ----------------
+
+// A plan for the exact shape of d, outside the cache, as gemm_run would build it (tile table
+// included); survey_plan_release frees it.
+static void survey_plan(Backend* be, const GemmDesc* d, GemmPlan* p) {
+    GemmKey k;
+    memset(&k, 0, sizeof k);
+    k.M = d->M, k.N = d->N, k.K = d->K, k.ta = d->trans_a != 0, k.tb = d->trans_b != 0;
+    k.lda = d->lda ? d->lda : (d->trans_a ? d->M : d->K);
+    k.ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
+    k.ldc = d->ldc ? d->ldc : d->N;
+    k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
+    plan_build(CI(be), p, &k, 0);
+}
+static void survey_plan_release(GemmPlan* p) {
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatmulDescDestroy(p->op);
+}
+
 // What the heuristic's first pick (the one gemm_run uses) costs against its other candidates at
 // an exact shape; prints one line per candidate. A measurement tool for the bench, not an op.
 extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
                                  const char* label, float hot_ms) {
     CudaImpl* c = CI(be);
     const int M = d->M, N = d->N, K = d->K;
-    GemmKey k;
-    memset(&k, 0, sizeof k);
-    k.M = M, k.N = N, k.K = K, k.ta = d->trans_a != 0, k.tb = d->trans_b != 0;
-    k.lda = d->lda ? d->lda : (d->trans_a ? M : K);
-    k.ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
-    k.ldc = d->ldc ? d->ldc : N;
-    k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
     GemmPlan p;
-    plan_build(c, &p, &k, 0);  // the layouts and descriptor; p.algo is the first pick
+    survey_plan(be, d, &p);  // the layouts and descriptor; p.algo is the first pick
     cublasLtMatmulPreference_t pref;
     CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = c->lt_ws_bytes;
@@ -635,30 +648,21 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     fflush(stdout);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cublasLtMatrixLayoutDestroy(p.la);
-    cublasLtMatrixLayoutDestroy(p.lb);
-    cublasLtMatrixLayoutDestroy(p.lc);
-    cublasLtMatmulDescDestroy(p.op);
+    survey_plan_release(&p);
 }
 
 // Variants of the plan's own pick (the algorithm gemm_run uses, tile table included): the same
 // algorithm with another thread-block cluster shape, CTA swizzling or custom option, where
 // cublasLtMatmulAlgoCheck accepts it; each timed back to back for hot_ms at the card's power limit
 // (after 3·hot_ms of the pick), the pick itself first and last. One line per variant. The heuristic
-// offers these fields only at their defaults (cluster "auto"), so the survey above never sees them.
+// returns each candidate with these fields set one way (on the H200 the picks run on clusters of
+// 1 × 2 or 2 × 1), so the survey above never times the other settings.
 extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C,
                                           const char* label, float hot_ms) {
     CudaImpl* c = CI(be);
     const int M = d->M, N = d->N, K = d->K;
-    GemmKey k;
-    memset(&k, 0, sizeof k);
-    k.M = M, k.N = N, k.K = K, k.ta = d->trans_a != 0, k.tb = d->trans_b != 0;
-    k.lda = d->lda ? d->lda : (d->trans_a ? M : K);
-    k.ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
-    k.ldc = d->ldc ? d->ldc : N;
-    k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
     GemmPlan p;
-    plan_build(c, &p, &k, 0);
+    survey_plan(be, d, &p);
     enum { VMAX = 24 };
     cublasLtMatmulAlgo_t v[VMAX];
     char vname[VMAX][40];
@@ -755,8 +759,5 @@ extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const 
     fflush(stdout);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cublasLtMatrixLayoutDestroy(p.la);
-    cublasLtMatrixLayoutDestroy(p.lb);
-    cublasLtMatrixLayoutDestroy(p.lc);
-    cublasLtMatmulDescDestroy(p.op);
+    survey_plan_release(&p);
 }
