@@ -18,8 +18,12 @@
 //               dV += Pᵀ·dO, dK += dSᵀ·Q     2 × 4 wgmma m64n128k16 (RS; dO, Q MN-major)
 //               the bf16 dSᵀ tile → shared (SW128 image, two buffers per warpgroup) → the
 //               workspace (16-byte stores), while dV and dK run; then the stage is released.
-//             The two warpgroups share every load and take no turns (unlike the forward): the
-//             schedulers interleave one's products with the other's softmax part as they come.
+//             The two warpgroups share every load. With PP (the default; MOETRAIN_ATTN_DKDV_PP=0
+//             turns it off) they take turns issuing their products (named barriers 3 and 4, as the
+//             forward's ping-pong), so one's elementwise part runs under the other's products;
+//             without, both issue at once and then both compute Pᵀ, dSᵀ with the tensor cores idle
+//             (the same operations in the same order either way: the same bits). A warpgroup that
+//             skips an item still takes its two turns.
 // Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
 // (32 KB), mbarriers: 162 KB at WK_NS = 2.
 //
