@@ -304,11 +304,9 @@ int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, co
         attr = true;
     }
     // MOETRAIN_ATTN_DKDV_PP (default 1): the two warpgroups take turns issuing their products
-    const char* e = getenv("MOETRAIN_ATTN_DKDV_PP");
-    CHECK(!e || !e[0] || !strcmp(e, "0") || !strcmp(e, "1"), "MOETRAIN_ATTN_DKDV_PP=%s: expected 0 or 1", e);
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
     const dim3 grid((unsigned)((T + 127) / 128), (unsigned)np);
-    if (!(e && e[0] == '0'))
+    if (tma_env_on("MOETRAIN_ATTN_DKDV_PP"))
         k_attn_dkdv_ws<true><<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv,
                                                                      p0, sl2, scale);
     else

@@ -130,9 +130,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         for (int i = 0; i < 64; i++) o[i] = 0.f;
         wg_reg_fence<64>(o);
         float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};  // running max (log2 units), row sum
-        uint32_t a[8][4];  // P of the last tile as A fragments: a[kk] = keys 16kk..16kk+15
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
+        uint32_t a[8][4];  // P of the last tile as A fragments: a[kk] = keys 16kk..16kk+15 (tile 0 sets it)
         mbar_wait(fullQ, 0);
         if (wg == 1) nbar_arrive<256>(1);  // warpgroup 0 takes the first turn
 
@@ -265,9 +263,7 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
         attr = true;
     }
     // MOETRAIN_ATTN_FWD_OVL (default 1): each warpgroup's softmax of S_j runs under its own P_{j-1}·V_{j-1}
-    const char* e = getenv("MOETRAIN_ATTN_FWD_OVL");
-    CHECK(!e || !e[0] || !strcmp(e, "0") || !strcmp(e, "1"), "MOETRAIN_ATTN_FWD_OVL=%s: expected 0 or 1", e);
-    const bool ovl = !(e && e[0] == '0');
+    const bool ovl = tma_env_on("MOETRAIN_ATTN_FWD_OVL");
     const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
     if (ovl) k_attn_fwd_ws<true><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);

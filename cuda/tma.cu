@@ -53,3 +53,10 @@ int tma_ws_wanted(const char* name) {
     CHECK(!strcmp(e, "wg"), "%s=%s: expected ws or wg", name, e);
     return 0;
 }
+
+int tma_env_on(const char* name) {
+    const char* e = getenv(name);
+    if (!e || !e[0] || !strcmp(e, "1")) return 1;
+    CHECK(!strcmp(e, "0"), "%s=%s: expected 0 or 1", name, e);
+    return 0;
+}
