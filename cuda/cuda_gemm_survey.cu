@@ -1,0 +1,199 @@
+// cuda_gemm_survey.cu — measurement tools for the bench, not ops: what cuBLASLt's heuristic
+// candidates for one GEMM shape cost against each other (cuda_gemm_survey), and what the
+// algorithm the step runs costs against its cluster-shape, swizzle and custom-option variants
+// (cuda_gemm_survey_variants). Both time on the card's power limit when hot_ms > 0 and print one
+// line per candidate; MOETRAIN_GEMM_SURVEY in test_cuda_gemm_attn drives them
+// (docs/performance.md, changes 48, 54 and 58). The plan comes from cuda_gemm.cu
+// (gemm_shape_plan: the same descriptor, layouts and first pick as the step, tile table included).
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_gemm.cuh"
+
+// ---- the heuristic's candidates for one shape, each timed ----------------------------------------
+extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
+                                 const char* label, float hot_ms) {
+    CudaImpl* c = CI(be);
+    const int M = d->M, N = d->N, K = d->K;
+    GemmShapePlan p;
+    gemm_shape_plan(be, d, &p);  // the layouts and descriptor; p.algo is the first pick
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = c->lt_ws_bytes;
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int nres = 0;
+    if (max_algos > 16) max_algos = 16;
+    CUBLAS_CK(cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.la, p.lb, p.lc, p.lc, pref, max_algos, res, &nres));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cudaEvent_t e0, e1;
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
+    const float alpha = d->alpha, beta = d->beta;
+    // hot_ms > 0: the card at its power limit first (hot_ms · 3 of the first pick), then each
+    // candidate back to back for hot_ms, timed over its second half, and the first pick once more
+    // at the end (the drift of the card's state over the survey)
+    auto run = [&](int i, int reps) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r < reps && s == CUBLAS_STATUS_SUCCESS; r++)
+            s = cublasLtMatmul(c->lt, p.op, &alpha, B, p.la, A, p.lb, &beta, C, p.lc, C, p.lc, &res[i].algo, c->lt_ws,
+                               c->lt_ws_bytes, c->stream);
+        return s;
+    };
+    int per = 5;  // calls in hot_ms, from one timed call of the first pick
+    if (hot_ms > 0 && nres > 0) {
+        float one = 0;
+        run(0, 1);
+        CUDA_CK(cudaEventRecord(e0, c->stream));
+        run(0, 1);
+        CUDA_CK(cudaEventRecord(e1, c->stream));
+        CUDA_CK(cudaEventSynchronize(e1));
+        CUDA_CK(cudaEventElapsedTime(&one, e0, e1));
+        per = (int)(hot_ms / (one > 0.01f ? one : 0.01f));
+        if (per < 4) per = 4;
+        run(0, 3 * per);
+    }
+    for (int j = 0; j <= nres; j++) {
+        const int i = j == nres ? 0 : j;
+        if (j == nres && hot_ms <= 0) break;
+        int tile = 0, stages = 0, splitk = 0, swz = 0;
+        uint16_t cluster = 0;  // cublasLtClusterShape_t, stored in 16 bits (a 4-byte read is refused)
+        size_t w;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                             sizeof cluster, &w);
+        float ms = 0;
+        const int reps = hot_ms > 0 ? per - per / 2 : 5;
+        cublasStatus_t s = run(i, hot_ms > 0 ? per / 2 : 1);  // warm-up (hot: the first half)
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            CUDA_CK(cudaEventRecord(e0, c->stream));
+            s = run(i, reps);
+        }
+        CUDA_CK(cudaEventRecord(e1, c->stream));
+        CUDA_CK(cudaEventSynchronize(e1));
+        if (s == CUBLAS_STATUS_SUCCESS) CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        printf("survey%s %-22s M%-6d N%-6d K%-6d #%-2d tile %3d stages %3d splitk %2d swz %d cluster %2u  %8.3f ms %6.1f "
+               "TFLOP/s%s%s\n",
+               hot_ms > 0 ? " hot" : "", label, M, N, K, i, tile, stages, splitk, swz, (unsigned)cluster, ms,
+               s ? 0.0 : 2.0 * M * N * K / ms / 1e9, s ? " (refused)" : "", j == nres ? " (first pick again)" : "");
+    }
+    fflush(stdout);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    gemm_shape_plan_release(&p);
+}
+
+// Variants of the plan's own pick (the algorithm gemm_run uses, tile table included): the same
+// algorithm with another thread-block cluster shape, CTA swizzling or custom option, where
+// cublasLtMatmulAlgoCheck accepts it; each timed back to back for hot_ms at the card's power limit
+// (after 3·hot_ms of the pick), the pick itself first and last. One line per variant. The heuristic
+// returns each candidate with these fields set one way (on the H200 the picks run on clusters of
+// 1 × 2 or 2 × 1), so the survey above never times the other settings.
+extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C,
+                                          const char* label, float hot_ms) {
+    CudaImpl* c = CI(be);
+    const int M = d->M, N = d->N, K = d->K;
+    GemmShapePlan p;
+    gemm_shape_plan(be, d, &p);
+    enum { VMAX = 24 };
+    cublasLtMatmulAlgo_t v[VMAX];
+    char vname[VMAX][40];
+    int nv = 0;
+    v[nv] = p.algo;
+    snprintf(vname[nv++], sizeof vname[0], "the pick");
+    uint32_t swz_ok = 0, cmax = 0;
+    size_t w;
+    cublasLtMatmulAlgoCapGetAttribute(&p.algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_ok, sizeof swz_ok, &w);
+    cublasLtMatmulAlgoCapGetAttribute(&p.algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &cmax, sizeof cmax, &w);
+    int tile = -1, algo_id = -1;
+    uint16_t cl0 = 0;
+    uint32_t swz0 = 0, cust0 = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl0, sizeof cl0, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz0, sizeof swz0, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &cust0, sizeof cust0, &w);
+    printf("variants %-14s M%-6d N%-6d K%-6d algo %d tile %d cluster %u swizzle %u (supported %u) custom %u (max %u)\n",
+           label, M, N, K, algo_id, tile, cl0, swz0, swz_ok, cust0, cmax);
+    auto try_add = [&](cublasLtMatmulAlgo_t a, const char* name) {
+        cublasLtMatmulHeuristicResult_t r;
+        if (nv < VMAX && cublasLtMatmulAlgoCheck(c->lt, p.op, p.la, p.lb, p.lc, p.lc, &a, &r) == CUBLAS_STATUS_SUCCESS &&
+            r.workspaceSize <= c->lt_ws_bytes) {
+            v[nv] = a;
+            snprintf(vname[nv++], sizeof vname[0], "%s", name);
+        }
+    };
+    const struct { uint16_t id; const char* name; } cl[] = {
+        {CUBLASLT_CLUSTER_SHAPE_1x1x1, "cluster 1x1"}, {CUBLASLT_CLUSTER_SHAPE_2x1x1, "cluster 2x1"},
+        {CUBLASLT_CLUSTER_SHAPE_1x2x1, "cluster 1x2"}, {CUBLASLT_CLUSTER_SHAPE_2x2x1, "cluster 2x2"},
+        {CUBLASLT_CLUSTER_SHAPE_4x1x1, "cluster 4x1"}, {CUBLASLT_CLUSTER_SHAPE_1x4x1, "cluster 1x4"},
+    };
+    for (size_t i = 0; i < sizeof cl / sizeof cl[0]; i++) {
+        if (cl[i].id == cl0) continue;
+        cublasLtMatmulAlgo_t a = p.algo;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl[i].id, sizeof cl[i].id) ==
+            CUBLAS_STATUS_SUCCESS)
+            try_add(a, cl[i].name);
+    }
+    if (swz_ok) {
+        cublasLtMatmulAlgo_t a = p.algo;
+        const uint32_t s1 = !swz0;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &s1, sizeof s1) ==
+            CUBLAS_STATUS_SUCCESS)
+            try_add(a, s1 ? "swizzle 1" : "swizzle 0");
+    }
+    for (uint32_t o = 0; o <= cmax && o < 8; o++) {
+        if (o == cust0) continue;
+        cublasLtMatmulAlgo_t a = p.algo;
+        char nm[40];
+        snprintf(nm, sizeof nm, "custom %u", o);
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ==
+            CUBLAS_STATUS_SUCCESS)
+            try_add(a, nm);
+    }
+    cudaEvent_t e0, e1;
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
+    const float alpha = d->alpha, beta = d->beta;
+    auto run = [&](const cublasLtMatmulAlgo_t* a, int reps) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r < reps && s == CUBLAS_STATUS_SUCCESS; r++)
+            s = cublasLtMatmul(c->lt, p.op, &alpha, B, p.la, A, p.lb, &beta, C, p.lc, C, p.lc, a, c->lt_ws,
+                               c->lt_ws_bytes, c->stream);
+        return s;
+    };
+    float one = 0;
+    run(&v[0], 1);
+    CUDA_CK(cudaEventRecord(e0, c->stream));
+    run(&v[0], 1);
+    CUDA_CK(cudaEventRecord(e1, c->stream));
+    CUDA_CK(cudaEventSynchronize(e1));
+    CUDA_CK(cudaEventElapsedTime(&one, e0, e1));
+    int per = (int)(hot_ms / (one > 0.01f ? one : 0.01f));
+    if (per < 4) per = 4;
+    run(&v[0], 3 * per);
+    for (int j = 0; j <= nv; j++) {
+        const int i = j == nv ? 0 : j;
+        const int reps = per - per / 2;
+        float ms = 0;
+        cublasStatus_t s = run(&v[i], per / 2);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            CUDA_CK(cudaEventRecord(e0, c->stream));
+            s = run(&v[i], reps);
+        }
+        CUDA_CK(cudaEventRecord(e1, c->stream));
+        CUDA_CK(cudaEventSynchronize(e1));
+        if (s == CUBLAS_STATUS_SUCCESS) CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        printf("variant hot %-14s M%-6d N%-6d K%-6d %-14s %8.3f ms %6.1f TFLOP/s%s%s\n", label, M, N, K, vname[i], ms,
+               s ? 0.0 : 2.0 * M * N * K / ms / 1e9, s ? " (refused)" : "", j == nv ? " (again)" : "");
+    }
+    fflush(stdout);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    gemm_shape_plan_release(&p);
+}
