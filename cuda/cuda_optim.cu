@@ -113,35 +113,13 @@ static unsigned grid_flat(size_t items, int threads) {
     return b ? (unsigned)b : 1u;
 }
 
-// MOETRAIN_ADAMW_SMS=k (an experiment, change 59): the update on k SMs only, one block of 768
-// threads on each (the occupancy the flat grid gets at 72 registers) looping over the items. The
-// idea: at the power limit the SMs a memory-bound kernel does not need still draw power the GEMMs
-// could use. 0 or unset: the flat grid.
-static int adamw_sms(const CudaImpl* c) {
-    static int v = -1;
-    if (v < 0) {
-        const char* e = getenv("MOETRAIN_ADAMW_SMS");
-        v = e ? atoi(e) : 0;
-        if (v < 0) v = 0;
-    }
-    return v < c->sms ? v : c->sms;
-}
-
-static void adamw_shape(const CudaImpl* c, size_t items, unsigned* grid, int* threads) {
-    const int k = adamw_sms(c);
-    if (k > 0) *grid = (unsigned)k, *threads = 768;
-    else *grid = grid_flat(items, 256), *threads = 256;
-}
-
 template <typename P, typename G>
 static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* v, const G* grad, size_t n,
                          const AdamArgs& a) {
     const bool vec = ((uintptr_t)master | (uintptr_t)m | (uintptr_t)v | (uintptr_t)grad) % 16 == 0;
-    unsigned g;
-    int nt;
-    adamw_shape(c, vec ? (n + 3) / 4 : n, &g, &nt);
-    if (vec) k_adamw<P, G, true><<<g, nt, 0, c->stream>>>(master, param, m, v, grad, n, a);
-    else k_adamw<P, G, false><<<g, nt, 0, c->stream>>>(master, param, m, v, grad, n, a);
+    const unsigned g = grid_flat(vec ? (n + 3) / 4 : n, 256);
+    if (vec) k_adamw<P, G, true><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
+    else k_adamw<P, G, false><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
     LAUNCH_CK(c);
 }
 
@@ -295,11 +273,9 @@ static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m,
                                const AdamArgs& a) {
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
-    unsigned g;
-    int nt;
-    adamw_shape(c, vec ? (n - h) / 8 + 1 : n, &g, &nt);
-    if (vec) k_adamw_split<G, true><<<g, nt, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
-    else k_adamw_split<G, false><<<g, nt, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    const unsigned g = grid_flat(vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_adamw_split<G, true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
+    else k_adamw_split<G, false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
     LAUNCH_CK(c);
 }
 
