@@ -273,14 +273,7 @@ int trainer_run(Trainer* t) {
         } else {
             st = optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
         }
-        // The step's end. The GPU may still be running the update: the host goes on to the log
-        // line, the next batch and the next forward's first launches, and meets the GPU again at
-        // that forward's routing sync, so the card does not idle while the host works. Only the
-        // warm-up steps and the last wait here, so that the timed mean (steps 3 on) covers whole
-        // steps; a step's own time is then the host's interval, the GPU's in steady state.
-        // Evaluation and checkpoints sync first (with the kernels' stall checks).
-        const int last = s + 1 == tc->steps;
-        if (s < 2 || last) t->be->sync(t->be);
+        t->be->sync(t->be);
         double dt = now_sec() - t0;
         t->tokens += (int64_t)gtok;
         t->last_loss = loss;
@@ -295,7 +288,6 @@ int trainer_run(Trainer* t) {
         EvalResult ev, *evp = NULL;
         const int has_val = data_num_windows(t->data, 1) > 0;  // data.val_frac = 0: no validation
         if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
-            t->be->sync(t->be);
             ev = trainer_eval(t, tc->eval_batches);
             evp = &ev;
         }
@@ -313,9 +305,9 @@ int trainer_run(Trainer* t) {
         int32_t sig = g_stop_signal;
         if (t->stop_at > 0 && s + 1 == t->stop_at) sig = SIGTERM;  // tests
         t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &sig, 1);
+        const int last = s + 1 == tc->steps;
         const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
         if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {
-            t->be->sync(t->be);
             t->step++;
             int r = trainer_save(t, &e);
             t->step--;
