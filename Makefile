@@ -53,6 +53,7 @@ LIB := $(BUILD)/libmoetrain.a
 
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+GPU_PROBE := $(BUILD)/tests/gpu/racecheck_probe
 FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 .PHONY: all run test test-gpu gpu-tests bench fuzz install deps clean help check-deps
@@ -110,7 +111,13 @@ test: $(BUILD)/moetrain $(TESTS)
 test-gpu: $(BUILD)/moetrain $(GPU_TESTS)
 	@scripts/run_tests.sh $(GPU_TESTS)
 
-gpu-tests: $(GPU_TESTS)
+gpu-tests: $(GPU_TESTS) $(GPU_PROBE)
+
+# racecheck's view of the warp-specialised kernels' stage release, on a pipeline small enough to
+# check by eye: gpu_session.sh's san step runs it under compute-sanitizer (read its header)
+$(GPU_PROBE): tests/gpu/racecheck_probe.cu | check-deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $<
 
 bench: $(BUILD)/moetrain
 	scripts/bench.sh

@@ -9,8 +9,8 @@
 //   producer  K and V once ([128][128] tiles, TMA); then per item — query head h of the group ×
 //             64-query tile, from the CTA's diagonal tile on — Q and dO ([64][128], TMA) and the
 //             tile's 64 lse and 64 Δ (its 32 lanes, plain loads into shared memory) into stage
-//             it % WK_NS; "full" counts the 32 lanes and the TMA bytes, "empty" the 8 consumer
-//             warps.
+//             it % WK_NS; "full" counts the 32 lanes and the TMA bytes, "empty" the 256 consumer
+//             threads.
 //   consumers per item, each on its own 64 keys (the query tile before a warpgroup's keys is all
 //             masked: that warpgroup skips it):
 //               Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      2 × 8 wgmma m64n64k16 (SS)
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
 
     if (tid == 0) {
         mbar_init(fullKV, 1);
-        for (int s = 0; s < WK_NS; s++) mbar_init(full0 + 8 * s, 32), mbar_init(empty0 + 8 * s, 8);
+        for (int s = 0; s < WK_NS; s++) mbar_init(full0 + 8 * s, 32), mbar_init(empty0 + 8 * s, 256);
         mbar_init_fence();
     }
     __syncthreads();
@@ -190,8 +190,10 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             } else if (PP) {
                 nbar_arrive<256>(4 - wg);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+            // every consumer thread releases the stage itself (256 arrivals): its lse/Δ were
+            // written with plain stores by the producer's lanes, and compute-sanitizer's racecheck
+            // does not follow a release by lane 0 after __syncwarp (tests/gpu/racecheck_probe.cu)
+            mbar_arrive(empty0 + 8 * s);
         }
         if (PP && wg == 0) nbar_sync<256>(3);  // warpgroup 1's last hand-over (one more arrival on barrier 3)
 

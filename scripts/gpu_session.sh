@@ -188,7 +188,17 @@ for step in $STEPS; do
       timeout $(( $(left) - 15 )) compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
         build/tests/gpu/test_cuda_gemm_attn > $LOGS/san_$tool.log 2>&1
       say "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $LOGS/san_$tool.log | tail -1) $(tail -1 $LOGS/san_$tool.log)"
-    done ;;
+      # which kernels the hazards are in (ours or cuBLASLt's nvjet), and the probe of the release
+      # pattern our warp-specialised kernels use (tests/gpu/racecheck_probe.cu), in both forms
+      [ $tool = racecheck ] && grep -o 'Race reported between [A-Za-z]* access at [^(<+]*' $LOGS/san_racecheck.log |
+        awk '{print $NF}' | sort | uniq -c | sed 's/^/  racecheck hazards in: /' | tee -a $L
+    done
+    if [ -x build/tests/gpu/racecheck_probe ]; then
+      for form in lane0 all; do
+        compute-sanitizer --tool racecheck --print-limit 4 build/tests/gpu/racecheck_probe $form > $LOGS/san_probe_$form.log 2>&1
+        say "racecheck_probe $form rc=$? $(grep -E 'RACECHECK SUMMARY' $LOGS/san_probe_$form.log | tail -1) $(grep -E 'racecheck_probe' $LOGS/san_probe_$form.log | tail -1)"
+      done
+    fi ;;
   ckpt)  # checkpoint save/resume exactness and the Hugging Face export (scripts/ckpt_check.sh)
     [ "$(left)" -lt 45 ] && { say "skipped: too little time"; continue; }
     cdl=$(( $(left) - 10 )); [ $cdl -gt 100 ] && cdl=100; ck0=$SECONDS
