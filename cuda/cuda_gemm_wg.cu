@@ -118,8 +118,11 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     if (tid == 0) {
         for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
-        mbar_init(staged, 8);
-        mbar_init(drained, GG_EPI_WARPS);
+        // the staging tile is written and read with plain shared stores and loads: every thread
+        // arrives on staged and drained itself (racecheck follows that, not lane 0 after
+        // __syncwarp: tests/gpu/racecheck_probe.cu)
+        mbar_init(staged, 256);
+        mbar_init(drained, GG_EPI_WARPS * 32);
         mbar_init_fence();
     }
     __syncthreads();
@@ -189,8 +192,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                     *(uint4*)(C + (size_t)(row0 + r) * p.ldc + col0 + 8 * j) = lds16(epi + gg_stage_off(r, j));
                 }
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(drained);
+            mbar_arrive(drained);
         }
         return;
     }
@@ -229,8 +231,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(epi + gg_stage_off(rl + 8, j) + 4 * c4),
                          "r"(pack_bf16(d[4 * j + 2], d[4 * j + 3])));
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(staged);
+        mbar_arrive(staged);
     }
 }
 

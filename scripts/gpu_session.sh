@@ -32,8 +32,9 @@
 #   gg     the grouped expert GEMM alone, cuBLASLt's per-expert calls against cuda_gemm_wg.cu's
 #          kernel (test_cuda_gemm_wg with MOETRAIN_GPU_BENCH=gg) → gg lines in d.log; ggncu: Nsight
 #          Compute on the first launch of each (the w13 forward) → ncu_gg.log
-#   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn (its default,
-#          short cases)
+#   san    compute-sanitizer memcheck, then racecheck, over test_cuda_gemm_attn and test_cuda_gemm_wg
+#          (their default, short cases; SAN_TESTS picks others), with the kernels racecheck
+#          reports hazards in; then tests/gpu/racecheck_probe in both forms (read its header)
 #   ckpt   scripts/ckpt_check.sh (~60-90 s, at most 100): L0_sanity on the GPU at world 1, bf16
 #          then fp32, 20 steps with checkpoint.every=10 (optim.schedule=constant): straight (A),
 #          again (A2: the run-to-run noise), resumed from A's step 10 (R), and 10 steps then
@@ -183,16 +184,18 @@ for step in $STEPS; do
     say "grouped GEMM bench rc=$?"; grep -E "^gg|FAIL|rror" $LOGS/gg.log | tee -a $L ;;
   san)
     [ "$(left)" -lt 60 ] && { say "skipped: too little time"; continue; }
-    for tool in memcheck racecheck; do
-      [ "$(left)" -lt 45 ] && break
-      timeout $(( $(left) - 15 )) compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
-        build/tests/gpu/test_cuda_gemm_attn > $LOGS/san_$tool.log 2>&1
-      say "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $LOGS/san_$tool.log | tail -1) $(tail -1 $LOGS/san_$tool.log)"
-      # which kernels the hazards are in (ours or cuBLASLt's nvjet), and the probe of the release
-      # pattern our warp-specialised kernels use (tests/gpu/racecheck_probe.cu), in both forms
-      [ $tool = racecheck ] && grep -o 'Race reported between [A-Za-z]* access at [^(<+]*' $LOGS/san_racecheck.log |
-        awk '{print $NF}' | sort | uniq -c | sed 's/^/  racecheck hazards in: /' | tee -a $L
+    # SAN_TESTS: the binaries (default: the attention/GEMM test, then the grouped GEMM kernel's)
+    for t in ${SAN_TESTS:-test_cuda_gemm_attn test_cuda_gemm_wg}; do
+      for tool in memcheck racecheck; do
+        [ "$(left)" -lt 45 ] && break 2
+        timeout $(( $(left) - 15 )) compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 10000 \
+          build/tests/gpu/$t > $LOGS/san_${t}_$tool.log 2>&1
+        say "$t $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $LOGS/san_${t}_$tool.log | tail -1) $(tail -1 $LOGS/san_${t}_$tool.log)"
+        # which kernels the hazards are in: ours fail, cuBLASLt's nvjet_* are reported only
+        [ $tool = racecheck ] && scripts/racecheck_ours.sh $LOGS/san_${t}_racecheck.log 2>&1 | sed 's/^/  /' | tee -a $L
+      done
     done
+    # the probe of the stage release our warp-specialised kernels use, in both forms
     if [ -x build/tests/gpu/racecheck_probe ]; then
       for form in lane0 all; do
         compute-sanitizer --tool racecheck --print-limit 4 build/tests/gpu/racecheck_probe $form > $LOGS/san_probe_$form.log 2>&1
