@@ -3,10 +3,13 @@
 //
 // A producer warp writes a stage of shared memory with plain stores and every lane arrives on the
 // stage's "full" mbarrier; a consumer warp waits on it, reads the stage with plain loads, and
-// releases it on "empty", which the producer waits on before it rewrites the stage. The release
-// is the kernels' (k_attn_dkdv_ws's lse/Δ stage, cuda_attn_fwd_ws.cu, cuda_gemm_wg.cu):
-//   lane0  __syncwarp(), then lane 0 alone arrives (empty counts 1 per warp)
-//   all    every lane arrives (empty counts 32)
+// releases it on "empty", which the producer waits on before it rewrites the stage, in one of two
+// forms:
+//   lane0  __syncwarp(), then lane 0 alone arrives (empty counts 1 per warp): what every
+//          warp-specialised kernel here does for the stages TMA fills and wgmma reads (racecheck
+//          follows neither), and did until session 15 for the two it can see
+//   all    every lane arrives (empty counts 32): what k_attn_dkdv_ws's lse/Δ stage and
+//          cuda_gemm_wg.cu's staging tile, written and read with plain shared accesses, do now
 // Both are correct under the PTX memory model: mbarrier.arrive releases and try_wait acquires at
 // CTA scope, and __syncwarp orders the warp's accesses before lane 0's arrival. The binary checks
 // the values the consumer read (a race would show as a wrong sum) and prints
