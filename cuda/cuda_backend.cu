@@ -405,7 +405,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->embed_bwd = cuda_embed_bwd;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
-    be->rope = cuda_rope;
+    be->rope_qkv = cuda_rope_qkv;
     be->attn_fwd = cuda_attn_fwd;
     be->attn_bwd = cuda_attn_bwd;
 

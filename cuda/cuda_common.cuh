@@ -170,7 +170,8 @@ void cuda_rmsnorm_fwd(Backend*, void* y, float* rstd, const void* x, const void*
 void cuda_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* x, const void* w,
                       const float* rstd, int N, int H, int accumulate);
 // cuda_rope.cu
-void cuda_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+void cuda_rope_qkv(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D, float theta,
+                   int inverse);
 // cuda_attn.cu, cuda_attn_bwd.cu
 void cuda_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
                    int Hq, int Hkv, int D);

@@ -18,7 +18,8 @@
 #   abf:MBS:ROUNDS:FILE   the same, the settings from FILE (one per line: a name, then environment
 #          assignments and config overrides separated by spaces: values may hold , ; =), alternated
 #          ROUNDS times (A B C A B C ...); each run's step line and the per-setting medians → d.log.
-#          Nothing is exported. Lines starting with # are skipped.
+#          Nothing is exported. Lines starting with # are skipped. BIN=path among the assignments
+#          runs that binary instead of build/moetrain (another commit's build, carried along).
 #   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof.log; profev the same
 #          from device events without syncs (MOETRAIN_PROFILE=events) → profev.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
@@ -129,10 +130,10 @@ for step in $STEPS; do
       while read -r name rest; do
         case $name in ''|'#'*) continue ;; esac
         [ "$(left)" -lt 40 ] && { say "abf: stopped, too little time"; break 2; }
-        ev=(); ov=()
-        for a in $rest; do case ${a%%=*} in *.*) ov+=("$a") ;; *) ev+=("$a") ;; esac; done
+        ev=(); ov=(); bin=build/moetrain
+        for a in $rest; do case ${a%%=*} in BIN) bin=${a#BIN=} ;; *.*) ov+=("$a") ;; *) ev+=("$a") ;; esac; done
         f=$LOGS/abf_${mbs}_${name}_$r.log
-        env "${ev[@]}" timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs \
+        env "${ev[@]}" timeout 100 "$bin" --config bench_8x7B_L2 train.micro_batch=$mbs train.global_batch=$mbs \
           "${ov[@]}" > $f 2>&1
         ms=$(bench_line $f | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p')
         say "abf mbs=$mbs $name round $r: ${ms:-FAILED} ms | steps 3-12: $(grep -E '^step +[0-9]+/' $f | awk 'NR>2' | sed -n 's/.* \([0-9.]*\) ms.*/\1/p' | tr '\n' ' ')"

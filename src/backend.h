@@ -93,12 +93,17 @@ struct Backend {
                         const void* w, const float* rstd, int N, int H, int accumulate);
 
     // ---- RoPE (HF rotate_half convention: pairs (i, i + D/2)) -------------------------------
-    // In place on x [B, T, nh, D] for positions t = 0..T-1; inverse = 1 rotates by −angle
-    // (the backward).
-    // D even; angle = t · theta^(−2i/D) for pair (i, i + D/2); x1' = x1 cos − x2 sin,
-    // x2' = x2 cos + x1 sin. The CPU spec computes angle, cos and sin in double and rounds cos/sin
-    // to fp32 once (HF computes them in fp32: the two differ by ~t·6e-8 rad, 2e-3 at t = 32k).
-    void (*rope)(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+    // On the fused q/k/v projection: qkv [B, T, (Hq + 2·Hkv)·D], each row q's Hq heads, then k's
+    // Hkv, then v's Hkv (one GEMM against the stacked q/k/v weight writes it), against planar
+    // q [B,T,Hq,D], k and v [B,T,Hkv,D], positions t = 0..T-1.
+    // inverse = 0 (forward): q, k = qkv's q and k parts rotated by angle, v = its v part.
+    // inverse = 1 (backward): qkv's q and k parts = q, k (dq, dk) rotated by −angle, v part = v.
+    // Hkv may be 0 (q only; k, v unused). D even; angle = t · theta^(−2i/D) for pair (i, i + D/2);
+    // x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin. The CPU spec computes angle, cos and sin in
+    // double and rounds cos/sin to fp32 once (HF computes them in fp32: the two differ by ~t·6e-8
+    // rad, 2e-3 at t = 32k). qkv must not overlap q, k or v.
+    void (*rope_qkv)(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D,
+                     float theta, int inverse);
 
     // ---- causal GQA attention ----------------------------------------------------------------
     // q [B,T,Hq,D], k/v [B,T,Hkv,D], out [B,T,Hq,D], lse fp32 [B,Hq,T]. scale = 1/sqrt(D).

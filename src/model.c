@@ -87,9 +87,10 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
         s->x_in = act_alloc(m, (size_t)N * H);
         s->ln1 = act_alloc(m, (size_t)N * H);
         s->rstd1 = f32_alloc(m, N);
-        s->q = act_alloc(m, (size_t)N * QD);
-        s->k = act_alloc(m, (size_t)N * KD);
-        s->v = act_alloc(m, (size_t)N * KD);
+        // q, k, v in one block: the backward writes the fused projection's gradient over them
+        s->q = act_alloc(m, (size_t)N * (QD + 2 * KD));
+        s->k = act_at(m, s->q, (size_t)N * QD);
+        s->v = act_at(m, s->k, (size_t)N * KD);
         s->att = act_alloc(m, (size_t)N * QD);
         s->lse = f32_alloc(m, (size_t)B * c->heads * T);
         s->x_mid = act_alloc(m, (size_t)N * H);
@@ -111,9 +112,9 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_a = act_alloc(m, (size_t)N * wide);
     m->s_b = act_alloc(m, (size_t)N * wide);
     m->s_dx = act_alloc(m, (size_t)N * H);
-    m->s_q = act_alloc(m, (size_t)N * QD);
-    m->s_k = act_alloc(m, (size_t)N * KD);
-    m->s_v = act_alloc(m, (size_t)N * KD);
+    m->s_q = act_alloc(m, (size_t)N * (QD + 2 * KD));  // one block: the forward's fused projection
+    m->s_k = act_at(m, m->s_q, (size_t)N * QD);
+    m->s_v = act_at(m, m->s_k, (size_t)N * KD);
     m->s_dlog = f32_alloc(m, (size_t)N * E);
     m->s_dlog_act = act_alloc(m, (size_t)N * E);
     m->s_dw = f32_alloc(m, (size_t)N * K);
@@ -139,13 +140,13 @@ void model_free(Model* m) {
     }
     for (int l = 0; l < m->c.layers; l++) {
         LayerSaved* s = &m->ls[l];
-        void* bufs[] = {s->x_in, s->ln1, s->rstd1, s->q, s->k, s->v, s->att, s->lse, s->x_mid, s->ln2, s->rstd2};
+        void* bufs[] = {s->x_in, s->ln1, s->rstd1, s->q, s->att, s->lse, s->x_mid, s->ln2, s->rstd2};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
         moe_saved_free(m, &s->moe);
     }
     free(m->ls);
     void* bufs[] = {m->x_final, m->lnf, m->rstdf, m->tok, m->tgt, m->stats, m->zsum, m->aux_dprob,
-                    m->loss_acc, m->s_a, m->s_b, m->s_dx, m->s_q, m->s_k, m->s_v, m->s_dlog,
+                    m->loss_acc, m->s_a, m->s_b, m->s_dx, m->s_q, m->s_dlog,
                     m->s_dlog_act, m->s_dw, m->s_xp, m->s_wp, m->s_logits, m->counts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     free(m->h_stats);
@@ -189,17 +190,15 @@ static void layer_forward(Model* m, int l, void* x_out) {
     LayerSaved* s = &m->ls[l];
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, D = m->pl.head_dim;
-    const int QD = c->heads * D, KD = c->kv_heads * D;
-    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
+    const int QD = c->heads * D, QKV = (c->heads + 2 * c->kv_heads) * D;
 
     be->rmsnorm_fwd(be, s->ln1, s->rstd1, s->x_in, W(m, 0, o->ln1), N, H, c->rms_eps);
     prof_mark("fwd.norm");
-    linear(m, s->q, s->ln1, W(m, 0, o->qkv), N, QD, H, 0);
-    linear(m, s->k, s->ln1, W(m, 0, o->qkv + qn), N, KD, H, 0);
-    linear(m, s->v, s->ln1, W(m, 0, o->qkv + qn + kn), N, KD, H, 0);
+    // one GEMM against the stacked q/k/v weight [QKV, H] (rows packed q|k|v, scratch), then RoPE
+    // splits it into the saved q, k (rotated) and v
+    linear(m, m->s_q, s->ln1, W(m, 0, o->qkv), N, QKV, H, 0);
     prof_mark("fwd.qkv_gemm");
-    be->rope(be, s->q, m->B, m->T, c->heads, D, c->rope_theta, 0);
-    be->rope(be, s->k, m->B, m->T, c->kv_heads, D, c->rope_theta, 0);
+    be->rope_qkv(be, m->s_q, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 0);
     prof_mark("fwd.rope");
     be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
     prof_mark("fwd.attn");
@@ -219,8 +218,7 @@ static void layer_backward(Model* m, int l) {
     LayerSaved* s = &m->ls[l];
     const LayerOffsets* o = &m->pl.layer[l];
     const int N = m->N, H = c->hidden, D = m->pl.head_dim;
-    const int QD = c->heads * D, KD = c->kv_heads * D;
-    const size_t qn = (size_t)QD * H, kn = (size_t)KD * H;
+    const int QD = c->heads * D, QKV = (c->heads + 2 * c->kv_heads) * D;
 
     // MoE: dln2 into s_a, then through RMSNorm 2 into the residual gradient.
     moe_backward(m, l, m->s_dx, m->s_a);
@@ -241,17 +239,15 @@ static void layer_backward(Model* m, int l) {
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
                  c->heads, c->kv_heads, D, ws, ws_bytes);
     prof_mark("bwd.attn");
-    be->rope(be, m->s_q, m->B, m->T, c->heads, D, c->rope_theta, 1);
-    be->rope(be, m->s_k, m->B, m->T, c->kv_heads, D, c->rope_theta, 1);
+    // the fused projection's gradient [N, QKV] (packed rows, as the forward's GEMM wrote them)
+    // over the saved q|k|v block, dead once attn_bwd returned
+    void* dqkv = s->q;
+    be->rope_qkv(be, dqkv, m->s_q, m->s_k, m->s_v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 1);
     prof_mark("bwd.rope");
-    linear_dw(m, G(m, 0, o->qkv), m->s_q, s->ln1, N, QD, H, 1);
-    linear_dw(m, G(m, 0, o->qkv + qn), m->s_k, s->ln1, N, KD, H, 1);
-    linear_dw(m, G(m, 0, o->qkv + qn + kn), m->s_v, s->ln1, N, KD, H, 1);
+    linear_dw(m, G(m, 0, o->qkv), dqkv, s->ln1, N, QKV, H, 1);
     prof_mark("bwd.qkv_wgrad");
     void* dln1 = m->s_b;  // [N, H]
-    linear_dx(m, dln1, m->s_q, W(m, 0, o->qkv), N, QD, H, 0);
-    linear_dx(m, dln1, m->s_k, W(m, 0, o->qkv + qn), N, KD, H, 1);
-    linear_dx(m, dln1, m->s_v, W(m, 0, o->qkv + qn + kn), N, KD, H, 1);
+    linear_dx(m, dln1, dqkv, W(m, 0, o->qkv), N, QKV, H, 0);
     prof_mark("bwd.qkv_gemm");
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln1), dln1, s->x_in, W(m, 0, o->ln1), s->rstd1, N, H, 1);
     prof_mark("bwd.norm");

@@ -40,9 +40,9 @@ typedef struct LayerSaved {
     void* x_in;     // [N, H] layer input (residual stream)
     void* ln1;      // [N, H]
     float* rstd1;   // [N]
-    void* q;        // [N, Hq·D] after RoPE
-    void* k;        // [N, Hkv·D] after RoPE
-    void* v;        // [N, Hkv·D]
+    void* q;        // [N, Hq·D] after RoPE; q, k, v are one block, which the backward
+    void* k;        // [N, Hkv·D] after RoPE   overwrites with the fused projection's gradient
+    void* v;        // [N, Hkv·D]              [N, (Hq + 2·Hkv)·D] once attn_bwd has read them
     void* att;      // [N, Hq·D] attention output (before o_proj)
     float* lse;     // [B, Hq, T]
     void* x_mid;    // [N, H] after the attention residual
@@ -109,9 +109,9 @@ typedef struct Model {
     void* s_a;          // [N, max(H, Hq·D)] act
     void* s_b;          // [N, max(H, Hq·D)] act
     void* s_dx;         // [N, H] act: gradient of the residual stream
-    void* s_q;          // [N, Hq·D] act
-    void* s_k;          // [N, Hkv·D] act
-    void* s_v;          // [N, Hkv·D] act
+    void* s_q;          // [N, Hq·D] act: dq; s_q, s_k, s_v are one block, in the forward the
+    void* s_k;          // [N, Hkv·D] act: dk     fused q/k/v projection [N, (Hq + 2·Hkv)·D]
+    void* s_v;          // [N, Hkv·D] act: dv     before RoPE splits it
     float* s_dlog;      // [N, E] fp32 router logit gradient
     void* s_dlog_act;   // [N, E] act
     float* s_dw;        // [N·k] fp32 routing-weight gradient

@@ -62,18 +62,16 @@ static void test_rmsnorm_grad(void) {
 static void test_rope_inverse(void) {
     const int B = 2, T = 7, nh = 3, D = 8;
     const size_t n = (size_t)B * T * nh * D;
-    float* x = randv(n, 1);
-    float* y = xmalloc(sizeof(float) * n);
-    memcpy(y, x, sizeof(float) * n);
-    be->rope(be, y, B, T, nh, D, 10000.0f, 0);
+    float *x = randv(n, 1), *y = randv(n, 1), *z = randv(n, 1);
+    be->rope_qkv(be, x, y, NULL, NULL, B, T, nh, 0, D, 10000.0f, 0);  // y = rope(x)
     double diff = 0;
     for (size_t i = 0; i < n; i++) diff += fabs(y[i] - x[i]);
     EXPECT(diff > 1e-3, "rope changes the input");
     // position 0 is not rotated
     EXPECT(fabsf(y[0] - x[0]) < 1e-7f, "rope at t=0 is the identity");
-    be->rope(be, y, B, T, nh, D, 10000.0f, 1);
-    EXPECT(rel_l2(y, x, n) < 1e-6, "rope inverse: %g", rel_l2(y, x, n));
-    free(x), free(y);
+    be->rope_qkv(be, z, y, NULL, NULL, B, T, nh, 0, D, 10000.0f, 1);  // z = rope⁻¹(y)
+    EXPECT(rel_l2(z, x, n) < 1e-6, "rope inverse: %g", rel_l2(z, x, n));
+    free(x), free(y), free(z);
 }
 
 static void test_attention_grad(void) {
@@ -267,35 +265,62 @@ static void test_model_grad(void) {
     enum { B = 2, T = 8, N = B * T };
     Model m;
     model_create(&m, &c, B, T, be, g_comm);
-    // random weights (norm weights too), kept in a host copy
+    rng_seed(&rng, 4242);  // its own draw: the tests before it may use any number of values
+    // The finite difference is the derivative only where no token changes experts within ±eps
+    // (top-k is a step function of the weights): random weights are drawn until every token's
+    // k-th router logit leads the next one by at least MIN_GAP, and the ±eps forwards are then
+    // checked to route as the base one does.
+    const float MIN_GAP = 0.01f;
     const size_t n0 = m.padded[0], n1 = m.padded[1];
     float* w0 = m.w[0];
     float* w1 = m.w[1];
-    for (size_t i = 0; i < m.numel[0]; i++) w0[i] = 0.3f * rng_normal(&rng);
-    for (size_t i = 0; i < m.numel[1]; i++) w1[i] = 0.3f * rng_normal(&rng);
-    for (int i = 0; i < m.pl.n; i++)
-        if (m.pl.p[i].no_decay)
-            for (size_t j = 0; j < m.pl.p[i].numel; j++) w0[m.pl.p[i].offset + j] = 1.0f + 0.2f * rng_normal(&rng);
     int32_t tok[N], tgt[N];
-    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = i % T == T - 1 ? -1 : (int32_t)(rng_u64(&rng) % 32);
     const float ce_scale = 1.0f / (float)(N - B);
-    MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = ce_scale, .aux_scale = c.aux_coef, .z_scale = c.z_coef};
+    MicroArgs a = {.tokens = tok, .targets = tgt, .ce_scale = ce_scale, .aux_scale = c.aux_coef, .z_scale = c.z_coef};
+    float gap = 0;
+    for (int draw = 0; draw < 8 && gap < MIN_GAP; draw++) {
+        for (size_t i = 0; i < m.numel[0]; i++) w0[i] = 0.3f * rng_normal(&rng);
+        for (size_t i = 0; i < m.numel[1]; i++) w1[i] = 0.3f * rng_normal(&rng);
+        for (int i = 0; i < m.pl.n; i++)
+            if (m.pl.p[i].no_decay)
+                for (size_t j = 0; j < m.pl.p[i].numel; j++) w0[m.pl.p[i].offset + j] = 1.0f + 0.2f * rng_normal(&rng);
+        for (int i = 0; i < N; i++)
+            tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = i % T == T - 1 ? -1 : (int32_t)(rng_u64(&rng) % 32);
+        model_step(&m, &a);  // forward only
+        gap = INFINITY;
+        for (int l = 0; l < c.layers; l++)
+            for (int n = 0; n < N; n++) {  // k-th largest logit minus the (k+1)-th, k = 2 of 4
+                float v[4];
+                memcpy(v, m.ls[l].moe.logits + n * 4, sizeof v);
+                for (int i = 0; i < 4; i++)
+                    for (int j = i + 1; j < 4; j++)
+                        if (v[j] > v[i]) { const float t = v[i]; v[i] = v[j], v[j] = t; }
+                gap = fminf(gap, v[1] - v[2]);
+            }
+    }
+    EXPECT(gap >= MIN_GAP, "random weights with every routing decision %g clear (got %g)", MIN_GAP, gap);
+    a.backward = 1, a.fresh = 1;
     StepLoss l0 = model_step(&m, &a);
     EXPECT(isfinite(l0.ce_sum) && l0.ntok == N - B, "forward ok");
+    int32_t route0[2][N * 2];
+    for (int l = 0; l < c.layers; l++) memcpy(route0[l], m.ls[l].moe.topk, sizeof route0[l]);
     float *u0 = randv(n0, 1), *u1 = randv(n1, 1);
     const double an = dotd(m.grad[0], u0, m.numel[0]) + dotd(m.grad[1], u1, m.numel[1]);
     float* b0 = xmalloc(sizeof(float) * n0);
     float* b1 = xmalloc(sizeof(float) * n1);
     memcpy(b0, w0, sizeof(float) * n0);
     memcpy(b1, w1, sizeof(float) * n1);
-    const float eps = 1e-3f;
+    const float eps = 1e-4f;  // moves the router logits by ~5e-3 here, less than MIN_GAP
     double L[2];
-    a.backward = 0;
+    a.backward = 0, a.fresh = 0;
     for (int s = 0; s < 2; s++) {
         for (size_t i = 0; i < m.numel[0]; i++) w0[i] = b0[i] + (s ? -eps : eps) * u0[i];
         for (size_t i = 0; i < m.numel[1]; i++) w1[i] = b1[i] + (s ? -eps : eps) * u1[i];
         StepLoss l = model_step(&m, &a);
         L[s] = l.ce_sum * ce_scale + c.aux_coef * l.aux + c.z_coef * l.z;
+        for (int k = 0; k < c.layers; k++)
+            EXPECT(!memcmp(route0[k], m.ls[k].moe.topk, sizeof route0[k]), "layer %d routes as the base forward at %+g",
+                   k, s ? -eps : eps);
     }
     const double fd = (L[0] - L[1]) / (2 * eps);
     EXPECT(relerr(an, fd) < TOL_MODEL, "whole model: analytic %g vs finite difference %g", an, fd);

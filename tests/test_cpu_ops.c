@@ -180,6 +180,13 @@ static void test_rmsnorm(void) {
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
+// One tensor x [B, T, nh, D] rotated into y (rope_qkv with no kv heads): forward reads the
+// packed side and writes q; the inverse reads q and writes the packed side.
+static void rope1(float* y, const float* x, int B, int T, int nh, int D, float theta, int inverse) {
+    if (!inverse) be->rope_qkv(be, (void*)x, y, NULL, NULL, B, T, nh, 0, D, theta, 0);
+    else be->rope_qkv(be, y, (void*)x, NULL, NULL, B, T, nh, 0, D, theta, 1);
+}
+
 typedef struct RopeCtx {
     float *x, *y, *r;
     int B, T, nh, D;
@@ -187,10 +194,8 @@ typedef struct RopeCtx {
 } RopeCtx;
 static double rope_loss(void* c_) {
     RopeCtx* c = c_;
-    const size_t n = (size_t)c->B * c->T * c->nh * c->D;
-    memcpy(c->y, c->x, sizeof(float) * n);
-    be->rope(be, c->y, c->B, c->T, c->nh, c->D, c->theta, 0);
-    return dotd(c->r, c->y, n);
+    rope1(c->y, c->x, c->B, c->T, c->nh, c->D, c->theta, 0);
+    return dotd(c->r, c->y, (size_t)c->B * c->T * c->nh * c->D);
 }
 
 // x [B, T, nh, D] rotated by the HF rotate_half formula, in double
@@ -213,32 +218,50 @@ static void test_rope(void) {
     {  // small case, theta 1e4: formula, t = 0 identity, inverse, gradient
         enum { B = 2, T = 13, nh = 3, D = 10 };
         const size_t n = (size_t)B * T * nh * D;
-        float *x = rnd(n, 1), *y = dup(x, n), *r = rnd(n, 1);
+        float *x = rnd(n, 1), *y = rnd(n, 1), *r = rnd(n, 1), *z = rnd(n, 1), *g = rnd(n, 1);
         double* ref = xmalloc(sizeof(double) * n);
-        be->rope(be, y, B, T, nh, D, 1e4f, 0);
+        rope1(y, x, B, T, nh, D, 1e4f, 0);
         rope_ref(x, ref, B, T, nh, D, 1e4, 1);
         EXPECT(rel_l2d(y, ref, n) < TOL_FWD, "rope vs rotate_half formula: %.3g", rel_l2d(y, ref, n));
         EXPECT(memcmp(y, x, sizeof(float) * nh * D) == 0, "rope at t = 0 is the identity");
-        float* z = dup(y, n);
-        be->rope(be, z, B, T, nh, D, 1e4f, 1);
+        rope1(z, y, B, T, nh, D, 1e4f, 1);
         EXPECT(rel_l2(z, x, n) < TOL_FWD, "rope inverse undoes rope: %.3g", rel_l2(z, x, n));
         rope_ref(y, ref, B, T, nh, D, 1e4, -1);
-        memcpy(z, y, sizeof(float) * n);
-        be->rope(be, z, B, T, nh, D, 1e4f, 1);
         EXPECT(rel_l2d(z, ref, n) < TOL_FWD, "rope inverse rotates by −angle: %.3g", rel_l2d(z, ref, n));
         // the backward of rope is the inverse rotation: dL/dx = R⁻¹ r
-        float* g = dup(r, n);
-        be->rope(be, g, B, T, nh, D, 1e4f, 1);
+        rope1(g, r, B, T, nh, D, 1e4f, 1);
         RopeCtx c = {x, y, r, B, T, nh, D, 1e4f};
         FdVar v = {"x", x, g, n};
         FD_EXPECT("rope", &v, rope_loss, &c, EPS_LINEAR, TOL_LINEAR);
         free(x), free(y), free(r), free(ref), free(z), free(g);
     }
+    {  // the fused projection's rows: q and k parts rotated as single tensors, v copied, and back
+        enum { B = 2, T = 9, Hq = 4, Hkv = 2, D = 6, W = (Hq + 2 * Hkv) * D };
+        const size_t rows = (size_t)B * T, n = rows * W, nq = rows * Hq * D, nk = rows * Hkv * D;
+        float *qkv = rnd(n, 1), *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *back = rnd(n, 1);
+        float *xq = rnd(nq, 1), *xk = rnd(nk, 1), *yq = rnd(nq, 1), *yk = rnd(nk, 1);
+        for (size_t i = 0; i < rows; i++) {  // the parts as planar tensors
+            memcpy(xq + i * Hq * D, qkv + i * W, sizeof(float) * Hq * D);
+            memcpy(xk + i * Hkv * D, qkv + i * W + Hq * D, sizeof(float) * Hkv * D);
+        }
+        be->rope_qkv(be, qkv, q, k, v, B, T, Hq, Hkv, D, 1e4f, 0);
+        rope1(yq, xq, B, T, Hq, D, 1e4f, 0);
+        rope1(yk, xk, B, T, Hkv, D, 1e4f, 0);
+        int v_ok = 1;
+        for (size_t i = 0; i < rows; i++)
+            v_ok &= !memcmp(v + i * Hkv * D, qkv + i * W + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+        EXPECT(!memcmp(q, yq, sizeof(float) * nq) && !memcmp(k, yk, sizeof(float) * nk) && v_ok,
+               "rope_qkv: q, k as single tensors, v copied");
+        be->rope_qkv(be, back, q, k, v, B, T, Hq, Hkv, D, 1e4f, 1);
+        EXPECT(rel_l2(back, qkv, n) < TOL_FWD, "rope_qkv inverse gives back the packed rows: %.3g",
+               rel_l2(back, qkv, n));
+        free(qkv), free(q), free(k), free(v), free(back), free(xq), free(xk), free(yq), free(yk);
+    }
     {  // long positions, theta 1e6: angles must be accurate to ~1e-7 rad at t = 32767
         enum { T = 32768, D = 8 };
         float* x = rnd((size_t)T * D, 1);
-        float* y = dup(x, (size_t)T * D);
-        be->rope(be, y, 1, T, 1, D, 1e6f, 0);
+        float* y = rnd((size_t)T * D, 1);
+        rope1(y, x, 1, T, 1, D, 1e6f, 0);
         const int ts[] = {0, 1, 4095, 20000, 32767};
         double worst = 0, ref[D];
         for (int a = 0; a < 5; a++) {

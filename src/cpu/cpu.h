@@ -35,7 +35,8 @@ void cpu_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* 
                      const float* rstd, int N, int H, int accumulate);
 
 // ---- cpu_attn.c: RoPE and causal GQA attention --------------------------------------------
-void cpu_rope(Backend*, void* x, int B, int T, int nh, int D, float theta, int inverse);
+void cpu_rope_qkv(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D, float theta,
+                  int inverse);
 void cpu_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
                   int Hq, int Hkv, int D);
 void cpu_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,

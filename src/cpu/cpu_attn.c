@@ -13,12 +13,13 @@ enum { SB = 16 };       // keys per dK/dV work item (backward)
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
-// x [B, T, nh, D] in place. Pair (i, i + D/2) at position t rotates by angle t · theta^(−2i/D):
-// x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin (inverse: by −angle). Angles and cos/sin are
-// computed in double and rounded to fp32 once (accurate at positions ~32k with theta 1e6).
-void cpu_rope(Backend* be, void* x_, int B, int T, int nh, int D, float theta, int inverse) {
-    float* x = x_;
-    CHECK(D % 2 == 0 && D <= MAX_D, "rope: head dim %d must be even and at most %d", D, MAX_D);
+// nh heads of D per row, rows r = b·T + t: src row r at src + r·lds, dst row r at dst + r·ldd
+// (elements; src may equal dst with lds = ldd: in place). Pair (i, i + D/2) at position t rotates
+// by angle t · theta^(−2i/D): x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin (inverse: by −angle).
+// Angles and cos/sin are computed in double and rounded to fp32 once (accurate at positions ~32k
+// with theta 1e6).
+static void rope_rows(float* dst, size_t ldd, const float* src, size_t lds, int B, int T, int nh, int D, float theta,
+                      int inverse) {
     const int half = D / 2;
     double inv_freq[MAX_D / 2];
     for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / D);
@@ -32,13 +33,40 @@ void cpu_rope(Backend* be, void* x_, int B, int T, int nh, int D, float theta, i
         }
         for (int b = 0; b < B; b++)
             for (int h = 0; h < nh; h++) {
-                float* v = x + (((size_t)b * T + t) * nh + h) * D;
+                const size_t r = (size_t)b * T + t;
+                const float* x = src + r * lds + (size_t)h * D;
+                float* y = dst + r * ldd + (size_t)h * D;
                 for (int i = 0; i < half; i++) {
-                    const float x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c[i] - x2 * s[i];
-                    v[i + half] = x2 * c[i] + x1 * s[i];
+                    const float x1 = x[i], x2 = x[i + half];
+                    y[i] = x1 * c[i] - x2 * s[i];
+                    y[i + half] = x2 * c[i] + x1 * s[i];
                 }
             }
+    }
+}
+
+static void check_rope(int D) { CHECK(D % 2 == 0 && D <= MAX_D, "rope: head dim %d must be even and at most %d", D, MAX_D); }
+
+// The fused projection's rows qkv [B·T, (Hq + 2·Hkv)·D] against planar q, k, v: q and k rotated,
+// v copied (backend.h).
+void cpu_rope_qkv(Backend* be, void* qkv_, void* q_, void* k_, void* v_, int B, int T, int Hq, int Hkv, int D,
+                  float theta, int inverse) {
+    (void)be;
+    check_rope(D);
+    CHECK(Hq > 0 && Hkv >= 0, "rope_qkv: %d query heads, %d kv heads", Hq, Hkv);
+    float *qkv = qkv_, *q = q_, *k = k_, *v = v_;
+    const size_t ld = (size_t)(Hq + 2 * Hkv) * D, QD = (size_t)Hq * D, KD = (size_t)Hkv * D, rows = (size_t)B * T;
+    if (!inverse) {
+        rope_rows(q, QD, qkv, ld, B, T, Hq, D, theta, 0);
+        if (Hkv) rope_rows(k, KD, qkv + QD, ld, B, T, Hkv, D, theta, 0);
+    } else {
+        rope_rows(qkv, ld, q, QD, B, T, Hq, D, theta, 1);
+        if (Hkv) rope_rows(qkv + QD, ld, k, KD, B, T, Hkv, D, theta, 1);
+    }
+    for (size_t r = 0; r < rows && Hkv; r++) {
+        float *pv = qkv + r * ld + QD + KD, *vv = v + r * KD;
+        if (!inverse) memcpy(vv, pv, sizeof(float) * KD);
+        else memcpy(pv, vv, sizeof(float) * KD);
     }
 }
 

@@ -142,7 +142,7 @@ Backend* cpu_backend_create(void) {
     be->embed_bwd = cpu_embed_bwd;
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
-    be->rope = cpu_rope;
+    be->rope_qkv = cpu_rope_qkv;
     be->attn_fwd = cpu_attn_fwd;
     be->attn_bwd = cpu_attn_bwd;
 

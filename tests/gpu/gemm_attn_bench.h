@@ -69,7 +69,7 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
 // cool card). MOETRAIN_GEMM_SURVEY=hot (hot_ms 600): micro-batch 8 only, each candidate back to
 // back for 600 ms at the card's power limit, where the step runs (docs/performance.md, change 48).
 // MOETRAIN_GEMM_SURVEY=hotdense: the same for the attention projections at micro-batch 8 (32,768
-// tokens; q and o share their shapes, k and v theirs; weight gradients in fp32).
+// tokens: o_proj, and q/k/v as the one GEMM of 6,144 columns; weight gradients in fp32).
 // MOETRAIN_GEMM_SURVEY=hotskew: the same for the expert GEMMs whose rows vary, at 7,300 and 9,500
 // rows: an expert's share under the step's skewed routing (load max/mean ~1.16), where the
 // heuristic is asked at the exact size, unlike the step's plans (rounded to 8,192 or 16,384).
@@ -89,12 +89,12 @@ static void gemm_survey(float hot_ms, int which) {
     const int H = 4096, F = 14336, V = 32000, KV = 1024, T = 32768;
     if (which == SURVEY_DENSE) {
         const struct { const char* name; GemmDesc d; } q[] = {
-            {"q/o fwd", {.M = T, .N = H, .K = H, .trans_b = 1, .alpha = 1}},
-            {"k/v fwd", {.M = T, .N = KV, .K = H, .trans_b = 1, .alpha = 1}},
-            {"q/o dgrad", {.M = T, .N = H, .K = H, .alpha = 1}},
-            {"k/v dgrad", {.M = T, .N = H, .K = KV, .alpha = 1}},
-            {"q/o wgrad", {.M = H, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
-            {"k/v wgrad", {.M = KV, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+            {"o fwd", {.M = T, .N = H, .K = H, .trans_b = 1, .alpha = 1}},
+            {"qkv fwd", {.M = T, .N = H + 2 * KV, .K = H, .trans_b = 1, .alpha = 1}},
+            {"o dgrad", {.M = T, .N = H, .K = H, .alpha = 1}},
+            {"qkv dgrad", {.M = T, .N = H, .K = H + 2 * KV, .alpha = 1}},
+            {"o wgrad", {.M = H, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
+            {"qkv wgrad", {.M = H + 2 * KV, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) cuda_gemm_survey(be, &q[i].d, A, B, C, 8, q[i].name, hot_ms);
         free(r);

@@ -286,19 +286,33 @@ static void test_rmsnorm(void) {
 }
 
 static void test_rope(void) {
-    // bf16: D = 16, 128, 64 take the 8-pair kernel, D = 12 the scalar one
-    const struct { int B, T, nh, D; float theta; } cs[] = {{2, 300, 3, 16, 1e6f}, {1, 70, 2, 128, 1e4f},
-                                                          {1, 2000, 1, 64, 1e6f}, {2, 50, 2, 12, 1e4f}};
+    // the fused projection's rows (Hq + 2·Hkv heads) against planar q, k, v, both directions;
+    // bf16: D = 16, 128, 64 take the 8-pair kernel, D = 12 the scalar one; Hkv = 0: q alone
+    const struct { int B, T, Hq, Hkv, D; float theta; } cs[] = {
+        {2, 300, 3, 1, 16, 1e6f}, {1, 70, 4, 2, 128, 1e4f}, {1, 2000, 1, 0, 64, 1e6f}, {2, 50, 2, 1, 12, 1e4f}};
     FOR_MODES for (int c = 0; c < 4; c++) {
         Backend* be = m->gpu;
-        const size_t n = (size_t)cs[c].B * cs[c].T * cs[c].nh * cs[c].D;
+        const int B = cs[c].B, T = cs[c].T, Hq = cs[c].Hq, Hkv = cs[c].Hkv, D = cs[c].D;
+        const size_t rows = (size_t)B * T, nq = rows * Hq * D, nk = rows * Hkv * D, n = nq + 2 * nk;
         for (int inv = 0; inv < 2; inv++) {
-            float* x = act_in(m, randn(n, 1.f), n);
-            void* dx = up_act(be, x, n);
-            g_cpu->rope(g_cpu, x, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
-            be->rope(be, dx, cs[c].B, cs[c].T, cs[c].nh, cs[c].D, cs[c].theta, inv);
-            cmp(m, inv ? "rope inverse" : "rope", down_act(be, dx, n), x, n, TOL(TOL_F32, TOL_BF16_OUT));
-            free(x);
+            // the side read, rounded to the act dtype; the side written poisoned on the device
+            float* pk = act_in(m, randn(n, 1.f), n);
+            float *q = act_in(m, randn(nq, 1.f), nq), *k = nk ? act_in(m, randn(nk, 1.f), nk) : NULL;
+            float* v = nk ? act_in(m, randn(nk, 1.f), nk) : NULL;
+            void* dpk = inv ? poison_act(be, n) : up_act(be, pk, n);
+            void* dq = inv ? up_act(be, q, nq) : poison_act(be, nq);
+            void* dk = nk ? (inv ? up_act(be, k, nk) : poison_act(be, nk)) : NULL;
+            void* dv = nk ? (inv ? up_act(be, v, nk) : poison_act(be, nk)) : NULL;
+            g_cpu->rope_qkv(g_cpu, pk, q, k, v, B, T, Hq, Hkv, D, cs[c].theta, inv);
+            be->rope_qkv(be, dpk, dq, dk, dv, B, T, Hq, Hkv, D, cs[c].theta, inv);
+            if (inv) {
+                cmp(m, "rope_qkv inverse (packed rows)", down_act(be, dpk, n), pk, n, TOL(TOL_F32, TOL_BF16_OUT));
+            } else {
+                cmp(m, "rope_qkv q", down_act(be, dq, nq), q, nq, TOL(TOL_F32, TOL_BF16_OUT));
+                if (nk) cmp(m, "rope_qkv k", down_act(be, dk, nk), k, nk, TOL(TOL_F32, TOL_BF16_OUT));
+                if (nk) cmp(m, "rope_qkv v (copied)", down_act(be, dv, nk), v, nk, 0);
+            }
+            free(pk), free(q), free(k), free(v);
         }
         dev_free_all();
     }
