@@ -156,94 +156,40 @@ __device__ __forceinline__ uint32_t half_of(const uint32_t q[4], int j) { return
 static size_t split_head(const void* w) { return ((16 - (uintptr_t)w % 16) % 16) / 2; }
 static bool al16(const void* p) { return (uintptr_t)p % 16 == 0; }
 
-// Experiment (session 16): how the vector path of k_adamw_split loads and stores, and how many
-// 8-element groups a thread takes. HINT 0: plain; 1: cache-streaming (ld.global.cs / st.global.cs,
-// evict first); 2: loads with the L2::256B prefetch hint and no L1 allocation. U: groups per
-// thread (all loads issued before any arithmetic). MOETRAIN_ADAMW_VAR = 4·(U − 1) + HINT.
-template <int HINT>
-__device__ __forceinline__ uint4 ld16(const void* p) {
-    if (HINT == 1) return __ldcs((const uint4*)p);
-    if (HINT == 2) {
-        uint4 r;
-        asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                     : "l"(p));
-        return r;
-    }
-    return *(const uint4*)p;
-}
-template <int HINT>
-__device__ __forceinline__ void st16(void* p, uint4 v) {
-    if (HINT == 1) __stcs((uint4*)p, v);
-    else *(uint4*)p = v;
-}
-__device__ __forceinline__ float4 u2f(uint4 u) {
-    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-}
-__device__ __forceinline__ uint4 f2u(float a, float b, float c, float d) {
-    return make_uint4(__float_as_uint(a), __float_as_uint(b), __float_as_uint(c), __float_as_uint(d));
-}
-template <int HINT>
-__device__ __forceinline__ void ld_g8(const float* g, size_t i, float o[8]) {
-    const float4 a = u2f(ld16<HINT>(g + 8 * i)), b = u2f(ld16<HINT>(g + 8 * i + 4));
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-}
-template <int HINT>
-__device__ __forceinline__ void ld_g8(const bf16* g, size_t i, float o[8]) {
-    const uint4 u = ld16<HINT>(g + 8 * i);
-    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) o[2 * j] = bf_lo(q[j]), o[2 * j + 1] = bf_hi(q[j]);
-}
-
-template <typename G, bool VEC, int HINT = 0, int U = 1>
+template <typename G, bool VEC>
 __global__ void k_adamw_split(uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n, size_t head,
                               AdamArgs a) {
     const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
     size_t done = 0, i0 = 0;
     if (VEC) {
         const size_t n8 = (n - head) / 8;
-        uint16_t* w8 = w + head;
-        int16_t* r8 = rem + head;
-        float *m8 = m + head, *v8 = v + head;
+        uint4 *w8 = (uint4*)(w + head), *r8 = (uint4*)(rem + head);
+        float4 *m4 = (float4*)(m + head), *v4 = (float4*)(v + head);
         const G* g8 = grad + head;
-        for (size_t i = tid * U; i < n8; i += step * U) {
-            uint4 wv[U], rv[U], mv[U][2], vv4[U][2];
-            float gg[U][8];
+        for (size_t i = tid; i < n8; i += step) {
+            const uint4 wv = w8[i], rv = r8[i];
+            const float4 m0 = m4[2 * i], m1 = m4[2 * i + 1], v0 = v4[2 * i], v1 = v4[2 * i + 1];
+            const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w}, rq[4] = {rv.x, rv.y, rv.z, rv.w};
+            float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+            float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            float gg[8];
+            load_g8(g8, i, gg);
+            uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u && i + u >= n8) break;
-                const size_t k = i + u;
-                wv[u] = ld16<HINT>(w8 + 8 * k), rv[u] = ld16<HINT>(r8 + 8 * k);
-                mv[u][0] = ld16<HINT>(m8 + 8 * k), mv[u][1] = ld16<HINT>(m8 + 8 * k + 4);
-                vv4[u][0] = ld16<HINT>(v8 + 8 * k), vv4[u][1] = ld16<HINT>(v8 + 8 * k + 4);
-                ld_g8<HINT>(g8, k, gg[u]);
+            for (int j = 0; j < 8; j++) {
+                float p = split_join(half_of(wq, j), half_of(rq, j));
+                adam1(p, mm[j], vv[j], gg[j], a);
+                uint32_t pw, pr;
+                split_part(p, pw, pr);
+                wo[j >> 1] |= pw << (16 * (j & 1));
+                ro[j >> 1] |= pr << (16 * (j & 1));
             }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u && i + u >= n8) break;
-                const size_t k = i + u;
-                const uint32_t wq[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w}, rq[4] = {rv[u].x, rv[u].y, rv[u].z, rv[u].w};
-                const float4 m0 = u2f(mv[u][0]), m1 = u2f(mv[u][1]), v0 = u2f(vv4[u][0]), v1 = u2f(vv4[u][1]);
-                float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
-                float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-                uint32_t wo[4] = {0, 0, 0, 0}, ro[4] = {0, 0, 0, 0};
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float p = split_join(half_of(wq, j), half_of(rq, j));
-                    adam1(p, mm[j], vv[j], gg[u][j], a);
-                    uint32_t pw, pr;
-                    split_part(p, pw, pr);
-                    wo[j >> 1] |= pw << (16 * (j & 1));
-                    ro[j >> 1] |= pr << (16 * (j & 1));
-                }
-                st16<HINT>(w8 + 8 * k, make_uint4(wo[0], wo[1], wo[2], wo[3]));
-                st16<HINT>(r8 + 8 * k, make_uint4(ro[0], ro[1], ro[2], ro[3]));
-                st16<HINT>(m8 + 8 * k, f2u(mm[0], mm[1], mm[2], mm[3]));
-                st16<HINT>(m8 + 8 * k + 4, f2u(mm[4], mm[5], mm[6], mm[7]));
-                st16<HINT>(v8 + 8 * k, f2u(vv[0], vv[1], vv[2], vv[3]));
-                st16<HINT>(v8 + 8 * k + 4, f2u(vv[4], vv[5], vv[6], vv[7]));
-            }
+            w8[i] = make_uint4(wo[0], wo[1], wo[2], wo[3]);
+            r8[i] = make_uint4(ro[0], ro[1], ro[2], ro[3]);
+            m4[2 * i] = make_float4(mm[0], mm[1], mm[2], mm[3]);
+            m4[2 * i + 1] = make_float4(mm[4], mm[5], mm[6], mm[7]);
+            v4[2 * i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            v4[2 * i + 1] = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
         done = head + 8 * n8;
         i0 = head;  // the scalar loops below: [0, head) and [done, n)
@@ -322,29 +268,14 @@ __global__ void k_split_unpack(float* x, const uint16_t* w, const int16_t* rem, 
     }
 }
 
-template <typename G, int HINT, int U>
-static void launch_split_vec(CudaImpl* c, uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n,
-                             size_t h, const AdamArgs& a) {
-    const size_t groups = (n - h) / 8 + 1;
-    k_adamw_split<G, true, HINT, U><<<grid_flat((groups + U - 1) / U, 256), 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
-}
-
 template <typename G>
 static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m, float* v, const G* grad, size_t n,
                                const AdamArgs& a) {
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
-    const char* e = getenv("MOETRAIN_ADAMW_VAR");
-    const int var = e ? atoi(e) : 0;
-    if (vec) switch (var) {
-            case 1: launch_split_vec<G, 1, 1>(c, w, rem, m, v, grad, n, h, a); break;
-            case 2: launch_split_vec<G, 2, 1>(c, w, rem, m, v, grad, n, h, a); break;
-            case 4: launch_split_vec<G, 0, 2>(c, w, rem, m, v, grad, n, h, a); break;
-            case 5: launch_split_vec<G, 1, 2>(c, w, rem, m, v, grad, n, h, a); break;
-            case 6: launch_split_vec<G, 2, 2>(c, w, rem, m, v, grad, n, h, a); break;
-            default: launch_split_vec<G, 0, 1>(c, w, rem, m, v, grad, n, h, a);
-        }
-    else k_adamw_split<G, false><<<grid_flat(n, 256), 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    const unsigned g = grid_flat(vec ? (n - h) / 8 + 1 : n, 256);
+    if (vec) k_adamw_split<G, true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
+    else k_adamw_split<G, false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
     LAUNCH_CK(c);
 }
 
