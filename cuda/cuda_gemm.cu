@@ -85,9 +85,11 @@ typedef struct GemmPlan {
 //   - change 48: the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at
 //     8,192 rows), its weight gradient on 128 × 160 (688 against 678); the step −1.3 ms.
 //   - change 54: the q/o forward and data gradient and k/v's data gradient take 128 × 160 (the
-//     hot survey: +4 to +13%); q, k and v are one GEMM since change 63, and o keeps its entries. The step −2.2 ms at micro-batch 8, with two entries for the w13
+//     hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8, with two entries for the w13
 //     data gradient and the w2 forward (256 × 128) that change 55 made unnecessary: plans keyed by
-//     rows near the real count, where the heuristic's own pick is the better one.
+//     rows near the real count, where the heuristic's own pick is the better one. Since change 63
+//     q, k and v are one GEMM; o keeps its entries, and the fused shapes take the heuristic's
+//     first pick (the survey's better tiles for them changed nothing in the step).
 // The lm_head's better candidates in the survey did not carry over to the step, and are left out.
 // MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none"; MOETRAIN_GEMM_TUNE_LOG=1
 // prints every plan's tile and first pick.
@@ -97,7 +99,7 @@ typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
 static const TilePref k_tile_pref_sm90[] = {
     {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
     {1, 0, 28672, 4096, 29},   // w13 weight gradient d(gate|up)ᵀ·x: CUBLASLT_MATMUL_TILE_128x160
-    {0, 1, 4096, 4096, 29},    // o forward (the survey's q/o shape; q, k, v are one GEMM since change 63): 128x160
+    {0, 1, 4096, 4096, 29},    // o forward (the survey's q/o shape): 128x160
     {0, 0, 4096, 4096, 29},    // o data gradient: 128x160
 };
 
