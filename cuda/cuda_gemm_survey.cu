@@ -1,22 +1,23 @@
 // cuda_gemm_survey.cu — measurement tools for the bench, not ops: what cuBLASLt's heuristic
 // candidates for one GEMM shape cost against each other (cuda_gemm_survey), and what the
 // algorithm the step runs costs against its cluster-shape, swizzle and custom-option variants
-// (cuda_gemm_survey_variants). Both time on the card's power limit when hot_ms > 0 and print one
-// line per candidate; MOETRAIN_GEMM_SURVEY in test_cuda_gemm_attn drives them
-// (docs/performance.md, changes 48, 54 and 58). The plan comes from cuda_gemm.cu
+// (cuda_gemm_survey_variants), and cuBLASLt's FP8 candidates at a shape (cuda_gemm_survey_fp8).
+// They time on the card's power limit when hot_ms > 0 and print one line per candidate;
+// MOETRAIN_GEMM_SURVEY in test_cuda_gemm_attn drives them (docs/performance.md, changes 48, 54,
+// 58, and session 16's FP8 measurement). The plan comes from cuda_gemm.cu
 // (gemm_shape_plan: the same descriptor, layouts and first pick as the step, tile table included).
+#include <cuda_fp8.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_gemm.cuh"
 
-// ---- the heuristic's candidates for one shape, each timed ----------------------------------------
-extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
-                                 const char* label, float hot_ms) {
-    CudaImpl* c = CI(be);
-    const int M = d->M, N = d->N, K = d->K;
-    GemmShapePlan p;
-    gemm_shape_plan(be, d, &p);  // the layouts and descriptor; p.algo is the first pick
+// ---- the heuristic's candidates for one plan, each timed ----------------------------------------
+// pl: the descriptor and layouts (its algo unused); the products are C = alpha · (B as la)·(A as
+// lb) + beta · C, as gemm_run issues them; M, N, K only label the line and count the FLOPs.
+static void survey_plan(CudaImpl* c, const GemmShapePlan* pl, const void* A, const void* B, void* C, float alpha,
+                        float beta, int M, int N, int K, int max_algos, const char* label, float hot_ms) {
+    const GemmShapePlan p = *pl;
     cublasLtMatmulPreference_t pref;
     CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = c->lt_ws_bytes;
@@ -29,7 +30,6 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     cudaEvent_t e0, e1;
     CUDA_CK(cudaEventCreate(&e0));
     CUDA_CK(cudaEventCreate(&e1));
-    const float alpha = d->alpha, beta = d->beta;
     // hot_ms > 0: the card at its power limit first (hot_ms · 3 of the first pick), then each
     // candidate back to back for hot_ms, timed over its second half, and the first pick once more
     // at the end (the drift of the card's state over the survey)
@@ -84,7 +84,54 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     fflush(stdout);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+}
+
+// The heuristic's candidates for one GEMM of the step (bf16 or fp32, the step's descriptor).
+extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
+                                 const char* label, float hot_ms) {
+    GemmShapePlan p;
+    gemm_shape_plan(be, d, &p);  // the layouts and descriptor as the step builds them
+    survey_plan(CI(be), &p, A, B, C, d->alpha, d->beta, d->M, d->N, d->K, max_algos, label, hot_ms);
     gemm_shape_plan_release(&p);
+}
+
+// FP8 (session 16, for the FP8 issue docs/performance.md sketches): Y[M,N] = X[M,K]·W[N,K]ᵀ with X
+// and W in e4m3, fp32 accumulation, Y in bf16, per-tensor scales of 1: cuBLASLt's FP8 on Hopper,
+// which takes only this layout (both operands K-major; the step's data and weight gradients would
+// run on transposed copies in the same form). A [M,K] and B [N,K] are bf16 (random), cast to
+// e4m3 here; C [M,N] bf16.
+__global__ void k_bf16_to_e4m3(__nv_fp8_e4m3* y, const bf16* x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __nv_fp8_e4m3(__bfloat162float(x[i]));
+}
+
+extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C,
+                                     int max_algos, const char* label, float hot_ms) {
+    CudaImpl* c = CI(be);
+    const size_t na = (size_t)M * K, nb = (size_t)N * K;
+    __nv_fp8_e4m3 *a8, *b8;
+    float* one;
+    CUDA_CK(cudaMalloc(&a8, na));
+    CUDA_CK(cudaMalloc(&b8, nb));
+    CUDA_CK(cudaMalloc(&one, sizeof(float)));
+    const float h1 = 1.0f;
+    CUDA_CK(cudaMemcpy(one, &h1, sizeof h1, cudaMemcpyHostToDevice));
+    k_bf16_to_e4m3<<<1024, 256, 0, c->stream>>>(a8, (const bf16*)A, na);
+    k_bf16_to_e4m3<<<1024, 256, 0, c->stream>>>(b8, (const bf16*)B, nb);
+    GemmShapePlan p;
+    const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    CUBLAS_CK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &one, sizeof one));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &one, sizeof one));
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_8F_E4M3, K, N, K));  // W: column-major K × N, op T
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_8F_E4M3, K, M, K));  // X: column-major K × M
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, N, M, N));     // Y: column-major N × M
+    survey_plan(c, &p, a8, b8, C, 1.0f, 0.0f, M, N, K, max_algos, label, hot_ms);
+    gemm_shape_plan_release(&p);
+    CUDA_CK(cudaStreamSynchronize(c->stream));
+    cudaFree(a8), cudaFree(b8), cudaFree(one);
 }
 
 // Variants of the plan's own pick (the algorithm gemm_run uses, tile table included): the same

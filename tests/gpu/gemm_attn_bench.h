@@ -1,7 +1,7 @@
 // gemm_attn_bench.h — the measurements of test_cuda_gemm_attn, apart from its tests: kernel
 // timings (MOETRAIN_GPU_BENCH=1, or =attn for the attention kernels alone at MOETRAIN_ATTN_B) and
 // cuBLASLt's candidates and variants per GEMM shape (MOETRAIN_GEMM_SURVEY=1, hot, hotdense,
-// hotskew, hotvar; cuda/cuda_gemm_survey.cu). Included once, by test_cuda_gemm_attn.c, after
+// hotskew, hotvar, fp8; cuda/cuda_gemm_survey.cu). Included once, by test_cuda_gemm_attn.c, after
 // gpu_check.h; nothing here asserts.
 #pragma once
 #include <math.h>
@@ -78,8 +78,14 @@ void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void*
 // shape, CTA swizzling or custom option (cuda_gemm_survey_variants; docs/performance.md change 58).
 void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, const char* label,
                                float hot_ms);
+// MOETRAIN_GEMM_SURVEY=fp8 (hot_ms 600): the six expert GEMM shapes at 8,192 rows as
+// Y[M,N] = X[M,K]·W[N,K]ᵀ, in bf16 (the heuristic's first pick) and then in FP8 (e4m3 operands,
+// bf16 output, cuBLASLt's first 4 candidates), each back to back at the card's power limit: what
+// FP8 expert GEMMs would run at where the step runs (docs/performance.md, "Where the rest is").
+void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C, int max_algos,
+                          const char* label, float hot_ms);
 
-enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3 };
+enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4 };
 static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
@@ -97,6 +103,24 @@ static void gemm_survey(float hot_ms, int which) {
             {"qkv wgrad", {.M = H + 2 * KV, .N = H, .K = T, .trans_a = 1, .alpha = 1, .c_f32 = 1}},
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) cuda_gemm_survey(be, &q[i].d, A, B, C, 8, q[i].name, hot_ms);
+        free(r);
+        dev_free_all();
+        return;
+    }
+    if (which == SURVEY_FP8) {  // the expert GEMMs at 8,192 rows, each as X·Wᵀ (FP8's one layout)
+        const int rows = 8192;
+        const struct { const char* name; int M, N, K; } g[] = {
+            {"w13 fwd", rows, 2 * F, H}, {"w13 dgrad", rows, H, 2 * F}, {"w13 wgrad", 2 * F, H, rows},
+            {"w2 fwd", rows, H, F},      {"w2 dgrad", rows, F, H},      {"w2 wgrad", H, F, rows},
+        };
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+            const GemmDesc d = {.M = g[i].M, .N = g[i].N, .K = g[i].K, .trans_b = 1, .alpha = 1};
+            char nm[40];
+            snprintf(nm, sizeof nm, "%s bf16", g[i].name);
+            cuda_gemm_survey(be, &d, A, B, C, 1, nm, hot_ms);
+            snprintf(nm, sizeof nm, "%s fp8", g[i].name);
+            cuda_gemm_survey_fp8(be, g[i].M, g[i].N, g[i].K, A, B, C, 4, nm, hot_ms);
+        }
         free(r);
         dev_free_all();
         return;

@@ -418,6 +418,7 @@ int main(void) {
     if (sv && strcmp(sv, "hotdense") == 0) gemm_survey(600.f, SURVEY_DENSE);
     if (sv && strcmp(sv, "hotskew") == 0) gemm_survey(600.f, SURVEY_SKEW);
     if (sv && strcmp(sv, "hotvar") == 0) gemm_survey(300.f, SURVEY_VARIANTS);
+    if (sv && strcmp(sv, "fp8") == 0) gemm_survey(600.f, SURVEY_FP8);
     gpu_teardown();
     TEST_END();
 }
