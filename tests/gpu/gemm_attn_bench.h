@@ -85,6 +85,22 @@ void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, co
 void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C, int max_algos,
                           const char* label, float hot_ms);
 
+// The six expert GEMMs of a step at `rows` rows per expert, in the step's layouts (Mixtral-8x7B:
+// H 4,096, F 14,336; the weight gradients written in the act dtype, as precision.expert_grad=auto).
+typedef struct NamedGemm { const char* name; GemmDesc d; } NamedGemm;
+static void expert_gemms(int rows, NamedGemm g[6]) {
+    const int H = 4096, F = 14336;
+    const NamedGemm e[6] = {
+        {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
+        {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
+        {"w13 wgrad", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
+        {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
+        {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
+        {"w2 wgrad", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
+    };
+    memcpy(g, e, sizeof e);
+}
+
 enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4 };
 static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
@@ -108,38 +124,29 @@ static void gemm_survey(float hot_ms, int which) {
         return;
     }
     if (which == SURVEY_FP8) {  // the expert GEMMs at 8,192 rows, each as X·Wᵀ (FP8's one layout)
-        const int rows = 8192;
-        const struct { const char* name; int M, N, K; } g[] = {
-            {"w13 fwd", rows, 2 * F, H}, {"w13 dgrad", rows, H, 2 * F}, {"w13 wgrad", 2 * F, H, rows},
-            {"w2 fwd", rows, H, F},      {"w2 dgrad", rows, F, H},      {"w2 wgrad", H, F, rows},
-        };
-        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
-            const GemmDesc d = {.M = g[i].M, .N = g[i].N, .K = g[i].K, .trans_b = 1, .alpha = 1};
+        NamedGemm g[6];
+        expert_gemms(8192, g);
+        for (int i = 0; i < 6; i++) {
+            const GemmDesc d = {.M = g[i].d.M, .N = g[i].d.N, .K = g[i].d.K, .trans_b = 1, .alpha = 1};
             char nm[40];
             snprintf(nm, sizeof nm, "%s bf16", g[i].name);
             cuda_gemm_survey(be, &d, A, B, C, 1, nm, hot_ms);
             snprintf(nm, sizeof nm, "%s fp8", g[i].name);
-            cuda_gemm_survey_fp8(be, g[i].M, g[i].N, g[i].K, A, B, C, 4, nm, hot_ms);
+            cuda_gemm_survey_fp8(be, d.M, d.N, d.K, A, B, C, 4, nm, hot_ms);
         }
         free(r);
         dev_free_all();
         return;
     }
     if (which == SURVEY_VARIANTS) {  // expert GEMMs at 8,192 rows, a 16,384-token lm_head chunk
-        const int rows = 8192, Th = 16384;
-        const struct { const char* name; GemmDesc d; } g[] = {
-            {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
-            {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
-            {"w13 wgrad", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
-            {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
-            {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
-            {"w2 wgrad", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
-            {"head fwd", {.M = Th, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
-            {"head dgrad", {.M = Th, .N = H, .K = V, .alpha = 1}},
-            {"head wgrad", {.M = V, .N = H, .K = Th, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
+        const int Th = 16384;
+        NamedGemm g[9] = {
+            [6] = {"head fwd", {.M = Th, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
+            [7] = {"head dgrad", {.M = Th, .N = H, .K = V, .alpha = 1}},
+            [8] = {"head wgrad", {.M = V, .N = H, .K = Th, .trans_a = 1, .alpha = 1, .beta = 1, .c_f32 = 1}},
         };
-        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
-            cuda_gemm_survey_variants(be, &g[i].d, A, B, C, g[i].name, hot_ms);
+        expert_gemms(8192, g);
+        for (int i = 0; i < 9; i++) cuda_gemm_survey_variants(be, &g[i].d, A, B, C, g[i].name, hot_ms);
         free(r);
         dev_free_all();
         return;
@@ -159,20 +166,15 @@ static void gemm_survey(float hot_ms, int which) {
         return;
     }
     for (int rows = hot_ms > 0 ? 8192 : 4096; rows <= 8192; rows *= 2) {
-        const struct { const char* name; GemmDesc d; } g[] = {
-            {"w13 fwd", {.M = rows, .N = 2 * F, .K = H, .trans_b = 1, .alpha = 1}},
-            {"w13 dgrad", {.M = rows, .N = H, .K = 2 * F, .alpha = 1}},
-            {"w13 wgrad bf16", {.M = 2 * F, .N = H, .K = rows, .trans_a = 1, .alpha = 1}},
-            {"w2 fwd", {.M = rows, .N = H, .K = F, .trans_b = 1, .alpha = 1}},
-            {"w2 dgrad", {.M = rows, .N = F, .K = H, .alpha = 1}},
-            {"w2 wgrad bf16", {.M = H, .N = F, .K = rows, .trans_a = 1, .alpha = 1}},
-            {"w13 fwd Wt", {.M = rows, .N = 2 * F, .K = H, .alpha = 1}},
-            {"w13 dgrad Wt", {.M = rows, .N = H, .K = 2 * F, .trans_b = 1, .alpha = 1}},
-            {"w2 fwd Wt", {.M = rows, .N = H, .K = F, .alpha = 1}},
-            {"w2 dgrad Wt", {.M = rows, .N = F, .K = H, .trans_b = 1, .alpha = 1}},
+        NamedGemm g[10] = {
+            [6] = {"w13 fwd Wt", {.M = rows, .N = 2 * F, .K = H, .alpha = 1}},
+            [7] = {"w13 dgrad Wt", {.M = rows, .N = H, .K = 2 * F, .trans_b = 1, .alpha = 1}},
+            [8] = {"w2 fwd Wt", {.M = rows, .N = H, .K = F, .alpha = 1}},
+            [9] = {"w2 dgrad Wt", {.M = rows, .N = F, .K = H, .trans_b = 1, .alpha = 1}},
         };
-        const size_t ng = hot_ms > 0 ? 6 : sizeof g / sizeof g[0];  // hot: not the transposed-weight rows
-        for (size_t i = 0; i < ng; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, hot_ms);
+        expert_gemms(rows, g);
+        const int ng = hot_ms > 0 ? 6 : 10;  // hot: not the transposed-weight rows
+        for (int i = 0; i < ng; i++) cuda_gemm_survey(be, &g[i].d, A, B, C, 8, g[i].name, hot_ms);
     }
     const struct { const char* name; GemmDesc d; } h[] = {
         {"head fwd", {.M = 16384, .N = V, .K = H, .trans_b = 1, .alpha = 1}},
