@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+extern "C" {
+#include "comm.h"
+}
 
 enum { LT_WS_BYTES = 32 << 20 };     // cuBLASLt workspace
 enum { SCRATCH_BYTES = 64 << 20 };   // op workspace (see CudaImpl.scratch)
@@ -333,6 +336,13 @@ static void cu_destroy(Backend* be) {
     free(be);
 }
 
+// NCCL on the backend's stream (cuda/comm_nccl.cu).
+static Comm* cu_comm_create(Backend* be, const CommOpts* o, Err* e) {
+    Comm* c = comm_nccl_create(o->ep, (void*)CI(be)->stream);
+    if (!c) err_set(e, "cuda backend: no NCCL communicator in this build; set train.device=cpu or rebuild with NCCL");
+    return c;
+}
+
 extern "C" void* cuda_backend_stream(Backend* be) {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0) return NULL;
     return (void*)CI(be)->stream;
@@ -433,6 +443,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->adamw_split = cuda_adamw_split;
 
     be->peak_bytes = cu_peak_bytes;
+    be->comm_create = cu_comm_create;
     be->destroy = cu_destroy;
     CUDA_CK(cudaStreamSynchronize(c->stream));
     return be;

@@ -49,6 +49,9 @@ typedef struct GroupDesc {
                            // to nearest even; what PyTorch autocast gives) instead of fp32
 } GroupDesc;
 
+typedef struct Comm Comm;          // comm.h
+typedef struct CommOpts CommOpts;  // comm.h
+
 typedef struct Backend Backend;
 struct Backend {
     const char* name;   // "cpu" or "cuda"
@@ -230,6 +233,11 @@ struct Backend {
 
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);
+
+    // ---- communication -----------------------------------------------------------------------
+    // The communicator over this backend's memory (comm.h), for the world after dist_init;
+    // collective (every rank calls it). NULL with a message in e when it cannot be made.
+    Comm* (*comm_create)(Backend*, const CommOpts*, Err* e);
 
     void (*destroy)(Backend*);
 };

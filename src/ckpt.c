@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include "ckpt_internal.h"
+#include "failpoint.h"
 
-// Failpoint for the crash tests: MOETRAIN_CKPT_CRASH_AT=<point> kills this process there.
+// The crash tests' failpoint (failpoint.h: ckpt.crash_at): this process is killed at `point`.
 static void crash_point(const char* point) {
-    const char* at = getenv("MOETRAIN_CKPT_CRASH_AT");
-    if (at && strcmp(at, point) == 0) raise(SIGKILL);
+    if (failpoint_hit("ckpt.crash_at", point)) raise(SIGKILL);
 }
 
 // What each rank reports at an agreement point (all-gathered, so every rank sees every verdict).

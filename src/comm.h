@@ -45,6 +45,13 @@ struct Comm {
     void (*destroy)(Comm*);
 };
 
+// What a backend's comm_create (backend.h) is asked for. The backend picks the transport that fits
+// its memory (cpu: MPI on host memory; cuda: NCCL on its stream); a user's choice of transport,
+// where there is one, is a field here that the backend's comm_create reads.
+typedef struct CommOpts {
+    int ep;  // expert-parallel size (parallel.ep); must divide the world size
+} CommOpts;
+
 // MPI: call after MPI_Init (dist_init). ep must divide the world size.
 Comm* comm_mpi_create(int ep);
 // NCCL over the same layout; built only with CUDA (returns NULL otherwise). `stream` is the

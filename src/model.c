@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "failpoint.h"
 #include "moe.h"
 #include "prof.h"
 #include "util.h"
@@ -61,10 +62,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->edp = comm->size[GROUP_EDP];
     m->edp_rank = comm->rank[GROUP_EDP];
     m->e_local = c->experts / m->ep;
-    {  // test knob: the MoE layers go through the exchange path (all_to_all_v) even at EP = 1
-        const char* fx = getenv("MOETRAIN_FORCE_EXCHANGE");
-        m->force_exchange = fx && fx[0] == '1';
-    }
+    m->force_exchange = failpoint_int("moe.force_exchange", 0) == 1;  // tests: the exchange path at EP = 1
     m->B = B;
     m->T = T;
     m->N = B * T;

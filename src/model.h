@@ -102,7 +102,7 @@ typedef struct Model {
     int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
     int keep_swiglu;    // ModelOpts.keep_swiglu: the MoE arenas are planned to keep h per layer
     int keep_h;         // this micro-batch keeps h (keep_swiglu and a backward follows)
-    int force_exchange; // MOETRAIN_FORCE_EXCHANGE=1: the dispatcher's exchange path (all_to_all_v,
+    int force_exchange; // failpoint moe.force_exchange: the dispatcher's exchange path (all_to_all_v,
                         // block reorders) runs even at EP = 1 (tests: the NCCL calls on one GPU)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world
     // scratch (reused by every layer)

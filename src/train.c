@@ -9,9 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "failpoint.h"
 #include "util.h"
-
-void* cuda_backend_stream(Backend* be);  // cuda/cuda_backend.cu (NULL-safe stub without CUDA)
 
 static volatile sig_atomic_t g_stop_signal = 0;
 static void on_signal(int sig) { g_stop_signal = sig; }
@@ -107,9 +106,10 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     if (!on_gpu && cfg->precision.dtype != DTYPE_F32)
         log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
                  dtype_name(cfg->precision.dtype));
-    t->comm = strcmp(t->be->name, "cuda") == 0 ? comm_nccl_create(cfg->parallel.ep, cuda_backend_stream(t->be))
-                                               : comm_mpi_create(cfg->parallel.ep);
-    CHECK(t->comm, "could not create the communicator");
+    const CommOpts co = {.ep = cfg->parallel.ep};
+    Err ce = {{0}};
+    t->comm = t->be->comm_create(t->be, &co, &ce);
+    CHECK(t->comm, "could not create the communicator: %s", ce.msg);
     t->world = t->comm->size[GROUP_WORLD];
     t->rank = t->comm->rank[GROUP_WORLD];
     t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
@@ -243,15 +243,13 @@ int trainer_run(Trainer* t) {
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
-    // Fault injection for the tests: MOETRAIN_FAIL_RANK=r makes rank r fail at its second step.
-    const char* fail_env = getenv("MOETRAIN_FAIL_RANK");
-    const int fail_rank = fail_env ? atoi(fail_env) : -1;
+    const long fail_rank = failpoint_int("train.fail_rank", -1);  // tests: this rank fails at its second step
     if (t->step >= tc->steps)
         log_info("train: the run is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
                  t->step, tc->steps);
     for (; t->step < tc->steps; t->step++) {
         const int s = t->step;
-        if (s == 1 && t->rank == fail_rank) FATAL("injected failure (MOETRAIN_FAIL_RANK=%d)", fail_rank);
+        if (s == 1 && t->rank == fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", fail_rank);
         double t0 = now_sec();
         double ce = 0, aux = 0, z = 0;
         for (int j = 0; j < t->n_micro; j++) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "failpoint.h"
 #include "test.h"
 #include "util.h"
 
@@ -291,12 +292,12 @@ static void test_inspect_ok(void) {
     EXPECT(ckpt_inspect(g_dir, stdout, &e) == -1 && strstr(e.msg, "neither"), "not a checkpoint: %s", e.msg);
 }
 
-// Runs a save of `step` in a child that is SIGKILLed: at failpoint `at` (MOETRAIN_CKPT_CRASH_AT),
+// Runs a save of `step` in a child that is SIGKILLed: at failpoint `at` (ckpt.crash_at),
 // or, with at == NULL, after delay_s. Returns 1 when the child was killed, 0 when it finished.
 static int killed_save(const char* root, int64_t step, const Set* s, const char* at, double delay_s) {
     pid_t pid = fork();
     if (pid == 0) {
-        if (at) setenv("MOETRAIN_CKPT_CRASH_AT", at, 1);
+        if (at) failpoint_set("ckpt.crash_at", at);
         Err ce;
         _exit(save(root, step, s, 0, &ce) == 0 ? 0 : 1);
     }

@@ -177,9 +177,9 @@ int main(int argc, char** argv) {
             printf("CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;
         }
-        comm = comm_nccl_create(1, cuda_backend_stream(be));
+        comm = be->comm_create(be, &(CommOpts){.ep = 1}, &e);
         if (!comm) {
-            printf("CUDA backend: no NCCL communicator\n0 passed, 1 failed\n");
+            printf("CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;
         }
         printf("backend: cuda (fp32)\n");

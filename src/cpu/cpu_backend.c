@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "cpu.h"
 
 // Elementwise loops smaller than this run on one thread (a parallel region costs ~µs).
@@ -105,6 +106,8 @@ static void cpu_nonfinite_f32(Backend* be, float* out, const float* x, size_t n)
     if (bad) out[0] = 1;
 }
 
+static Comm* cpu_comm_create(Backend* be, const CommOpts* o, Err* e) { return comm_mpi_create(o->ep); }
+
 // ---- the table -------------------------------------------------------------------------------
 
 static void cpu_destroy(Backend* be) {
@@ -170,6 +173,7 @@ Backend* cpu_backend_create(void) {
     be->adamw_split = cpu_adamw_split;
 
     be->peak_bytes = cpu_peak_bytes;
+    be->comm_create = cpu_comm_create;
     be->destroy = cpu_destroy;
     return be;
 }

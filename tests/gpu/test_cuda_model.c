@@ -354,9 +354,9 @@ int main(int argc, char** argv) {
             printf("no CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;
         }
-        g_nccl[d] = comm_nccl_create(1, cuda_backend_stream(g_gpu[d]));
+        g_nccl[d] = g_gpu[d]->comm_create(g_gpu[d], &(CommOpts){.ep = 1}, &e);
         if (!g_nccl[d]) {
-            printf("no NCCL communicator\n0 passed, 1 failed\n");
+            printf("%s\n0 passed, 1 failed\n", e.msg);
             return 1;
         }
     }

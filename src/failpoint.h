@@ -1,0 +1,29 @@
+// failpoint.h — fault injection for the tests. Not a user interface: nothing here changes what
+// a correct run computes, and a user never needs to set these.
+//
+// A failpoint has a dotted name (the code that checks it) and an environment variable (how a
+// test that launches the binary sets it). The table in failpoint.c lists them all. The
+// environment is read once, at the first call of any function here; a test inside one process
+// sets a failpoint with failpoint_set instead (a forked child, for instance).
+//
+//   name                env                        value and effect
+//   ckpt.crash_at       MOETRAIN_CKPT_CRASH_AT     a point of the checkpoint protocol (written,
+//                                                  manifest, renamed, latest_tmp, latest; ckpt.c):
+//                                                  the saving process is SIGKILLed there
+//   train.fail_rank     MOETRAIN_FAIL_RANK         rank r: FATAL at its second step
+//   moe.force_exchange  MOETRAIN_FORCE_EXCHANGE    1: the MoE dispatcher takes the exchange path
+//                                                  (all_to_all_v) even at EP = 1
+//
+// To add one: a row in failpoint.c's table, a line above, and a check at the place it fails.
+#pragma once
+
+// The failpoint's value, or NULL when it is not set (unset or empty). A name not in the table
+// is a programming error (FATAL).
+const char* failpoint_value(const char* name);
+// 1 when the failpoint is set to exactly `value`.
+int failpoint_hit(const char* name, const char* value);
+// The value as an integer, or dflt when unset (or not a whole number).
+long failpoint_int(const char* name, long dflt);
+// For tests in the same process: sets (value != NULL) or clears the failpoint, overriding the
+// environment.
+void failpoint_set(const char* name, const char* value);
