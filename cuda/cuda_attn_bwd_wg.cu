@@ -2,6 +2,12 @@
 // the same math and contract as the mma.sync kernels in cuda_attn_bwd.cu (read its header; bf16,
 // D ∈ {64, 128}), which it replaces when cuda_wgmma_ok. Δ is in scratch already (attn_delta).
 //
+// Which kernels run (attn_ds_pairs decides whether dS is stored, by the caller's workspace):
+//   D = 128, dS stored   cuda_attn_bwd_ws.cu's warp-specialised dk/dv and dq-from-dS kernels
+//   D = 64,  dS stored   k_attn_dkdv_wg<64, true>, then k_attn_dq_ds<64>
+//   otherwise            k_attn_dq_wg and k_attn_dkdv_wg<D, false> (dq recomputes S and dP), also
+//                        at D = 128 when the driver cannot make the tensor maps
+//
 // Both kernels are one warpgroup (4 warps, 128 threads) per CTA; warp w owns rows 16w..16w+15 of
 // every 64-row product, as in the wgmma accumulator layout (wgmma.cuh). Every tile is a [64][D]
 // SW128 tile loaded with cp.async; nothing is transposed anywhere (K-major or MN-major descriptors).
@@ -12,8 +18,7 @@
 //            dQ += dS·K              4 wgmma m64nDk16, A = dS packed to bf16 from the S registers,
 //                                    B = the K tile read MN-major
 //          Heavy (late) query tiles are scheduled first.
-//   dk/dv: (with a dS workspace at D = 128, cuda_attn_bwd_ws.cu's warp-specialised kernels instead,
-//          for dk/dv and for dq from dS, unless MOETRAIN_ATTN_DS=wg) a CTA owns 64 keys of one (b, kv head) and walks, for every query head of the group,
+//   dk/dv: a CTA owns 64 keys of one (b, kv head) and walks, for every query head of the group,
 //          the 64-query tiles from the diagonal one to the last. K and V stay in shared memory;
 //          Q, dO and the tile's 64 lse and 64 Δ values stream through two stages. Per query tile:
 //            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   2·D/16 wgmma m64n64k16 (rows = keys, columns = queries)
@@ -36,9 +41,6 @@
 // precedes every batch of wgmmas, so the compiler keeps them in place. The dQ (dK, dV)
 // accumulators are never written by ordinary instructions: the first product overwrites them
 // (acc = 0) instead of a zero fill, which would make ptxas serialize the wgmmas (C7515).
-#include <stdlib.h>
-#include <string.h>
-
 #include "attn_wg.cuh"
 
 enum { WB_ROWS = 64, WB_THREADS = 128, WB_DS_ELEMS = WB_ROWS * WB_ROWS };
@@ -353,12 +355,10 @@ __global__ void __launch_bounds__(WB_THREADS) k_attn_dq_ds(bf16* dq, const bf16*
 }
 
 int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes);
-// cuda_attn_bwd_ws.cu: the warp-specialised dk/dv and dq-from-dS kernels (D = 128), or 0 when
-// they do not apply.
-int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse, const float* delta,
-                 const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, int p0, int np);
-int attn_dq_ws(CudaImpl* c, bf16* dq, const bf16* ds, const bf16* k, int B, int T, int Hq, int Hkv, int D, int p0,
-               int np);
+// cuda_attn_bwd_ws.cu: the stored-dS backward at D = 128, or 0 when it does not apply.
+int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse,
+                const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv,
+                int chunk);
 
 // Bytes of dS one (batch row, kv head) pair stores: grp heads × the causal 64 × 64 tiles.
 static size_t ds_pair_bytes(int T, int Hq, int Hkv) {
@@ -379,30 +379,33 @@ static void launch_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
     if (!attr) {
         CUDA_CK(cudaFuncSetAttribute(k_attn_dq_wg<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
         CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)sm_kv_ds));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ds<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq_ds));
+        if constexpr (D == 64) {
+            CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_wg<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)sm_kv_ds));
+            CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ds<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq_ds));
+        }
         attr = true;
     }
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
     const unsigned nt = (unsigned)((T + WB_ROWS - 1) / WB_ROWS);
-    const int pairs = B * Hkv, grp = Hq / Hkv;
+    const int pairs = B * Hkv;
     const int chunk = attn_ds_pairs(c, B, T, Hq, Hkv, ws_bytes);
     if (chunk > 0) {  // dk, dv and dS per chunk of pairs, then dq from dS (5 products per tile pair)
-        for (int p0 = 0; p0 < pairs; p0 += chunk) {
-            const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
-            if (!attn_dkdv_ws(c, dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, B, T, Hq, Hkv, D, p0, np)) {
+        if constexpr (D == 128) {
+            if (attn_bwd_ws(c, dq, dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, B, T, Hq, Hkv, chunk)) return;
+        } else {
+            const int grp = Hq / Hkv;
+            for (int p0 = 0; p0 < pairs; p0 += chunk) {
+                const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
                 k_attn_dkdv_wg<D, true><<<dim3(nt, (unsigned)np), WB_THREADS, sm_kv_ds, c->stream>>>(
                     dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, T, Hq, Hkv, p0, sl2, scale);
                 LAUNCH_CK(c);
-            }
-            if (!attn_dq_ws(c, dq, (const bf16*)ws, k, B, T, Hq, Hkv, D, p0, np)) {
                 k_attn_dq_ds<D><<<dim3(nt, (unsigned)(np * grp)), WB_THREADS, sm_dq_ds, c->stream>>>(
                     dq, (const bf16*)ws, k, T, Hq, Hkv, p0, scale);
                 LAUNCH_CK(c);
             }
+            return;
         }
-        return;
     }
     // no room for dS: dq recomputes S and dP (7 products per tile pair)
     k_attn_dq_wg<D><<<dim3(nt, Hq, B), WB_THREADS, sm_dq, c->stream>>>(dq, dout, lse, delta, q, k, v, T, Hq, Hkv,
@@ -413,25 +416,26 @@ static void launch_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
     LAUNCH_CK(c);
 }
 // Pairs of (batch row, kv head) per chunk for the stored-dS backward, or 0 for the recompute
-// path. MOETRAIN_ATTN_BWD: auto (or unset) takes dS when a chunk fills the GPU (≥ 4 CTAs per SM
-// of dk/dv) or holds the whole call; ds takes it whenever one pair fits; recompute never.
-// Chunks are balanced (the last one is not a remainder).
+// path: dS when a chunk fills the GPU (≥ 4 CTAs per SM of dk/dv) or holds the whole call (tests
+// may ask for it whenever one pair fits: cuda_attn_ds_force). Chunks are balanced (the last one
+// is not a remainder).
 int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes) {
-    const char* e = getenv("MOETRAIN_ATTN_BWD");
-    int mode = 0;  // 0 auto, 1 ds, 2 recompute
-    if (e && e[0] && strcmp(e, "auto") != 0) {
-        CHECK(strcmp(e, "ds") == 0 || strcmp(e, "recompute") == 0,
-              "MOETRAIN_ATTN_BWD=%s: expected auto, ds or recompute", e);
-        mode = strcmp(e, "ds") == 0 ? 1 : 2;
-    }
     const size_t per = ds_pair_bytes(T, Hq, Hkv);
     const size_t pairs = (size_t)B * Hkv, nt = (size_t)(T + WB_ROWS - 1) / WB_ROWS;
     size_t cap = per ? ws_bytes / per : 0;
-    if (mode == 2 || cap == 0) return 0;
+    if (cap == 0) return 0;
     if (cap >= pairs) return (int)pairs;
-    if (mode == 0 && cap * nt < 4 * (size_t)c->sms) return 0;
+    if (!c->attn_ds_force && cap * nt < 4 * (size_t)c->sms) return 0;
     const size_t chunks = (pairs + cap - 1) / cap;
     return (int)((pairs + chunks - 1) / chunks);
+}
+
+// Test hook: with on, the stored-dS backward runs whenever one pair fits the workspace (to cover
+// the chunk offsets on small shapes). Returns the previous setting.
+extern "C" int cuda_attn_ds_force(Backend* be, int on) {
+    const int was = CI(be)->attn_ds_force;
+    CI(be)->attn_ds_force = on;
+    return was;
 }
 
 // Runs the wgmma backward when it applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16

@@ -1,7 +1,8 @@
 // cuda_attn_bwd_ws.cu — the stored-dS attention backward's two kernels, warp-specialised (sm_90a,
 // D = 128): dK/dV with the same math, outputs and stored dSᵀ tiles as k_attn_dkdv_wg<128, true>
-// (cuda_attn_bwd_wg.cu: read its header), and dQ from those tiles as k_attn_dq_ds, which they
-// replace when a dS workspace is given (MOETRAIN_ATTN_DS=wg keeps those).
+// (cuda_attn_bwd_wg.cu: read its header), and dQ from those tiles as k_attn_dq_ds. The default
+// stored-dS backward at Mixtral's head dim on Hopper; without TMA (no tensor-map encoder in the
+// driver) the backward recomputes S and dP in the one-warpgroup kernels instead.
 //
 // A CTA owns 128 keys of one (batch row, kv head) pair: three warpgroups, two consumers (warps
 // 0-3: keys 0-63, warps 4-7: keys 64-127) and a producer (warp 8; the group's registers go to the
@@ -18,12 +19,9 @@
 //               dV += Pᵀ·dO, dK += dSᵀ·Q     2 × 4 wgmma m64n128k16 (RS; dO, Q MN-major)
 //               the bf16 dSᵀ tile → shared (SW128 image, two buffers per warpgroup) → the
 //               workspace (16-byte stores), while dV and dK run; then the stage is released.
-//             The two warpgroups share every load. With PP (the default; MOETRAIN_ATTN_DKDV_PP=0
-//             turns it off) they take turns issuing their products (named barriers 3 and 4, as the
-//             forward's ping-pong), so one's elementwise part runs under the other's products;
-//             without, both issue at once and then both compute Pᵀ, dSᵀ with the tensor cores idle
-//             (the same operations in the same order either way: the same bits). A warpgroup that
-//             skips an item still takes its two turns.
+//             The two warpgroups share every load and take turns issuing their products (named
+//             barriers 3 and 4, as the forward's ping-pong), so one's elementwise part runs under
+//             the other's products. A warpgroup that skips an item still takes its two turns.
 // Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
 // (32 KB), mbarriers: 162 KB at WK_NS = 2.
 //
@@ -40,7 +38,6 @@ enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
 #define WK_L (2u * 64u * 4u)       // bytes of a stage's lse[64] then Δ[64]
 #define WK_SD (64u * 64u * 2u)     // bytes of a dSᵀ image
 
-template <bool PP>
 __global__ void __launch_bounds__(WK_THREADS, 1)
     k_attn_dkdv_ws(bf16* dk, bf16* dv, bf16* ds, const float* lse, const float* delta,
                    const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mo,
@@ -109,7 +106,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
         int started = 0, par = 0;
         mbar_wait(fullKV, 0);
 
-        if (PP && wg == 1) nbar_arrive<256>(3);  // warpgroup 0 takes the first turn
+        if (wg == 1) nbar_arrive<256>(3);  // warpgroup 0 takes the first turn
         for (int it = 0; it < n_it; it++) {
             const int s = it % WK_NS, u = it / WK_NS;
             const int hh = it / per_h, qt = 2 * kb + it % per_h, qq0 = qt * WK_R;
@@ -119,7 +116,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             mbar_wait(full0 + 8 * s, u & 1);
             const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
             uint32_t ap[4][4], as[4][4];  // Pᵀ and dSᵀ as bf16 A fragments
-            if (PP) nbar_sync<256>(3 + wg);  // my turn: Sᵀ and dPᵀ
+            nbar_sync<256>(3 + wg);  // my turn: Sᵀ and dPᵀ
             if (act) {
                 float sT[32], dpT[32];  // Sᵀ and dPᵀ: rows = keys, columns = queries
                 wg_arrive();
@@ -130,7 +127,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 for (int kk = 0; kk < 8; kk++)
                     wg_ss<64>(dpT, wg_desc_k(Vs, 128, 64 * wg, kk), wg_desc_k(Os, WK_R, 0, kk), kk > 0);
                 wg_commit();
-                if (PP) nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
+                nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
                 wg_reg_fence<32>(sT);
                 wg_reg_fence<32>(dpT);
                 wg_wait<0>();
@@ -146,10 +143,10 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                     wg_pack_a(ap[kk], sT, kk);
                     wg_pack_a(as[kk], dpT, kk);
                 }
-            } else if (PP) {
+            } else {
                 nbar_arrive<256>(4 - wg);
             }
-            if (PP) nbar_sync<256>(3 + wg);  // my turn: dV and dK
+            nbar_sync<256>(3 + wg);  // my turn: dV and dK
             if (act) {
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
@@ -162,7 +159,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                     wg_rs<128, 1>(dka, as[kk], wg_desc_mn(Qs, WK_R, kk), kk > 0 || started);
                 }
                 wg_commit();
-                if (PP) nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
+                nbar_arrive<256>(4 - wg);  // the other warpgroup's turn
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
                 started = 1;
@@ -187,7 +184,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 wg_wait<0>();  // dV, dK done: the stage's Q and dO are no longer read
                 wg_reg_fence<64>(dka);
                 wg_reg_fence<64>(dva);
-            } else if (PP) {
+            } else {
                 nbar_arrive<256>(4 - wg);
             }
             // every consumer thread releases the stage itself (256 arrivals): its lse/Δ were
@@ -195,7 +192,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             // does not follow a release by lane 0 after __syncwarp (tests/gpu/racecheck_probe.cu)
             mbar_arrive(empty0 + 8 * s);
         }
-        if (PP && wg == 0) nbar_sync<256>(3);  // warpgroup 1's last hand-over (one more arrival on barrier 3)
+        if (wg == 0) nbar_sync<256>(3);  // warpgroup 1's last hand-over (one more arrival on barrier 3)
 
         const size_t ks = (size_t)Hkv * 128, koff = (size_t)b * T * ks + (size_t)kh * 128;
 #pragma unroll
@@ -289,50 +286,36 @@ extern "C" int cuda_attn_bwd_ws_stalled(void) {
     return tma_stalled_take();
 }
 
-// dK, dV and the dSᵀ tiles of np pairs from p0 (the stored-dS path of launch_bwd_wg, D = 128) with
-// the warp-specialised kernel; 0 when it does not apply (the caller runs k_attn_dkdv_wg).
-int attn_dkdv_ws(CudaImpl* c, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse, const float* delta,
-                 const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, int p0, int np) {
-    if (D != 128 || !tma_ws_wanted("MOETRAIN_ATTN_DS")) return 0;
-    CUtensorMap mq, mo, mk, mv;
+// The stored-dS backward at D = 128 with the warp-specialised kernels (the caller checked wgmma,
+// bf16 and alignment, and computed Δ into delta): per chunk of `chunk` (batch row, kv head) pairs,
+// dK, dV and the dSᵀ tiles into ds, then dQ from them. 0 (nothing launched) when the driver cannot
+// make the tensor maps.
+int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse,
+                const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv,
+                int chunk) {
+    CUtensorMap mq, mo, mk, mv, mk64;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WK_R) || !tma_map_bthd(&mo, dout, B, T, Hq, WK_R) ||
-        !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128))
+        !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128) ||
+        !tma_map_bthd(&mk64, k, B, T, Hkv, WK_R))
         return 0;
-    const size_t smem = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
+    const size_t sm_kv = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
+    const size_t sm_dq = WQ_NS * (size_t)WQ_ST + 16 * WQ_NS + 1024;
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
         attr = true;
     }
-    // MOETRAIN_ATTN_DKDV_PP (default 1): the two warpgroups take turns issuing their products
-    const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
-    const dim3 grid((unsigned)((T + 127) / 128), (unsigned)np);
-    if (tma_env_on("MOETRAIN_ATTN_DKDV_PP"))
-        k_attn_dkdv_ws<true><<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv,
-                                                                     p0, sl2, scale);
-    else
-        k_attn_dkdv_ws<false><<<grid, WK_THREADS, smem, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq,
-                                                                      Hkv, p0, sl2, scale);
-    LAUNCH_CK(c);
-    return 1;
-}
-
-// dQ of np pairs from p0 from the dSᵀ tiles in ds (after attn_dkdv_ws or k_attn_dkdv_wg); 0 when the
-// kernel does not apply (the caller runs k_attn_dq_ds).
-int attn_dq_ws(CudaImpl* c, bf16* dq, const bf16* ds, const bf16* k, int B, int T, int Hq, int Hkv, int D, int p0,
-               int np) {
-    if (D != 128 || !tma_ws_wanted("MOETRAIN_ATTN_DS")) return 0;
-    CUtensorMap mk;
-    if (!tma_map_bthd(&mk, k, B, T, Hkv, WK_R)) return 0;
-    const size_t smem = WQ_NS * (size_t)WQ_ST + 16 * WQ_NS + 1024;
-    static bool attr = false;
-    if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = true;
+    const float scale = 1.0f / sqrtf(128.f), sl2 = scale * LOG2E;
+    const int pairs = B * Hkv;
+    for (int p0 = 0; p0 < pairs; p0 += chunk) {
+        const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
+        k_attn_dkdv_ws<<<dim3((unsigned)((T + 127) / 128), (unsigned)np), WK_THREADS, sm_kv, c->stream>>>(
+            dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2, scale);
+        LAUNCH_CK(c);
+        k_attn_dq_ws<<<dim3((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv))), WQ_THREADS, sm_dq,
+                       c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale);
+        LAUNCH_CK(c);
     }
-    const dim3 grid((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv)));
-    k_attn_dq_ws<<<grid, WQ_THREADS, smem, c->stream>>>(dq, ds, mk, T, Hq, Hkv, p0, 1.0f / sqrtf((float)D));
-    LAUNCH_CK(c);
     return 1;
 }

@@ -1,6 +1,7 @@
 // cuda_attn_fwd_wg.cu — causal GQA attention forward on Hopper warpgroup MMA (wgmma, sm_90a):
-// the same contract as the mma.sync kernel in cuda_attn.cu (out[b,t,h,:], lse[b,h,t]; bf16,
-// D ∈ {64, 128}), which it replaces when cuda_wgmma_ok.
+// the same contract as the mma.sync kernel in cuda_attn.cu (out[b,t,h,:], lse[b,h,t]; bf16), which
+// it replaces at D = 64 when cuda_wgmma_ok. At D = 128 the warp-specialised kernel of
+// cuda_attn_fwd_ws.cu runs instead (this kernel is written for D ∈ {64, 128}).
 //
 // A CTA is one warpgroup (4 warps, 128 threads) and owns 64 query rows of one (b, h); warp w owns
 // rows 16w..16w+15, as in the wgmma accumulator layout. Q stays in shared memory (SW128 tile); K and
@@ -158,15 +159,14 @@ static void launch_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
 int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D);
 
-// Runs a wgmma forward when one applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16 and
-// alignment): the warp-specialised kernel at D = 128 unless MOETRAIN_ATTN_FWD=wg, else this one;
-// returns 0 otherwise.
+// Runs a wgmma forward when one applies (cuda_wgmma_ok; the caller checked bf16 and alignment): the
+// warp-specialised kernel at D = 128, this one at D = 64; returns 0 otherwise (then the caller runs
+// the mma.sync kernel).
 int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D) {
     if (!cuda_wgmma_ok(c)) return 0;
-    if (attn_fwd_ws(c, out, lse, q, k, v, B, T, Hq, Hkv, D)) return 1;
-    if (D == 128) launch_fwd_wg<128>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-    else if (D == 64) launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
-    else return 0;
+    if (D == 128) return attn_fwd_ws(c, out, lse, q, k, v, B, T, Hq, Hkv, D);
+    if (D != 64) return 0;
+    launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
     return 1;
 }

@@ -1,7 +1,7 @@
 // cuda_attn_fwd_ws.cu — causal GQA attention forward on Hopper, warp-specialised (sm_90a, D = 128):
-// the contract of cuda_attn.cu's forward (out[b,t,h,:], lse[b,h,t], bf16), replacing the
-// one-warpgroup kernel of cuda_attn_fwd_wg.cu at Mixtral's head dim (MOETRAIN_ATTN_FWD=wg keeps
-// that one).
+// the contract of cuda_attn.cu's forward (out[b,t,h,:], lse[b,h,t], bf16). The default forward at
+// Mixtral's head dim on Hopper; without TMA (no tensor-map encoder in the driver) the mma.sync
+// kernel of cuda_attn.cu runs instead.
 //
 // A CTA owns 128 query rows of one (b, h): three warpgroups, two consumers (warps 0-3: rows 0-63,
 // warps 4-7: rows 64-127) and a producer (one thread of warp 8 works; the group gives its
@@ -13,14 +13,12 @@
 //   consumers per key tile j, in turns (two named barriers, FlashAttention-3's ping-pong):
 //               issue S_j = Q·K_jᵀ (8 wgmma m64n128k16, SS) and O += P_{j-1}·V_{j-1} (8 m64n128k16,
 //               RS: P from registers, V MN-major), then hand the turn to the other warpgroup;
-//               wait for both, release K_j and V_{j-1};
-//               softmax of S_j in registers (online, log2 domain) into P_j, O ·= its correction.
-//             While one warpgroup runs its softmax, the tensor cores work on the other's products.
-//             With OVL (the default; MOETRAIN_ATTN_FWD_OVL=0 turns it off), FlashAttention-3's
-//             intra-warpgroup overlap as well: S_j and P_{j-1}·V_{j-1} are two commit groups, the
-//             softmax waits only for S_j and turns it into P_j in place (fp32) while the tensor
-//             cores still read P_{j-1} from registers; then it waits for P·V, releases V_{j-1},
-//             rescales O and packs P_j to bf16 over P_{j-1}.
+//               while one warpgroup runs its softmax, the tensor cores work on the other's products.
+//             Within a warpgroup, FlashAttention-3's intra-warpgroup overlap as well: S_j and
+//             P_{j-1}·V_{j-1} are two commit groups, the softmax waits only for S_j and turns it
+//             into P_j in place (fp32) while the tensor cores still read P_{j-1} from registers;
+//             then it waits for P·V, releases K_j and V_{j-1}, rescales O and packs P_j to bf16
+//             over P_{j-1}.
 //             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
 // Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
 // A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
@@ -75,7 +73,6 @@ __device__ __forceinline__ void ws_pack_p(uint32_t (&p)[8][4], const float (&sac
     for (int i = 0; i < 64; i += 2) p[i >> 3][(i >> 1) & 3] = pack_bf16(sacc[i], sacc[i + 1]);
 }
 
-template <bool OVL>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                   const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2) {
@@ -170,31 +167,21 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < 8; kk++)
                 wg_ss<128>(sacc, wg_desc_k(qa, WS_M, 0, kk), wg_desc_k(ka, WS_N, 0, kk), kk > 0);
-            if (OVL) {  // S_j a group of its own: the softmax waits only for it
-                wg_commit();
-                wg_arrive();
-            }
+            wg_commit();  // S_j a group of its own: the softmax waits only for it
+            wg_arrive();
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) wg_rs<128, 1>(o, a[kk], wg_desc_mn(va, WS_N, kk), kk > 0 || j > 1);
             wg_commit();
             nbar_arrive<256>(2 - wg);  // the other warpgroup's turn
             wg_reg_fence<64>(sacc);
-            if (OVL) wg_wait<1>();  // S_j done; P_{j-1}·V_{j-1} may still run
-            else wg_wait<0>();
+            wg_wait<1>();  // S_j done; P_{j-1}·V_{j-1} may still run
             wg_reg_fence<64>(sacc);
-            if (!OVL) {
-                wg_reg_fence<64>(o);
-                wg_reg_fence_u<32>(&a[0][0]);
-            }
             __syncwarp();
-            if (lane == 0) {  // this warp is done reading K_j (and, without OVL, V_{j-1})
-                mbar_arrive(emptyK + 8 * s);
-                if (!OVL) mbar_arrive(emptyV + 8 * sp);
-            }
-            // P_j in sacc: with OVL the tensor cores may still be reading P_{j-1} from a and adding into O
+            if (lane == 0) mbar_arrive(emptyK + 8 * s);  // this warp is done reading K_j
+            // P_j in sacc: the tensor cores may still be reading P_{j-1} from a and adding into O
             float corr[2];
             ws_softmax(sacc, mr, lr, corr, j * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2);
-            if (OVL) {  // P_{j-1}·V_{j-1} done: V_{j-1} is free, O and a may change
+            {  // P_{j-1}·V_{j-1} done: V_{j-1} is free, O and a may change
                 wg_wait<0>();
                 wg_reg_fence<64>(o);
                 wg_reg_fence_u<32>(&a[0][0]);
@@ -246,11 +233,11 @@ extern "C" int cuda_attn_fwd_ws_stalled(void) {
     return tma_stalled_take();
 }
 
-// Runs the warp-specialised forward when it applies (the caller checked wgmma, bf16 and 16-byte
-// alignment; D = 128 here); returns 0 otherwise.
+// Runs the warp-specialised forward (the caller checked wgmma, bf16 and 16-byte alignment; D = 128
+// here); returns 0 when the driver cannot make the tensor maps.
 int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                 int Hq, int Hkv, int D) {
-    if (D != WS_D || !tma_ws_wanted("MOETRAIN_ATTN_FWD")) return 0;
+    if (D != WS_D) return 0;
     CUtensorMap mq, mk, mv;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WS_M) || !tma_map_bthd(&mk, k, B, T, Hkv, WS_N) ||
         !tma_map_bthd(&mv, v, B, T, Hkv, WS_N))
@@ -258,16 +245,12 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
     const size_t smem = 5 * (size_t)WS_TILE + 128 + 1024;  // tiles, mbarriers, room to align to 1024
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    // MOETRAIN_ATTN_FWD_OVL (default 1): each warpgroup's softmax of S_j runs under its own P_{j-1}·V_{j-1}
-    const bool ovl = tma_env_on("MOETRAIN_ATTN_FWD_OVL");
     const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
-    if (ovl) k_attn_fwd_ws<true><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
-    else k_attn_fwd_ws<false><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
+    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
     LAUNCH_CK(c);
     return 1;
 }

@@ -154,7 +154,7 @@ static void cu_sync(Backend* be) {
     CUDA_CK(cudaStreamSynchronize(ST(be)));
     const int f = cuda_attn_fwd_ws_stalled(), b = cuda_attn_bwd_ws_stalled();
     CHECK(!f && !b, "a warp-specialised attention kernel (%s) gave up waiting on a pipeline stage: a bug; "
-          "MOETRAIN_ATTN_FWD=wg MOETRAIN_ATTN_DS=wg run the one-warpgroup kernels instead", f ? "forward" : "backward");
+          "MOETRAIN_ATTN=mma runs the mma.sync kernels instead", f ? "forward" : "backward");
     CHECK(!cuda_gemm_wg_stalled(), "the grouped GEMM kernel (cuda_gemm_wg.cu) gave up waiting on a pipeline stage: a bug; "
           "MOETRAIN_GEMM_GROUPED=cublas runs cuBLASLt's instead");
 }

@@ -1,8 +1,5 @@
 // tma.cu — tensor maps for the warp-specialised attention kernels (see tma.cuh).
 #include <cudaTypedefs.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "tma.cuh"
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -45,18 +42,4 @@ int tma_map_rows(CUtensorMap* m, const bf16* p, int rows, int cols, size_t ld, i
     return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)p, dim, stride, box, estride,
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-int tma_ws_wanted(const char* name) {
-    const char* e = getenv(name);
-    if (!e || !e[0] || !strcmp(e, "ws")) return 1;
-    CHECK(!strcmp(e, "wg"), "%s=%s: expected ws or wg", name, e);
-    return 0;
-}
-
-int tma_env_on(const char* name) {
-    const char* e = getenv(name);
-    if (!e || !e[0] || !strcmp(e, "1")) return 1;
-    CHECK(!strcmp(e, "0"), "%s=%s: expected 0 or 1", name, e);
-    return 0;
 }

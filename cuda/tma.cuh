@@ -115,13 +115,6 @@ static inline int tma_stalled_take(void) {
     return v;
 }
 
-// Host (tma.cu): the switch `name` (MOETRAIN_ATTN_FWD, MOETRAIN_ATTN_DS): 1 for ws or unset (the
-// warp-specialised kernels), 0 for wg (the one-warpgroup ones); anything else is an error.
-int tma_ws_wanted(const char* name);
-// An on/off setting of the warp-specialised kernels: 1 when `name` is unset, empty or "1", 0 for
-// "0"; anything else is an error.
-int tma_env_on(const char* name);
-
 // Host (tma.cu): a [B, T, H, 128] bf16 tensor as a TMA map of boxes of 64 columns × `rows` rows
 // of one (b, h) — one SW128 slab of wgmma.cuh (128-byte swizzle). 0 when the driver offers no
 // cuTensorMapEncodeTiled or refuses the map (the caller falls back to another kernel).

@@ -206,16 +206,6 @@ static void bench_attn(Backend* be, int B) {
         const char* pn = path ? "mma  " : "wgmma";
         t = time_ms(be, b_attn_fwd, &c, 10);
         printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
-        if (path == 0) {  // without the intra-warpgroup overlap, and the one-warpgroup forward
-            setenv("MOETRAIN_ATTN_FWD_OVL", "0", 1);
-            t = time_ms(be, b_attn_fwd, &c, 10);
-            printf("attn_fwd wgmma no overlap (FWD_OVL=0)      %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
-            unsetenv("MOETRAIN_ATTN_FWD_OVL");
-            setenv("MOETRAIN_ATTN_FWD", "wg", 1);
-            t = time_ms(be, b_attn_fwd, &c, 10);
-            printf("attn_fwd wgmma one-warpgroup (wg)          %9.3f   %7.1f TFLOP/s\n", t, fl_attn / t / 1e9);
-            unsetenv("MOETRAIN_ATTN_FWD");
-        }
         c.ws = NULL, c.ws_bytes = 0;
         t = time_ms(be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
@@ -225,23 +215,13 @@ static void bench_attn(Backend* be, int B) {
             t = time_ms(be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
                    ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
-            setenv("MOETRAIN_ATTN_DKDV_PP", "0", 1);
-            t = time_ms(be, b_attn_bwd, &c, 5);
-            printf("attn_bwd wgmma stored dS, no turns (DKDV_PP=0) %6.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
-                   2.5 * fl_attn / t / 1e9);
-            unsetenv("MOETRAIN_ATTN_DKDV_PP");
-            setenv("MOETRAIN_ATTN_DS", "wg", 1);  // the one-warpgroup dk/dv and cp.async dq kernels
-            t = time_ms(be, b_attn_bwd, &c, 5);
-            printf("attn_bwd wgmma stored dS, MOETRAIN_ATTN_DS=wg %7.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
-                   2.5 * fl_attn / t / 1e9);
-            unsetenv("MOETRAIN_ATTN_DS");
             if (B > 1) {  // a workspace for half the pairs: two chunks, as in the step at micro-batch 8
-                setenv("MOETRAIN_ATTN_BWD", "ds", 1);
+                const int was = cuda_attn_ds_force(be, 1);
                 c.ws_bytes = ds_bytes / 2;
                 t = time_ms(be, b_attn_bwd, &c, 5);
                 printf("attn_bwd wgmma stored dS, 2 chunks          %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
                        2.5 * fl_attn / t / 1e9);
-                unsetenv("MOETRAIN_ATTN_BWD");
+                cuda_attn_ds_force(be, was);
             }
             c.ws = NULL, c.ws_bytes = 0;
         }

@@ -12,6 +12,8 @@
 // cuda_attn_fwd_ws.cu, cuda_attn_bwd_ws.cu: a wait of the kernel gave up (and clears the flag)
 int cuda_attn_fwd_ws_stalled(void);
 int cuda_attn_bwd_ws_stalled(void);
+// cuda_attn_bwd_wg.cu: the stored-dS backward whenever one pair fits (returns the previous setting)
+int cuda_attn_ds_force(Backend* be, int on);
 
 // ---- GEMM ------------------------------------------------------------------------------------
 
@@ -281,23 +283,10 @@ static void attention_cases(const char* path) {
         EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd D=%d T=%d: an mbarrier wait gave up", path, D, T);
         float* got_o = down_act(be, dO, nq);
         float* got_l = down_f32(be, dL, nl);
-        float *got_o_copy = dupf(got_o, nq), *got_l_copy = dupf(got_l, nl);
         snprintf(lab, sizeof lab, "%s attn_fwd out D=%d T=%d", path, D, T);
         cmp(m, lab, got_o, o, nq, TOL(TOL_F32, TOL_ATTN_FWD));
         snprintf(lab, sizeof lab, "%s attn_fwd lse D=%d T=%d", path, D, T);
         cmp(m, lab, got_l, l, nl, TOL(TOL_F32, TOL_FP32_OUT));
-        // the warp-specialised forward without the intra-warpgroup overlap: the same operations in
-        // the same order, so the same bits (on other kernels the setting changes nothing)
-        setenv("MOETRAIN_ATTN_FWD_OVL", "0", 1);
-        dO = poison_act(be, nq), dL = poison(be, 4 * nl);
-        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
-        unsetenv("MOETRAIN_ATTN_FWD_OVL");
-        EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd (no overlap) D=%d T=%d: an mbarrier wait gave up", path, D, T);
-        snprintf(lab, sizeof lab, "%s attn_fwd out, overlap off = on, D=%d T=%d", path, D, T);
-        cmp_bits(m, lab, got_o_copy, down_act(be, dO, nq), nq);
-        snprintf(lab, sizeof lab, "%s attn_fwd lse, overlap off = on, D=%d T=%d", path, D, T);
-        cmp_bits(m, lab, got_l_copy, down_f32(be, dL, nl), nl);
-
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
         float* orr = act_in(m, o, nq);
         float* g = act_in(m, randn(nq, 1.f), nq);
@@ -308,14 +297,15 @@ static void attention_cases(const char* path) {
         float* d_l = up_f32(be, l, nl);
         // Three ways, each against the CPU and rerun for the same bits: no workspace (dq
         // recomputes S and dP), a workspace for every pair's dS (one chunk), and one for 1.5
-        // pairs with MOETRAIN_ATTN_BWD=ds (one pair per chunk: the chunk offsets). The stored-dS
-        // kernels run only on the wgmma path; elsewhere the workspace is ignored.
+        // pairs with the stored-dS path forced (cuda_attn_ds_force: one pair per chunk, the chunk
+        // offsets). The stored-dS kernels run only on the wgmma path; elsewhere the workspace is
+        // ignored.
         const size_t nt = (size_t)(T + 63) / 64, pair = (size_t)(Hq / Hkv) * (nt * (nt + 1) / 2) * 64 * 64 * 2;
-        const struct { const char* name; size_t bytes; const char* env; } wv[] = {
-            {"recompute", 0, NULL}, {"ds", pair * B * Hkv, NULL}, {"ds-chunked", pair + pair / 2, "ds"}};
+        const struct { const char* name; size_t bytes; int force; } wv[] = {
+            {"recompute", 0, 0}, {"ds", pair * B * Hkv, 0}, {"ds-chunked", pair + pair / 2, 1}};
         for (int w = 0; w < 3; w++) {
             void* ws = wv[w].bytes ? dev_alloc(be, wv[w].bytes) : NULL;
-            if (wv[w].env) setenv("MOETRAIN_ATTN_BWD", wv[w].env, 1);
+            const int was_forced = cuda_attn_ds_force(be, wv[w].force);
             be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
             EXPECT(!cuda_attn_bwd_ws_stalled(), "%s/%s attn_bwd D=%d T=%d: an mbarrier wait gave up", path,
                    wv[w].name, D, T);
@@ -331,23 +321,6 @@ static void attention_cases(const char* path) {
             float* got_v = down_act(be, gv, nk);
             float* got_v_copy = dupf(got_v, nk);
             cmp(m, lab, got_v, rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
-            if (w > 0) {  // the warp-specialised dK/dV without the warpgroups' turns: the same bits
-                float *q2 = dupf(got_q_copy, nq), *k2 = dupf(got_k_copy, nk);
-                setenv("MOETRAIN_ATTN_DKDV_PP", "0", 1);
-                gq = poison_act(be, nq), gk = poison_act(be, nk), gv = poison_act(be, nk);
-                be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
-                unsetenv("MOETRAIN_ATTN_DKDV_PP");
-                EXPECT(!cuda_attn_bwd_ws_stalled(), "%s/%s attn_bwd (no turns) D=%d T=%d: an mbarrier wait gave up",
-                       path, wv[w].name, D, T);
-                snprintf(lab, sizeof lab, "%s/%s attn_bwd dq, turns off = on", path, wv[w].name);
-                cmp_bits(m, lab, q2, down_act(be, gq, nq), nq);
-                snprintf(lab, sizeof lab, "%s/%s attn_bwd dk, turns off = on", path, wv[w].name);
-                cmp_bits(m, lab, k2, down_act(be, gk, nk), nk);
-                snprintf(lab, sizeof lab, "%s/%s attn_bwd dv, turns off = on", path, wv[w].name);
-                cmp_bits(m, lab, got_v_copy, down_act(be, gv, nk), nk);
-            } else {
-                free(got_v_copy);
-            }
             // again, over poisoned outputs: bit-identical (no atomics anywhere)
             gq = poison_act(be, nq), gk = poison_act(be, nk);
             be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
@@ -355,7 +328,8 @@ static void attention_cases(const char* path) {
             cmp_bits(m, lab, got_q_copy, down_act(be, gq, nq), nq);
             snprintf(lab, sizeof lab, "%s/%s attn_bwd deterministic dk", path, wv[w].name);
             cmp_bits(m, lab, got_k_copy, down_act(be, gk, nk), nk);
-            if (wv[w].env) unsetenv("MOETRAIN_ATTN_BWD");
+            cuda_attn_ds_force(be, was_forced);
+            free(got_v_copy);
         }
         free(q), free(k), free(v), free(o), free(l), free(orr), free(g), free(rq), free(rk), free(rv);
         dev_free_all();
@@ -365,18 +339,6 @@ static void attention_cases(const char* path) {
 static void test_attention(void) {
     setenv("MOETRAIN_ATTN", "wgmma", 1);
     attention_cases("wgmma");
-    unsetenv("MOETRAIN_ATTN");
-}
-
-// The one-warpgroup wgmma forward and stored-dS (dk/dv, dq) kernels, which the warp-specialised
-// ones replace at D = 128.
-static void test_attention_one_wg(void) {
-    setenv("MOETRAIN_ATTN", "wgmma", 1);
-    setenv("MOETRAIN_ATTN_FWD", "wg", 1);
-    setenv("MOETRAIN_ATTN_DS", "wg", 1);
-    attention_cases("wgmma/one-wg");
-    unsetenv("MOETRAIN_ATTN_DS");
-    unsetenv("MOETRAIN_ATTN_FWD");
     unsetenv("MOETRAIN_ATTN");
 }
 
@@ -408,7 +370,6 @@ int main(void) {
     RUN(test_gemm_rows_round);
     RUN(test_gemm_grouped);
     RUN(test_attention);
-    RUN(test_attention_one_wg);
     RUN(test_attention_mma);
     const char* b = getenv("MOETRAIN_GPU_BENCH");
     if (b && b[0] == '1') bench();
