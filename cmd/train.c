@@ -45,9 +45,10 @@ int cmd_train(int argc, char** argv) {
         dist_finalize();
         return 2;
     }
-    prof_init(t.be);  // MOETRAIN_PROFILE=1: per-stage times after the run
+    prof_init(t.be, c.log.profile);  // log.profile: per-stage times after the run
     int rc = trainer_run(&t);
     if (rank == 0) prof_report(stdout);
+    prof_free();
     trainer_free(&t);
     dist_finalize();
     return rc;

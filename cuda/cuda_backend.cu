@@ -336,16 +336,26 @@ static void cu_destroy(Backend* be) {
     free(be);
 }
 
+// Events: a BackendEvent* is a cudaEvent_t (a pointer to the runtime's event) recorded on the stream.
+static BackendEvent* cu_event_create(Backend* be) {
+    cudaEvent_t ev;
+    CUDA_CK(cudaEventCreate(&ev));
+    return (BackendEvent*)ev;
+}
+static void cu_event_record(Backend* be, BackendEvent* ev) { CUDA_CK(cudaEventRecord((cudaEvent_t)ev, CI(be)->stream)); }
+static double cu_event_elapsed(Backend* be, BackendEvent* a, BackendEvent* b) {
+    float ms = 0;
+    CUDA_CK(cudaEventSynchronize((cudaEvent_t)b));
+    CUDA_CK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return 1e-3 * ms;
+}
+static void cu_event_destroy(Backend* be, BackendEvent* ev) { CUDA_CK(cudaEventDestroy((cudaEvent_t)ev)); }
+
 // NCCL on the backend's stream (cuda/comm_nccl.cu).
 static Comm* cu_comm_create(Backend* be, const CommOpts* o, Err* e) {
     Comm* c = comm_nccl_create(o->ep, (void*)CI(be)->stream);
     if (!c) err_set(e, "cuda backend: no NCCL communicator in this build; set train.device=cpu or rebuild with NCCL");
     return c;
-}
-
-extern "C" void* cuda_backend_stream(Backend* be) {
-    if (!be || !be->name || strcmp(be->name, "cuda") != 0) return NULL;
-    return (void*)CI(be)->stream;
 }
 
 extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
@@ -443,6 +453,10 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->adamw_split = cuda_adamw_split;
 
     be->peak_bytes = cu_peak_bytes;
+    be->event_create = cu_event_create;
+    be->event_record = cu_event_record;
+    be->event_elapsed = cu_event_elapsed;
+    be->event_destroy = cu_event_destroy;
     be->comm_create = cu_comm_create;
     be->destroy = cu_destroy;
     CUDA_CK(cudaStreamSynchronize(c->stream));

@@ -12,7 +12,7 @@
 #          that the GPU curves follow the CPU's
 #   bench  scripts/bench.sh (moetrain's bench_8x7B_L2 beside hf_mixtral_baseline.py; MBS, SEQ,
 #          HF_VARIANTS as there)
-#   prof   the per-stage time table (MOETRAIN_PROFILE=1) of bench_8x7B_L2 at each micro-batch in
+#   prof   the per-stage time table (log.profile=sync) of bench_8x7B_L2 at each micro-batch in
 #          PROF_MBS (default "4 8"), 6 steps each
 # Logs under $OUT/<part>/ ($OUT is the device tool's output folder; build/gpu_all otherwise).
 # Exit status: non-zero when any part failed; $OUT/summary.txt lists each part's result.
@@ -54,8 +54,8 @@ prof() {
   local d=$OUT/prof rc=0
   mkdir -p "$d"
   for mbs in ${PROF_MBS:-4 8}; do
-    MOETRAIN_PROFILE=1 timeout --foreground 180 build/moetrain --config bench_8x7B_L2 train.micro_batch="$mbs" \
-      train.global_batch="$mbs" train.steps=6 >"$d/prof_mbs$mbs.log" 2>&1 || rc=1
+    timeout --foreground 180 build/moetrain --config bench_8x7B_L2 train.micro_batch="$mbs" \
+      train.global_batch="$mbs" train.steps=6 log.profile=sync >"$d/prof_mbs$mbs.log" 2>&1 || rc=1
     echo "== profile, micro-batch $mbs"; sed -n '/^profile/,$p' "$d/prof_mbs$mbs.log" | head -60
   done
   return $rc

@@ -20,8 +20,8 @@
 #          ROUNDS times (A B C A B C ...); each run's step line and the per-setting medians → d.log.
 #          Nothing is exported. Lines starting with # are skipped. BIN=path among the assignments
 #          runs that binary instead of build/moetrain (another commit's build, carried along).
-#   prof   the per-stage table (MOETRAIN_PROFILE=1) at micro-batch 8 → prof.log; profev the same
-#          from device events without syncs (MOETRAIN_PROFILE=events) → profev.log
+#   prof   the per-stage table (log.profile=sync) at micro-batch 8 → prof.log; profev the same
+#          from device events without syncs (log.profile=events) → profev.log
 #   sweep  scripts/bench.sh over MBS × SEQ (default "1 2 4 8" × "1024 4096 8192") against
 #          SWEEP_HF (default eager), one Hugging Face process → sweep.jsonl
 #   head   scripts/bench.sh at micro-batch 4 and 8, seq 4096, against HEAD_HF (default
@@ -141,11 +141,11 @@ for step in $STEPS; do
       done < "$file"
     done
     awk '$2 != "" { v[$1] = v[$1] " " $2 } END { for (n in v) print "abf mbs='$mbs' " n ":" v[n] }' $LOGS/abf_${mbs}_${file##*/}.txt | tee -a $L ;;
-  prof|profev)  # prof: a sync per stage; profev: device events (MOETRAIN_PROFILE=events), the plain step
+  prof|profev)  # prof: a sync per stage; profev: device events (log.profile=events), the plain step
     [ "$(left)" -lt 70 ] && { say "skipped: too little time"; continue; }
-    pm=1; [ $step = profev ] && pm=events
-    MOETRAIN_PROFILE=$pm timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 \
-      train.steps=${PROF_STEPS:-6} > $W/$step.log 2>&1; sed -n '/^profile/,$p' $W/$step.log | head -${PROF_LINES:-14} | tee -a $L ;;
+    pm=sync; [ $step = profev ] && pm=events
+    timeout 100 build/moetrain --config bench_8x7B_L2 train.micro_batch=8 train.global_batch=8 \
+      train.steps=${PROF_STEPS:-6} log.profile=$pm > $W/$step.log 2>&1; sed -n '/^profile/,$p' $W/$step.log | head -${PROF_LINES:-14} | tee -a $L ;;
   sweep)
     [ "$(left)" -lt 200 ] && { say "skipped: too little time"; continue; }
     bs sweep MBS="${MBS:-1 2 4 8}" SEQ="${SEQ:-1024 4096 8192}" HF_VARIANTS="${SWEEP_HF:-eager}" RUN_TIMEOUT=$(( $(left) - 20 )) ;;

@@ -51,6 +51,7 @@ typedef struct GroupDesc {
 
 typedef struct Comm Comm;          // comm.h
 typedef struct CommOpts CommOpts;  // comm.h
+typedef struct BackendEvent BackendEvent;  // a point in the backend's op order (event ops below)
 
 typedef struct Backend Backend;
 struct Backend {
@@ -234,6 +235,16 @@ struct Backend {
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);
 
+    // ---- events (timing: src/prof.c) ---------------------------------------------------------
+    // An event is recorded in order with the ops; the time between two recorded events is the
+    // time the backend took for the ops between them (on CUDA the device timeline, with no
+    // sync; the CPU runs an op before it returns, so its events read a monotonic clock).
+    BackendEvent* (*event_create)(Backend*);
+    void (*event_record)(Backend*, BackendEvent* ev);
+    // Seconds from a's record to b's; blocks until b has completed. Both must have been recorded.
+    double (*event_elapsed)(Backend*, BackendEvent* a, BackendEvent* b);
+    void (*event_destroy)(Backend*, BackendEvent* ev);
+
     // ---- communication -----------------------------------------------------------------------
     // The communicator over this backend's memory (comm.h), for the world after dist_init;
     // collective (every rank calls it). NULL with a message in e when it cannot be made.
@@ -246,7 +257,5 @@ struct Backend {
 // when no GPU is visible.
 Backend* cpu_backend_create(void);
 Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
-// The CUDA backend's stream (a cudaStream_t) for the NCCL communicator; NULL for other backends.
-void* cuda_backend_stream(Backend* be);
 
 static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }

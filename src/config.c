@@ -76,6 +76,7 @@ static const ConfigKey KEYS[] = {
     BOOL(checkpoint, save_optimizer, "true", "save the Adam moments too (exact resume); false = fp32 master weights only, a third of the size: resume restarts the moments from zero"),
     STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),
     KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps"),
+    ENUM(log, profile, "none", "none|sync|events", "print where a step's time goes, stage by stage, after the run: events = backend events, no syncs (the plain step's timeline); sync = a sync and a clock read after every stage (a slightly slower step)"),
 };
 #define NKEYS (int)(sizeof KEYS / sizeof KEYS[0])
 

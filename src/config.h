@@ -15,6 +15,7 @@ typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
+typedef enum { PROFILE_NONE = 0, PROFILE_SYNC, PROFILE_EVENTS } ProfileMode;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
 
 typedef struct ModelConfig {
@@ -92,6 +93,7 @@ typedef struct CheckpointConfig {
 typedef struct LogConfig {
     char dir[CFG_STR];  // metrics.jsonl and config.yaml go here ("" = none)
     int every;          // log a line every N steps
+    ProfileMode profile;  // the per-stage time table after the run (src/prof.h)
 } LogConfig;
 
 typedef struct Config {

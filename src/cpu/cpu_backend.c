@@ -106,6 +106,16 @@ static void cpu_nonfinite_f32(Backend* be, float* out, const float* x, size_t n)
     if (bad) out[0] = 1;
 }
 
+// ---- events: the ops have run when they return, so an event is the clock at its record --------
+
+struct BackendEvent {
+    double t;
+};
+static BackendEvent* cpu_event_create(Backend* be) { return xcalloc(1, sizeof(BackendEvent)); }
+static void cpu_event_record(Backend* be, BackendEvent* ev) { ev->t = now_sec(); }
+static double cpu_event_elapsed(Backend* be, BackendEvent* a, BackendEvent* b) { return b->t - a->t; }
+static void cpu_event_destroy(Backend* be, BackendEvent* ev) { free(ev); }
+
 static Comm* cpu_comm_create(Backend* be, const CommOpts* o, Err* e) { return comm_mpi_create(o->ep); }
 
 // ---- the table -------------------------------------------------------------------------------
@@ -173,6 +183,10 @@ Backend* cpu_backend_create(void) {
     be->adamw_split = cpu_adamw_split;
 
     be->peak_bytes = cpu_peak_bytes;
+    be->event_create = cpu_event_create;
+    be->event_record = cpu_event_record;
+    be->event_elapsed = cpu_event_elapsed;
+    be->event_destroy = cpu_event_destroy;
     be->comm_create = cpu_comm_create;
     be->destroy = cpu_destroy;
     return be;
