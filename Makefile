@@ -5,6 +5,7 @@
 #   make test       the CPU test suite (what CI runs); ends with "N passed, N failed"
 #   make test-gpu   the GPU tests (needs a GPU)
 #   make gpu-tests  build the GPU tests without running them (CI does, so they keep compiling)
+#   make dev        build dev/: experiments and timings, never linked into moetrain (dev/README.md)
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/configs
@@ -38,7 +39,7 @@ endif
 
 SRC := $(wildcard src/*.c src/cpu/*.c)
 CMD := $(wildcard cmd/*.c)
-CU := $(wildcard cuda/*.cu)
+CU := $(wildcard cuda/*.cu)  # the product's kernels only: experiments live in dev/ (`make dev`)
 OBJ := $(SRC:%.c=$(BUILD)/%.o)
 ifeq ($(CUDA),1)
   OBJ += $(CU:%.cu=$(BUILD)/%.o)
@@ -53,14 +54,16 @@ LIB := $(BUILD)/libmoetrain.a
 
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
-GPU_PROBE := $(BUILD)/tests/gpu/racecheck_probe
+DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
+DEV_LIB := $(BUILD)/libmoetrain_dev.a
+DEV := $(patsubst dev/%.c,$(BUILD)/dev/%,$(wildcard dev/*.c)) $(BUILD)/dev/racecheck_probe
 FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all run test test-gpu gpu-tests bench fuzz install deps clean help check-deps
+.PHONY: all run test test-gpu gpu-tests dev bench fuzz install deps clean help check-deps
 all: $(BUILD)/moetrain
 
 help:
-	@sed -n '3,11p' Makefile | sed 's/^# //'
+	@sed -n '3,12p' Makefile | sed 's/^# //'
 
 # ---- dependencies ----------------------------------------------------------------------------
 deps:
@@ -111,11 +114,27 @@ test: $(BUILD)/moetrain $(TESTS)
 test-gpu: $(BUILD)/moetrain $(GPU_TESTS)
 	@scripts/run_tests.sh $(GPU_TESTS)
 
-gpu-tests: $(GPU_TESTS) $(GPU_PROBE)
+gpu-tests: $(GPU_TESTS)
 
-# racecheck's view of the warp-specialised kernels' stage release, on a pipeline small enough to
-# check by eye: gpu_session.sh's san step runs it under compute-sanitizer (read its header)
-$(GPU_PROBE): tests/gpu/racecheck_probe.cu | check-deps
+# ---- dev/: experiments (kernels that lost their race, surveys, timings, probes) --------------
+# Built against libmoetrain.a, never linked into moetrain; a kernel returns to cuda/ when it wins.
+ifeq ($(CUDA),1)
+dev: $(DEV)
+else
+dev:
+	@echo "make dev needs the CUDA toolkit (nvcc)"; exit 1
+endif
+
+$(DEV_LIB): $(DEV_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/dev/%: dev/%.c $(DEV_LIB) $(LIB) tests/test.h tests/gpu/gpu_check.h | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -Itests/gpu -Idev -o $@ $< $(DEV_LIB) $(LIB) $(LDLIBS)
+
+# racecheck's view of the warp-specialised kernels' stage release (read its header)
+$(BUILD)/dev/racecheck_probe: dev/racecheck_probe.cu | check-deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $<
 

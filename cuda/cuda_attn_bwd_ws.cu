@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             }
             // every consumer thread releases the stage itself (256 arrivals): its lse/Δ were
             // written with plain stores by the producer's lanes, and compute-sanitizer's racecheck
-            // does not follow a release by lane 0 after __syncwarp (tests/gpu/racecheck_probe.cu)
+            // does not follow a release by lane 0 after __syncwarp (dev/racecheck_probe.cu)
             mbar_arrive(empty0 + 8 * s);
         }
         if (wg == 0) nbar_sync<256>(3);  // warpgroup 1's last hand-over (one more arrival on barrier 3)

@@ -145,7 +145,6 @@ static void cu_zero(Backend* be, void* p, size_t n) {
 
 extern "C" int cuda_attn_fwd_ws_stalled(void);  // cuda_attn_fwd_ws.cu, cuda_attn_bwd_ws.cu
 extern "C" int cuda_attn_bwd_ws_stalled(void);
-extern "C" int cuda_gemm_wg_stalled(void);  // cuda_gemm_wg.cu
 
 // Also where a warp-specialised attention kernel's mbarrier wait gave up (tma.cuh: a bug that
 // would otherwise have hung the GPU, and left garbage behind): stop rather than train on it. The
@@ -155,9 +154,10 @@ static void cu_sync(Backend* be) {
     const int f = cuda_attn_fwd_ws_stalled(), b = cuda_attn_bwd_ws_stalled();
     CHECK(!f && !b, "a warp-specialised attention kernel (%s) gave up waiting on a pipeline stage: a bug; "
           "MOETRAIN_ATTN=mma runs the mma.sync kernels instead", f ? "forward" : "backward");
-    CHECK(!cuda_gemm_wg_stalled(), "the grouped GEMM kernel (cuda_gemm_wg.cu) gave up waiting on a pipeline stage: a bug; "
-          "MOETRAIN_GEMM_GROUPED=cublas runs cuBLASLt's instead");
 }
+
+// Tests: the device's compute capability (major version; 9 on Hopper).
+extern "C" int cuda_compute_capability(Backend* be) { return CI(be)->cc_major; }
 
 // ---- casts and elementwise -------------------------------------------------------------------
 

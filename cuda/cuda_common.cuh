@@ -155,11 +155,6 @@ struct GemmCache* gemm_cache_create(void);
 void gemm_cache_destroy(struct GemmCache*);
 void cuda_gemm(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
 void cuda_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-// MOETRAIN_GEMM_GROUPED's set (cuda_gemm_grouped_use_wg): which grouped GEMMs cuda_gemm_wg.cu runs.
-enum { GG_USE_SWIGLU = 1, GG_USE_FWD = 2, GG_USE_DGRAD = 4, GG_USE_ALL = 7 };
-extern "C" int cuda_gemm_grouped_wg(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
-extern "C" int cuda_gemm_grouped_swiglu_wg(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B,
-                                           void* gu, void* h, const float* scale);
 void cuda_gemm_grouped_swiglu(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* gu,
                               void* h, const float* scale);
 void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,

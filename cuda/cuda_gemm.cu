@@ -37,8 +37,8 @@
 // choice). No host synchronization and no extra GEMM. The pick can differ between runs (timing),
 // so runs compared bit for bit (the resume checks) keep it off.
 // MOETRAIN_GEMM_TUNE_LOG=1 prints each plan's candidates and pick.
-// The surveys of cuBLASLt's candidates (bench only) are in cuda_gemm_survey.cu; gemm_shape_plan
-// (at the end) builds their plans.
+// The surveys of cuBLASLt's candidates are in dev/cuda/cuda_gemm_survey.cu (`make dev`);
+// gemm_shape_plan (at the end) builds their plans.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,8 +110,6 @@ struct GemmCache {
     int n_pref;
     int pref_env;                  // MOETRAIN_GEMM_TILE was given (it applies on any GPU)
     int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
-    int grouped_wg;      // MOETRAIN_GEMM_GROUPED: which grouped GEMMs run on cuda_gemm_wg.cu's
-                         // kernel where it fits, a set of GG_USE_* (0: cuBLASLt for all)
     int rows_round;      // MOETRAIN_GEMM_ROWS: dynamic dims round up to a multiple of this; ROWS_OCT, ROWS_POW2
 };
 
@@ -122,28 +120,10 @@ static int env_flag(const char* name, int dflt) {
     return e[0] == '1';
 }
 
-// MOETRAIN_GEMM_GROUPED: a list joined by + or , of cublas (none), swiglu (the fused w13 forward),
-// fwd (the plain forward gemm_grouped: w2, and w13 without swiglu), dgrad (the backward's
-// gemm_grouped: both data gradients), wg (all three); unset or empty is cublas.
-static int grouped_wg_parse(const char* e) {
-    int set = 0;
-    char buf[128];
-    CHECK(!e || strlen(e) < sizeof buf, "MOETRAIN_GEMM_GROUPED: value too long");
-    snprintf(buf, sizeof buf, "%s", e ? e : "");
-    for (char *save = NULL, *t = strtok_r(buf, ",+", &save); t; t = strtok_r(NULL, ",+", &save)) {
-        const int v = !strcmp(t, "cublas") ? 0 : !strcmp(t, "swiglu") ? GG_USE_SWIGLU : !strcmp(t, "fwd") ? GG_USE_FWD
-                    : !strcmp(t, "dgrad") ? GG_USE_DGRAD : !strcmp(t, "wg") ? GG_USE_ALL : -1;
-        CHECK(v >= 0, "MOETRAIN_GEMM_GROUPED=%s: '%s' is not one of cublas, swiglu, fwd, dgrad, wg (joined by + or ,)", e, t);
-        set |= v;
-    }
-    return set;
-}
-
 struct GemmCache* gemm_cache_create(void) {
     struct GemmCache* g = (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache));
     g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
     g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
-    g->grouped_wg = grouped_wg_parse(getenv("MOETRAIN_GEMM_GROUPED"));
     const char* rows = getenv("MOETRAIN_GEMM_ROWS");
     g->rows_round = ROWS_OCT;
     if (rows && rows[0] && strcmp(rows, "oct") != 0) {
@@ -486,23 +466,12 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
     gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
 }
 
-// Tests and the bench: which grouped GEMMs run on cuda_gemm_wg.cu's kernel where it fits (a set of
-// GG_USE_*, as MOETRAIN_GEMM_GROUPED sets it); returns the previous setting.
-extern "C" int cuda_gemm_grouped_use_wg(Backend* be, int mode) {
-    const int was = CI(be)->gemm->grouped_wg;
-    CI(be)->gemm->grouped_wg = mode;
-    return was;
-}
-
-// One cuBLASLt call per non-empty group, or one launch of cuda_gemm_wg.cu's grouped kernel where it
-// takes the shape and MOETRAIN_GEMM_GROUPED asks for it: fwd for trans_b (C = A·B_gᵀ, the forward),
-// dgrad for the rest (C = A·B_g, the backward's data gradients).
+// One cuBLASLt call per non-empty group: C = A·B_gᵀ (trans_b, the forward) or C = A·B_g (the
+// backward's data gradients).
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
     CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
     CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
     CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
-    if ((CI(be)->gemm->grouped_wg & (d->trans_b ? GG_USE_FWD : GG_USE_DGRAD)) && cuda_gemm_grouped_wg(be, d, g, A, B, C))
-        return;
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
@@ -517,12 +486,10 @@ void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const
     }
 }
 
-// The w13 GEMM and the SwiGLU: with MOETRAIN_GEMM_GROUPED's swiglu (or wg) one launch of the grouped kernel with
-// the SwiGLU in its epilogue where it takes the shape, else cuBLASLt's GEMMs then swiglu_fwd.
+// The w13 GEMM and the SwiGLU: cuBLASLt's GEMMs, then swiglu_fwd.
 void cuda_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
                               void* gu, void* h, const float* scale) {
     CHECK(d->N % 2 == 0, "gemm_grouped_swiglu: N = %d is not 2F", d->N);
-    if ((CI(be)->gemm->grouped_wg & GG_USE_SWIGLU) && cuda_gemm_grouped_swiglu_wg(be, d, g, A, B, gu, h, scale)) return;
     cuda_gemm_grouped(be, d, g, A, B, gu);
     cuda_swiglu_fwd(be, h, gu, scale, g->host_off[g->groups], d->N / 2);
 }
@@ -555,7 +522,7 @@ void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, cons
     }
 }
 
-// ---- one exact-shape plan outside the cache, for the surveys (cuda_gemm_survey.cu) -------------
+// ---- one exact-shape plan outside the cache, for the surveys (dev/cuda/cuda_gemm_survey.cu) -----
 
 void gemm_shape_plan(Backend* be, const GemmDesc* d, GemmShapePlan* sp) {
     GemmKey k;

@@ -1,7 +1,7 @@
 // cuda_gemm.cuh — cuda_gemm.cu's plan for one exact GEMM shape, outside its plan cache: the
 // matmul descriptor, the three layouts (cuBLASLt's A = our B, its B = our A, C/D) and the algorithm
 // the step would run (the heuristic's first pick, or the tile table's). For the surveys
-// (cuda_gemm_survey.cu); the caller releases it.
+// (dev/cuda/cuda_gemm_survey.cu); the caller releases it.
 #pragma once
 #include "cuda_common.cuh"
 

@@ -3,7 +3,7 @@
 #include "tma.cuh"
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn(void) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
     static int tried = 0;
     if (!tried) {
@@ -21,25 +21,13 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
 }
 
 int tma_map_bthd(CUtensorMap* m, const bf16* p, int B, int T, int H, int rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode_fn();
     if (!fn) return 0;
     const cuuint64_t D = 128;
     const cuuint64_t dim[4] = {D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
     const cuuint64_t stride[3] = {D * 2, (cuuint64_t)H * D * 2, (cuuint64_t)T * H * D * 2};  // bytes, dims 1..3
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estride[4] = {1, 1, 1, 1};
     return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)p, dim, stride, box, estride,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-int tma_map_rows(CUtensorMap* m, const bf16* p, int rows, int cols, size_t ld, int mats, size_t mat_stride,
-                 int box_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-    if (!fn) return 0;
-    const cuuint64_t dim[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)mats};
-    const cuuint64_t stride[2] = {(cuuint64_t)ld * 2, (cuuint64_t)(mats > 1 ? mat_stride : (size_t)rows * ld) * 2};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estride[3] = {1, 1, 1};
-    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)p, dim, stride, box, estride,
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -71,7 +71,7 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap* map, 
         : "memory");
 #endif
 }
-// The same for a 3-d map (the grouped GEMM's operands, cuda_gemm_wg.cu).
+// The same for a 3-d map (the grouped GEMM's operands, dev/cuda/cuda_gemm_wg.cu).
 __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
 #if WG_DEVICE
     asm volatile(
@@ -115,13 +115,10 @@ static inline int tma_stalled_take(void) {
     return v;
 }
 
+// Host (tma.cu): cuTensorMapEncodeTiled through the runtime's driver entry point, or NULL.
+#include <cudaTypedefs.h>
+PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn(void);
 // Host (tma.cu): a [B, T, H, 128] bf16 tensor as a TMA map of boxes of 64 columns × `rows` rows
 // of one (b, h) — one SW128 slab of wgmma.cuh (128-byte swizzle). 0 when the driver offers no
 // cuTensorMapEncodeTiled or refuses the map (the caller falls back to another kernel).
 int tma_map_bthd(CUtensorMap* m, const bf16* p, int B, int T, int H, int rows);
-// Host (tma.cu): `mats` row-major [rows, cols] bf16 matrices (row stride ld elements, matrix i at
-// p + i·mat_stride elements) as a 3-d TMA map of boxes of 64 columns × box_rows rows of one
-// matrix, 128-byte swizzle (one SW128 slab). cols, ld and mat_stride: multiples of 8. Rows past
-// `rows` read as zeros. 0 when the driver has no encoder or refuses the map.
-int tma_map_rows(CUtensorMap* m, const bf16* p, int rows, int cols, size_t ld, int mats, size_t mat_stride,
-                 int box_rows);

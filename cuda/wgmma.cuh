@@ -24,7 +24,7 @@
 //     SBO = 1024 (the next 8 rows of K). Used with the instruction's transpose-B flag. The same
 //     descriptor serves an MN-major A (A[m = col][k = row], M = 64: one slab) with transpose-A:
 //     the backward's dS tile, stored as dSᵀ [keys][queries], is the A of dQ = dS·K.
-// tests/gpu/test_cuda_wgmma.c checks each form against a host product (cuda_wgmma_selftest).
+// dev/test_wgmma_probe.c checks each form against a host product (dev/cuda/wgmma_probe.cu).
 #pragma once
 #include "cuda_common.cuh"
 
@@ -117,7 +117,7 @@ __device__ __forceinline__ void wg_pack_a(uint32_t* a, const float* d, int k) {
 // wg_ss<N, TA, TB>(d, da, db, acc): d (+)= A·B, A and B by descriptor; acc = 0 overwrites d.
 //   TA = 1: A is MN-major (A[m][k] = tile[row k][col m]); TB = 1: B is MN-major. Both 0 by default.
 // wg_rs<N, TB>(d, a, db, acc): A from registers (4 × bf16x2); TB = 1: B is MN-major.
-// N ∈ {64, 128}; wg_ss also 256 (the grouped GEMM, cuda_gemm_wg.cu: 128 accumulator floats).
+// N ∈ {64, 128}; wg_ss also 256 (the grouped GEMM, dev/cuda/cuda_gemm_wg.cu: 128 accumulator floats).
 
 #define WG_R8(i) "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -232,7 +232,6 @@ __device__ __forceinline__ void wg_rs<128, 1>(float* d, const uint32_t* a, uint6
 #endif
 }
 
-// Host: whether the wgmma kernels can run here (an sm_90a build and a compute-capability-9.0
-// device) and are wanted (MOETRAIN_ATTN=mma forces the mma.sync kernels, =wgmma the wgmma ones). cuda_wgmma_selftest
-// (cuda_wgmma_probe.cu) runs every descriptor form once against a host product.
+// Host (cuda_attn.cu): whether the wgmma kernels can run here (an sm_90a build and a
+// compute-capability-9.0 device) and are wanted (MOETRAIN_ATTN=mma forces the mma.sync kernels).
 int cuda_wgmma_ok(CudaImpl* c);

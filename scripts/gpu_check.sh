@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # gpu_check.sh — every GPU check in one go (one device call): the CUDA-vs-CPU op tests, then
-# compute-sanitizer memcheck over the same binaries, and racecheck over the attention/GEMM and
-# grouped-GEMM tests (scripts/racecheck_ours.sh judges it: hazards in our kernels fail).
+# compute-sanitizer memcheck over the same binaries, and racecheck over the attention/GEMM test
+# (scripts/racecheck_ours.sh judges it: hazards in our kernels fail).
 # Logs go to $OUT (the device tool's output folder; build/gpu_logs when unset).
 #
 #   scripts/gpu_check.sh [BUILD_DIR]     BUILD_DIR holds tests/gpu/test_* (default: build)
 #   RACECHECK=0 scripts/gpu_check.sh     skip the (slow) racecheck pass
 #   SANITIZE=0 scripts/gpu_check.sh      skip compute-sanitizer altogether
 #   BENCH=1 scripts/gpu_check.sh         also time attention, GEMMs, RMSNorm, AdamW, CE at Mixtral sizes
+#                                        (BUILD_DIR/dev/gpu_bench: `make dev`)
 #
 # The binaries are built where the toolkit and libyaml are (`make CUDA=1 test-gpu` builds them
 # into build/tests/gpu); when none is found this script tries `make -j16 CUDA=1` itself.
@@ -53,7 +54,7 @@ done
 
 # timings at Mixtral sizes (bf16): BENCH=1
 if [ "${BENCH:-0}" = 1 ]; then
-  step bench 120 env MOETRAIN_GPU_BENCH=1 "$BUILD/tests/gpu/test_cuda_gemm_attn"
+  step bench 180 "$BUILD/dev/gpu_bench" all
   sed -n '/^bench/,/^$/p' "$OUT/bench.log"
 fi
 
@@ -70,7 +71,7 @@ elif command -v compute-sanitizer >/dev/null; then
     rlogs=
     for t in $tests; do
       n=$(basename "$t")
-      case $n in *attn*|*gemm_wg*) step "$n.racecheck" 240 compute-sanitizer --tool racecheck --print-limit 10000 "$t"
+      case $n in *attn*) step "$n.racecheck" 240 compute-sanitizer --tool racecheck --print-limit 10000 "$t"
                                    rlogs="$rlogs $OUT/$n.racecheck.log" ;; esac
     done
     [ -n "$rlogs" ] && { step racecheck.ours 30 scripts/racecheck_ours.sh $rlogs; cat "$OUT/racecheck.ours.log"; }

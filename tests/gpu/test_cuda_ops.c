@@ -537,51 +537,6 @@ static void test_cross_entropy(void) {
     }
 }
 
-// MOETRAIN_GPU_BENCH set: cross_entropy with the gradient at the step's head chunk (16,384 rows of
-// 32,000 bf16 logits, read and overwritten: 2.1 GB) and swiglu_bwd at one layer's shape at
-// micro-batch 8 (65,536 routed rows, F 14,336: 9.4 GB read and written), each the mean of 10 calls
-// after one, on random inputs (cross_entropy's are gradients after the first call: the same cost).
-// A measurement printed, not a test.
-static void time_memory_bound(void) {
-    Backend* be = g_modes[1].gpu;
-    const size_t nr = (size_t)1 << 20;
-    float* r = randn(nr, 3.f);
-    {
-        const int n = 16384, V = 32000;
-        void* d = rand_act(be, r, nr, (size_t)n * V);
-        int32_t* tg = xmalloc(4 * (size_t)n);
-        for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
-        int32_t* dt = up_i32(be, tg, n);
-        float* dl = dev_alloc(be, 4);
-        be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
-        be->sync(be);
-        const double t0 = now_sec();
-        for (int i = 0; i < 10; i++) be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
-        be->sync(be);
-        const double t = (now_sec() - t0) / 10 * 1e3;
-        printf("cross_entropy %dx%d with gradient: %.3f ms (%.0f GB/s read + written)\n", n, V, t, 4.0 * n * V / t / 1e6);
-        free(tg);
-        dev_free_all();
-    }
-    {
-        const int n = 65536, F = 14336;
-        const size_t nf = (size_t)n * F;
-        float* sc = randu(n, 0.1f, 1.f);
-        void *gu = rand_act(be, r, nr, 2 * nf), *dh = rand_act(be, r + 7, nr - 7, nf), *out = dev_alloc(be, 4 * nf);
-        float *dsc = up_f32(be, sc, n), *ds = dev_alloc(be, 4 * (size_t)n);
-        be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
-        be->sync(be);
-        const double t0 = now_sec();
-        for (int i = 0; i < 10; i++) be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
-        be->sync(be);
-        const double t = (now_sec() - t0) / 10 * 1e3;
-        printf("swiglu_bwd %dx%d: %.3f ms (%.0f GB/s)\n", n, F, t, 10.0 * nf / t / 1e6);
-        free(sc);
-        dev_free_all();
-    }
-    free(r);
-}
-
 int main(void) {
     if (gpu_setup("test_cuda_ops")) return 1;
     RUN(test_memory);
@@ -595,7 +550,6 @@ int main(void) {
     RUN(test_moe_index);
     RUN(test_permute);
     RUN(test_cross_entropy);
-    if (getenv("MOETRAIN_GPU_BENCH")) time_memory_bound();
     gpu_teardown();
     TEST_END();
 }

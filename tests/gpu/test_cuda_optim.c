@@ -208,49 +208,8 @@ static void test_adamw_act_grad(void) {
     }
 }
 
-// MOETRAIN_GPU_BENCH set: the optimizer kernels at the size of one layer's w13 of bench_8x7B_L2
-// (8 × 28,672 × 4,096 parameters), bf16 mode, each the mean of 20 calls after two: adamw (fp32
-// master + bf16 copy, fp32 gradients: 30 B per parameter), adamw_split with fp32 gradients (28 B:
-// the dense arena) and with bf16 ones (26 B: the expert arena). On a random state (random blocks
-// of 2^16 values tiled): the rate does not depend on the values, but a bench never times zeros.
-// A measurement printed, not a test.
-static float* rand_f32(Backend* be, const float* r, size_t nr, size_t n) {  // the nr values of r tiled
-    float* d = dev_alloc(be, 4 * n);
-    float* blk = up_f32(be, r, nr);
-    for (size_t i = 0; i < n; i += nr) be->copy(be, d + i, blk, 4 * (n - i < nr ? n - i : nr));
-    return d;
-}
-
-static void time_adamw(void) {
-    Backend* be = g_modes[1].gpu;
-    const size_t n = (size_t)8 * 28672 * 4096, nr = (size_t)1 << 16;
-    static const char* const what[3] = {"adamw, fp32 master + bf16 copy", "adamw_split, fp32 gradients",
-                                        "adamw_split, bf16 gradients"};
-    static const double bytes[3] = {30, 28, 26};
-    float *rm = randn(nr, 1e-3f), *rv = randu(nr, 1e-8f, 1e-6f), *rw = randn(nr, 0.02f), *rg = randn(nr, 1e-3f);
-    for (int k = 0; k < 3; k++) {
-        float *mm = rand_f32(be, rm, nr, n), *vv = rand_f32(be, rv, nr, n);
-        float* master = k == 0 ? rand_f32(be, rw, nr, n) : NULL;
-        void* w = rand_act(be, rw, nr, n);                                       // bf16 copy or split w
-        int16_t* rem = k ? rand_act(be, rg, nr, n) : NULL;                       // any bits
-        void* g = k == 2 ? rand_act(be, rg, nr, n) : (void*)rand_f32(be, rg, nr, n);
-        double t = 0;
-        for (int it = -2; it < 20; it++) {
-            if (it == 0) be->sync(be), t = now_sec();
-            if (k == 0) be->adamw(be, master, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-            else be->adamw_split(be, w, rem, mm, vv, g, k == 2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-        }
-        be->sync(be);
-        t = (now_sec() - t) / 20 * 1e3;
-        printf("%s, %zu params: %.3f ms (%.0f GB/s at %.0f B)\n", what[k], n, t, bytes[k] * n / t / 1e6, bytes[k]);
-        dev_free_all();
-    }
-    free(rm), free(rv), free(rw), free(rg);
-}
-
 int main(void) {
     if (gpu_setup("test_cuda_optim")) return 1;
-    if (getenv("MOETRAIN_GPU_BENCH")) time_adamw();
     RUN(test_adamw);
     RUN(test_split_pack);
     RUN(test_adamw_split);

@@ -1,4 +1,4 @@
-// cuda_wgmma_probe.cu — checks each wgmma form the attention kernels use (wgmma.cuh) against a
+// wgmma_probe.cu — checks each wgmma form the attention kernels use (wgmma.cuh) against a
 // host product on one small problem: D[64 × N] = A[64 × 64] · B[64 × N] in bf16 → fp32, through
 //   ss_k   A and B from SW128 tiles, both K-major (B stored as [N][64]: S = Q·Kᵀ)
 //   rs_k   A from registers (the accumulator → A-fragment packing), B K-major
@@ -7,31 +7,14 @@
 //          dQ = dS·K with dS stored transposed)
 // for N = 64 and 128. Also whether acc = 0 overwrites (the output starts as NaN). Each form's line
 // is printed as soon as it ran: a form that faults ends the process (the error is sticky).
+// Not part of moetrain: built by `make dev` into dev/test_wgmma_probe, for bringing up wgmma forms
+// (a new operand layout, a new GPU) before a kernel uses them.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "wgmma.cuh"
-
-// MOETRAIN_ATTN: auto (or unset) = WGMMA_DEFAULT, wgmma, or mma. Read per call: the tests switch
-// paths with setenv.
-#define WGMMA_DEFAULT 1
-int cuda_wgmma_ok(CudaImpl* c) {
-#if defined(MOETRAIN_SM90A)
-    const char* a = getenv("MOETRAIN_ATTN");
-    int want = WGMMA_DEFAULT;
-    if (a && a[0] && strcmp(a, "auto") != 0) {
-        CHECK(strcmp(a, "wgmma") == 0 || strcmp(a, "mma") == 0,
-              "MOETRAIN_ATTN=%s: expected auto, wgmma or mma", a);
-        want = strcmp(a, "wgmma") == 0;
-    }
-    return want && c->cc_major == 9;
-#else
-    (void)c;
-    return 0;
-#endif
-}
 
 enum { PK = 64 };  // the probe's K
 

@@ -7,16 +7,16 @@
 // forms:
 //   lane0  __syncwarp(), then lane 0 alone arrives (empty counts 1 per warp): what every
 //          warp-specialised kernel here does for the stages TMA fills and wgmma reads (racecheck
-//          follows neither), and did until session 15 for the two it can see
+//          follows neither)
 //   all    every lane arrives (empty counts 32): what k_attn_dkdv_ws's lse/Δ stage and
-//          cuda_gemm_wg.cu's staging tile, written and read with plain shared accesses, do now
+//          dev/cuda/cuda_gemm_wg.cu's staging tile, written and read with plain shared accesses, do
 // Both are correct under the PTX memory model: mbarrier.arrive releases and try_wait acquires at
 // CTA scope, and __syncwarp orders the warp's accesses before lane 0's arrival. The binary checks
 // the values the consumer read (a race would show as a wrong sum) and prints
-// `N passed, N failed`; run under `compute-sanitizer --tool racecheck` (gpu_session.sh's san step)
-// it says whether the tool follows the first form (session 15: it does not, and reports the
-// producer's stores against the consumer's loads; the second form is clean).
-//   racecheck_probe lane0|all
+// `N passed, N failed`; run under `compute-sanitizer --tool racecheck` it says whether the tool
+// follows the first form (with CUDA 13.0's sanitizer it does not, and reports the producer's
+// stores against the consumer's loads; the second form is clean). Built by `make dev`:
+//   compute-sanitizer --tool racecheck build/dev/racecheck_probe lane0|all
 #include <stdio.h>
 #include <string.h>
 

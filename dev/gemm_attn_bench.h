@@ -1,7 +1,6 @@
-// gemm_attn_bench.h — the measurements of test_cuda_gemm_attn, apart from its tests: kernel
-// timings (MOETRAIN_GPU_BENCH=1, or =attn for the attention kernels alone at MOETRAIN_ATTN_B) and
-// cuBLASLt's candidates and variants per GEMM shape (MOETRAIN_GEMM_SURVEY=1, hot, hotdense,
-// hotskew, hotvar, fp8; cuda/cuda_gemm_survey.cu). Included once, by test_cuda_gemm_attn.c, after
+// gemm_attn_bench.h — kernel timings (gpu_bench all, or attn for the attention kernels alone) and
+// cuBLASLt's candidates and variants per GEMM shape (gpu_bench survey cool, hot, hotdense,
+// hotskew, hotvar, fp8; dev/cuda/cuda_gemm_survey.cu). Included once, by dev/gpu_bench.c, after
 // gpu_check.h; nothing here asserts.
 #pragma once
 #include <math.h>
@@ -10,7 +9,7 @@
 
 #include "gpu_check.h"
 
-// ---- timings (MOETRAIN_GPU_BENCH=1; a measurement, not a test) --------------------------------
+// ---- timings (a measurement, not a test) --------------------------------
 
 typedef struct BenchCtx {
     Backend* be;
@@ -59,26 +58,27 @@ static void b_adam(void* c_) {
     c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, 0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
 }
 
+int cuda_attn_ds_force(Backend* be, int on);  // cuda_attn_bwd_wg.cu (test hook)
 void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, int max_algos,
                       const char* label, float hot_ms);
 
-// MOETRAIN_GEMM_SURVEY=1: every candidate of cuBLASLt's heuristic for the GEMMs of a bench_8x7B_L2
+// survey cool: every candidate of cuBLASLt's heuristic for the GEMMs of a bench_8x7B_L2
 // step (expert GEMMs at 4096 and 8192 rows per expert: micro-batch 4 and 8, the weight gradients
 // in bf16 as precision.expert_grad=auto writes them, and the dgrad/forward products with the weight
 // stored transposed, "Wt"; the lm_head GEMMs of a 16,384-token chunk), each timed over 5 calls (a
-// cool card). MOETRAIN_GEMM_SURVEY=hot (hot_ms 600): micro-batch 8 only, each candidate back to
-// back for 600 ms at the card's power limit, where the step runs (docs/performance.md, change 48).
-// MOETRAIN_GEMM_SURVEY=hotdense: the same for the attention projections at micro-batch 8 (32,768
+// cool card). survey hot (hot_ms 600): micro-batch 8 only, each candidate back to
+// back for 600 ms at the card's power limit, where the step runs .
+// survey hotdense: the same for the attention projections at micro-batch 8 (32,768
 // tokens: o_proj, and q/k/v as the one GEMM of 6,144 columns; weight gradients in fp32).
-// MOETRAIN_GEMM_SURVEY=hotskew: the same for the expert GEMMs whose rows vary, at 7,300 and 9,500
+// survey hotskew: the same for the expert GEMMs whose rows vary, at 7,300 and 9,500
 // rows: an expert's share under the step's skewed routing (load max/mean ~1.16), where the
 // heuristic is asked at the exact size, unlike the step's plans (rounded to 8,192 or 16,384).
-// MOETRAIN_GEMM_SURVEY=hotvar (hot_ms 300): the step's own pick for each expert GEMM at 8,192 rows
+// survey hotvar (hot_ms 300): the step's own pick for each expert GEMM at 8,192 rows
 // and each lm_head GEMM of a 16,384-token chunk against the same algorithm with another cluster
-// shape, CTA swizzling or custom option (cuda_gemm_survey_variants; docs/performance.md change 58).
+// shape, CTA swizzling or custom option (cuda_gemm_survey_variants).
 void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C, const char* label,
                                float hot_ms);
-// MOETRAIN_GEMM_SURVEY=fp8 (hot_ms 600): the six expert GEMM shapes at 8,192 rows as
+// survey fp8 (hot_ms 600): the six expert GEMM shapes at 8,192 rows as
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, in bf16 (the heuristic's first pick) and then in FP8 (e4m3 operands,
 // bf16 output, cuBLASLt's first 4 candidates), each back to back at the card's power limit: what
 // FP8 expert GEMMs would run at where the step runs (docs/performance.md, "Where the rest is").

@@ -4,16 +4,13 @@
 // fp32 sums. B_g = B + g·b_stride is the expert weight in either layout:
 //   K-major  [N, K], C = A·B_gᵀ: the forward's x·w13ᵀ and h·w2ᵀ (TB = 0);
 //   MN-major [K, N], C = A·B_g:  the backward's data gradients dy·w2 and d(gate|up)·w13 (TB = 1).
-// It is also the base of the fused SwiGLU epilogue (docs/performance.md, "Where the rest is").
-// MOETRAIN_GEMM_GROUPED (cuda_gemm.cu) picks which expert GEMMs run here: swiglu (the fused
-// w13), fwd (the plain forward GEMMs), dgrad (the backward's), wg (all); cublas, the default,
-// keeps cuBLASLt. Shapes it does not take (gg_run) go to cuBLASLt either way. Measured on the
-// H200 (docs/performance.md, sessions 9 and 10): within ~2% of cuBLASLt's cycles per tile at one
-// clock, but 7-20% slower at the power limit — it moves half as much data again through L2 as
-// cuBLASLt's 192 × 192 CTA-pair kernel — so the SwiGLU epilogue only breaks even in the step and
-// the data gradients lose ~5 ms. Two-CTA cluster versions with B multicast (commit deaa840; the
-// branch wip/gg-cluster4, with 4 stages and the fused SwiGLU backward) are correct and no faster:
-// they read 2.5x as much from DRAM (session 10), so this is not one.
+// It is also the base of the fused SwiGLU epilogue. Not part of moetrain (built by `make dev`,
+// tested by dev/test_gemm_wg.c): measured on the H200 within ~2% of cuBLASLt's cycles per tile at
+// one clock, but 7-20% slower at the power limit — it moves half as much data again through L2 as
+// cuBLASLt's 192 × 192 CTA-pair kernel — so the SwiGLU epilogue only broke even in the step and
+// the data gradients lost ~5 ms. Two-CTA cluster versions with B multicast (commit deaa840) were
+// correct and no faster: they read 2.5x as much from DRAM. It stays as the starting point of a
+// grouped FP8 kernel.
 //
 // Tiles of 128 rows × 256 columns, persistent: one CTA per SM walks tiles t = blockIdx.x,
 // + gridDim.x, ... over every group (so no expert leaves a partial last wave of its own). Within a
@@ -235,8 +232,24 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     }
 }
 
+// `mats` row-major [rows, cols] bf16 matrices (row stride ld elements, matrix i at
+// p + i·mat_stride elements) as a 3-d TMA map of boxes of 64 columns × box_rows rows of one
+// matrix, 128-byte swizzle (one SW128 slab). cols, ld and mat_stride: multiples of 8. Rows past
+// `rows` read as zeros. 0 when the driver has no encoder or refuses the map.
+static int tma_map_rows(CUtensorMap* m, const bf16* p, int rows, int cols, size_t ld, int mats, size_t mat_stride,
+                        int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode_fn();
+    if (!fn) return 0;
+    const cuuint64_t dim[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)mats};
+    const cuuint64_t stride[2] = {(cuuint64_t)ld * 2, (cuuint64_t)(mats > 1 ? mat_stride : (size_t)rows * ld) * 2};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estride[3] = {1, 1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)p, dim, stride, box, estride,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 extern "C" int cuda_gemm_wg_stalled(void) { return tma_stalled_take(); }
-// An sm_90a build on a compute-capability-9.0 GPU, bf16 (not tied to MOETRAIN_ATTN, unlike cuda_wgmma_ok).
+// An sm_90a build on a compute-capability-9.0 GPU, bf16.
 static int gg_ok(Backend* be) {
 #if defined(MOETRAIN_SM90A)
     return CI(be)->cc_major == 9 && is_bf16(be);

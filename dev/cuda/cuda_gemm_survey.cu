@@ -3,8 +3,7 @@
 // algorithm the step runs costs against its cluster-shape, swizzle and custom-option variants
 // (cuda_gemm_survey_variants), and cuBLASLt's FP8 candidates at a shape (cuda_gemm_survey_fp8).
 // They time on the card's power limit when hot_ms > 0 and print one line per candidate;
-// MOETRAIN_GEMM_SURVEY in test_cuda_gemm_attn drives them (docs/performance.md, changes 48, 54,
-// 58, and session 16's FP8 measurement). The plan comes from cuda_gemm.cu
+// `gpu_bench survey KIND` (dev/gpu_bench.c) drives them. The plan comes from cuda_gemm.cu
 // (gemm_shape_plan: the same descriptor, layouts and first pick as the step, tile table included).
 #include <cuda_fp8.h>
 #include <stdio.h>
@@ -95,7 +94,7 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     gemm_shape_plan_release(&p);
 }
 
-// FP8 (session 16, for the FP8 issue docs/performance.md sketches): Y[M,N] = X[M,K]·W[N,K]ᵀ with X
+// FP8 (what a grouped FP8 kernel would run at): Y[M,N] = X[M,K]·W[N,K]ᵀ with X
 // and W in e4m3, fp32 accumulation, Y in bf16, per-tensor scales of 1: cuBLASLt's FP8 on Hopper,
 // which takes only this layout (both operands K-major; the step's data and weight gradients would
 // run on transposed copies in the same form). A [M,K] and B [N,K] are bf16 (random), cast to

@@ -1,10 +1,12 @@
-// test_cuda_gemm_wg.c — the grouped expert GEMM of our own (cuda/cuda_gemm_wg.cu, Hopper, bf16):
+// test_gemm_wg.c — the grouped expert GEMM of our own (dev/cuda/cuda_gemm_wg.cu, Hopper, bf16):
 // the plain kernel and the w13 GEMM with the SwiGLU in its epilogue (gemm_grouped_swiglu), each
 // against the CPU backend, with empty groups, ragged row tiles, more tiles than SMs and nothing
 // written past the last group. On a GPU that is not compute capability 9.0, or a build for another
 // SM, the kernel is unavailable and the tests say so (the cuBLASLt path of gemm_grouped_swiglu is
-// still checked). MOETRAIN_GPU_BENCH=gg times it against cuBLASLt at bench_8x7B_L2's shapes
-// instead of testing. Tolerances: gpu_check.h.
+// still checked). `test_gemm_wg bench` times it against cuBLASLt at bench_8x7B_L2's shapes
+// instead of testing. Tolerances: tests/gpu/gpu_check.h. Built by `make dev` (not part of
+// moetrain: cuBLASLt's one call per expert won the race; this kernel is the base of a grouped
+// FP8 kernel).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,15 +15,10 @@
 
 // The grouped expert GEMM of our own (cuda_gemm_wg.cu; bf16): the forward's x·w13ᵀ / h·w2ᵀ
 // (K-major weights, trans_b) and the backward's dy·w2 / d(gate|up)·w13 (MN-major weights) in
-// small, against the CPU. The kernel is called directly, so a shape it turns down fails here
-// instead of falling back to cuBLASLt unseen; then once through be->gemm_grouped with
-// MOETRAIN_GEMM_GROUPED's switch on.
+// small, against the CPU. The kernel is called directly, so a shape it turns down fails here.
 int cuda_gemm_grouped_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C);
 int cuda_gemm_wg_available(Backend* be);
 int cuda_gemm_wg_stalled(void);
-// Which grouped GEMMs run on the kernel (cuda_common.cuh's GG_USE_*: MOETRAIN_GEMM_GROUPED's set).
-enum { USE_CUBLAS = 0, USE_SWIGLU = 1, USE_FWD = 2, USE_DGRAD = 4, USE_ALL = 7 };
-int cuda_gemm_grouped_use_wg(Backend* be, int set);
 
 static void test_gemm_grouped_wg(void) {
     const Mode* m = &g_modes[1];
@@ -47,16 +44,10 @@ static void test_gemm_grouped_wg(void) {
         GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
         g_cpu->gemm_grouped(g_cpu, &d, &gd, A, B, C);
         void *dA = up_act(be, A, na), *dB = up_act(be, B, nb);
-        for (int via = 0; via < 2; via++) {
+        {
             void* dC = poison_act(be, ncc + N);  // one row past the last group: must stay poisoned
-            if (via == 0) {
-                EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg %s G=%d N=%d K=%d: shape refused",
-                       lay, G, N, K);
-            } else {  // the switch of this layout alone
-                const int was = cuda_gemm_grouped_use_wg(be, tb ? USE_FWD : USE_DGRAD);
-                be->gemm_grouped(be, &d, &gd, dA, dB, dC);
-                cuda_gemm_grouped_use_wg(be, was);
-            }
+            EXPECT(cuda_gemm_grouped_wg(be, &d, &gd, dA, dB, dC), "gemm_grouped_wg %s G=%d N=%d K=%d: shape refused",
+                   lay, G, N, K);
             float* got = down_act(be, dC, ncc + N);
             EXPECT(!cuda_gemm_wg_stalled(), "gemm_grouped_wg %s G=%d N=%d K=%d: an mbarrier wait gave up", lay, G, N, K);
             int written = 0;
@@ -64,7 +55,7 @@ static void test_gemm_grouped_wg(void) {
             EXPECT(written == 0, "gemm_grouped_wg %s G=%d N=%d K=%d: %d values written past the last row", lay, G, N, K,
                    written);
             char lab[96];
-            snprintf(lab, sizeof lab, "%s %s", via ? "gemm_grouped (MOETRAIN_GEMM_GROUPED)" : "gemm_grouped_wg", lay);
+            snprintf(lab, sizeof lab, "gemm_grouped_wg %s", lay);
             cmp(m, lab, got, C, ncc, TOL_BF16_SUM);  // frees got
         }
         free(A), free(B), free(C);
@@ -75,8 +66,7 @@ static void test_gemm_grouped_wg(void) {
 // gemm_grouped_swiglu (the w13 GEMM with the SwiGLU and routing scale in the grouped kernel's
 // epilogue, gate rows [0, F) and up rows [F, 2F) of each expert's w13): gu against the CPU's GEMM,
 // h bit for bit against swiglu_fwd on that gu, and both against the CPU's composition; through
-// the kernel directly, be->gemm_grouped_swiglu with the switch on, and with it off (cuBLASLt +
-// swiglu_fwd).
+// the kernel directly and be->gemm_grouped_swiglu (cuBLASLt + swiglu_fwd).
 int cuda_gemm_grouped_swiglu_wg(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
                                 void* gu, void* h, const float* scale);
 
@@ -104,17 +94,15 @@ static void test_gemm_grouped_swiglu(void) {
         g_cpu->gemm_grouped_swiglu(g_cpu, &d, &gd, A, B, gu, h, scale);
         void *dA = up_act(be, A, na), *dB = up_act(be, B, nb);
         float* dsc = scale ? up_f32(be, sc, R) : NULL;
-        for (int via = wg_ok ? 0 : 2; via < 3; via++) {
+        for (int via = wg_ok ? 0 : 1; via < 2; via++) {
             void* dgu = poison_act(be, ng + N);  // one row past the last group: must stay poisoned
             void* dh = poison_act(be, nh + F);
-            const char* path = via == 0 ? "kernel" : via == 1 ? "wg" : "cublas";
+            const char* path = via == 0 ? "kernel" : "cublas";
             if (via == 0) {
                 EXPECT(cuda_gemm_grouped_swiglu_wg(be, &d, &gd, dA, dB, dgu, dh, dsc),
                        "gemm_grouped_swiglu_wg G=%d F=%d K=%d: shape refused", G, F, K);
             } else {
-                const int was = cuda_gemm_grouped_use_wg(be, via == 1 ? USE_SWIGLU : USE_CUBLAS);
                 be->gemm_grouped_swiglu(be, &d, &gd, dA, dB, dgu, dh, dsc);
-                cuda_gemm_grouped_use_wg(be, was);
             }
             void* dh2 = poison_act(be, nh);  // swiglu_fwd on the same gu
             be->swiglu_fwd(be, dh2, dgu, dsc, R, F);
@@ -140,7 +128,7 @@ static void test_gemm_grouped_swiglu(void) {
     }
 }
 
-// ---- timings (MOETRAIN_GPU_BENCH=gg; a measurement, not a test) ------------------------------
+// ---- timings (`test_gemm_wg bench`; a measurement, not a test) ------------------------------
 
 typedef struct GgCtx {
     Backend* be;
@@ -148,22 +136,26 @@ typedef struct GgCtx {
     void *A, *W, *C, *H;  // A [R, K], W [G, N, K], C [R, N]; H [R, N / 2] (SwiGLU)
     float* scale;
     int off[9];
+    int wg;  // our kernel (else cuBLASLt)
 } GgCtx;
 
 static void b_grouped(void* c_) {
     GgCtx* c = c_;
     GemmDesc d = {.N = c->N, .K = c->K, .trans_b = c->tb, .alpha = 1};
     GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
-    c->be->gemm_grouped(c->be, &d, &g, c->A, c->W, c->C);
+    if (!c->wg) c->be->gemm_grouped(c->be, &d, &g, c->A, c->W, c->C);
+    else if (!cuda_gemm_grouped_wg(c->be, &d, &g, c->A, c->W, c->C)) FATAL("gemm_grouped_wg: shape refused");
 }
 static void b_grouped_swiglu(void* c_) {
     GgCtx* c = c_;
     GemmDesc d = {.N = c->N, .K = c->K, .trans_b = 1, .alpha = 1};
     GroupDesc g = {.groups = c->G, .host_off = c->off, .b_stride = (size_t)c->N * c->K};
-    c->be->gemm_grouped_swiglu(c->be, &d, &g, c->A, c->W, c->C, c->H, c->scale);
+    if (!c->wg) c->be->gemm_grouped_swiglu(c->be, &d, &g, c->A, c->W, c->C, c->H, c->scale);
+    else if (!cuda_gemm_grouped_swiglu_wg(c->be, &d, &g, c->A, c->W, c->C, c->H, c->scale))
+        FATAL("gemm_grouped_swiglu_wg: shape refused");
 }
 
-// MOETRAIN_GPU_BENCH=gg: the grouped expert GEMM, cuBLASLt's one call per expert against ours
+// bench: the grouped expert GEMM, cuBLASLt's one call per expert against ours
 // (cuda_gemm_wg.cu), at the forward and data-gradient shapes of bench_8x7B_L2 at micro-batch 8
 // (65,536 routed rows
 // over 8 experts: even, and skewed as a router early in training leaves them), back to back so that
@@ -188,23 +180,21 @@ static void bench_gg(void) {
     const int skew[8] = {13000, 4100, 9000, 6900, 10100, 5300, 7700, 9436};  // sums to 65,536
     for (int s = 0; s < 4; s++)
         for (int k = 0; k < 2; k++) {
-            const int use = sh[s].tb ? USE_FWD : USE_DGRAD;
             GgCtx c = {.be = be, .N = sh[s].N, .K = sh[s].K, .G = G, .tb = sh[s].tb, .A = A, .W = W, .C = C};
             for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + (k ? skew : even)[i];
             const double tf = 2.0 * R * (double)c.N * c.K / 1e12;
             for (int round = 0; round < 2; round++)
                 for (int wg = 0; wg < 2; wg++) {
-                    cuda_gemm_grouped_use_wg(be, wg ? use : USE_CUBLAS);
+                    c.wg = wg;
                     const double ms = time_ms(be, b_grouped, &c, 10);
                     printf("gg %-9s %-5s rows %s  %-7s %8.3f ms %6.1f TFLOP/s\n", sh[s].name, k ? "skew" : "even",
                            "65536", wg ? "wg" : "cublas", ms, tf / ms * 1e3);
                 }
-            cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
+            c.wg = 0;
             b_grouped(&c);
             c.C = C2;
-            cuda_gemm_grouped_use_wg(be, use);
+            c.wg = 1;
             b_grouped(&c);
-            cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
             const size_t n = (size_t)1 << 22, last = (size_t)R * c.N - n;  // the first and last 4M values
             double e = 0;
             for (int part = 0; part < 2; part++) {
@@ -225,21 +215,19 @@ static void bench_gg(void) {
     for (int i = 0; i < G; i++) c.off[i + 1] = c.off[i] + skew[i];
     for (int round = 0; round < 2; round++)
         for (int wg = 0; wg < 2; wg++) {
-            cuda_gemm_grouped_use_wg(be, wg ? USE_SWIGLU : USE_CUBLAS);
+            c.wg = wg;
             const double ms = time_ms(be, b_grouped_swiglu, &c, 10);
             printf("gg w13+swiglu skew  %-13s %8.3f ms\n", wg ? "wg (fused)" : "cublas+swiglu", ms);
         }
-    cuda_gemm_grouped_use_wg(be, USE_CUBLAS);
     fflush(stdout);
     free(sc);
     free(r);
     dev_free_all();
 }
 
-int main(void) {
-    if (gpu_setup("test_cuda_gemm_wg")) return 1;
-    const char* b = getenv("MOETRAIN_GPU_BENCH");
-    if (b && !strcmp(b, "gg")) {  // the timings alone (no tests)
+int main(int argc, char** argv) {
+    if (gpu_setup("test_gemm_wg")) return 1;
+    if (argc > 1 && !strcmp(argv[1], "bench")) {  // the timings alone (no tests)
         bench_gg();
         gpu_teardown();
         return 0;

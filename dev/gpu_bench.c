@@ -1,0 +1,143 @@
+// gpu_bench.c — kernel timings and cuBLASLt surveys at Mixtral-8x7B sizes (bf16), apart from the
+// tests: measurements printed, nothing asserted. Built by `make dev` into build/dev/gpu_bench;
+// needs a GPU. The step's own performance is `make bench` (scripts/bench.sh); this is for
+// looking at one kernel at a time.
+//
+//   gpu_bench [all]          attention, GEMMs, RMSNorm, AdamW, cross-entropy, embed_bwd; then mem, adamw
+//   gpu_bench attn [B...]    the attention kernels alone at batch rows B (default 1 8): for ncu
+//   gpu_bench mem            cross_entropy with the gradient and swiglu_bwd at the step's sizes
+//   gpu_bench adamw          adamw and adamw_split at one layer's w13
+//   gpu_bench survey KIND    cuBLASLt's candidates per GEMM shape (dev/cuda/cuda_gemm_survey.cu):
+//                            KIND = cool, hot, hotdense, hotskew, hotvar or fp8 (gemm_attn_bench.h)
+#define _POSIX_C_SOURCE 200809L  // setenv
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_attn_bench.h"
+
+// mem: cross_entropy with the gradient at the step's head chunk (16,384 rows of
+// 32,000 bf16 logits, read and overwritten: 2.1 GB) and swiglu_bwd at one layer's shape at
+// micro-batch 8 (65,536 routed rows, F 14,336: 9.4 GB read and written), each the mean of 10 calls
+// after one, on random inputs (cross_entropy's are gradients after the first call: the same cost).
+// A measurement printed, not a test.
+static void time_memory_bound(void) {
+    Backend* be = g_modes[1].gpu;
+    const size_t nr = (size_t)1 << 20;
+    float* r = randn(nr, 3.f);
+    {
+        const int n = 16384, V = 32000;
+        void* d = rand_act(be, r, nr, (size_t)n * V);
+        int32_t* tg = xmalloc(4 * (size_t)n);
+        for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);
+        int32_t* dt = up_i32(be, tg, n);
+        float* dl = dev_alloc(be, 4);
+        be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
+        be->sync(be);
+        const double t0 = now_sec();
+        for (int i = 0; i < 10; i++) be->cross_entropy(be, d, dl, dt, n, V, 1e-4f);
+        be->sync(be);
+        const double t = (now_sec() - t0) / 10 * 1e3;
+        printf("cross_entropy %dx%d with gradient: %.3f ms (%.0f GB/s read + written)\n", n, V, t, 4.0 * n * V / t / 1e6);
+        free(tg);
+        dev_free_all();
+    }
+    {
+        const int n = 65536, F = 14336;
+        const size_t nf = (size_t)n * F;
+        float* sc = randu(n, 0.1f, 1.f);
+        void *gu = rand_act(be, r, nr, 2 * nf), *dh = rand_act(be, r + 7, nr - 7, nf), *out = dev_alloc(be, 4 * nf);
+        float *dsc = up_f32(be, sc, n), *ds = dev_alloc(be, 4 * (size_t)n);
+        be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
+        be->sync(be);
+        const double t0 = now_sec();
+        for (int i = 0; i < 10; i++) be->swiglu_bwd(be, out, ds, dh, gu, dsc, n, F);
+        be->sync(be);
+        const double t = (now_sec() - t0) / 10 * 1e3;
+        printf("swiglu_bwd %dx%d: %.3f ms (%.0f GB/s)\n", n, F, t, 10.0 * nf / t / 1e6);
+        free(sc);
+        dev_free_all();
+    }
+    free(r);
+}
+
+// adamw: the optimizer kernels at the size of one layer's w13 of bench_8x7B_L2
+// (8 × 28,672 × 4,096 parameters), bf16 mode, each the mean of 20 calls after two: adamw (fp32
+// master + bf16 copy, fp32 gradients: 30 B per parameter), adamw_split with fp32 gradients (28 B:
+// the dense arena) and with bf16 ones (26 B: the expert arena). On a random state (random blocks
+// of 2^16 values tiled): the rate does not depend on the values, but a bench never times zeros.
+// A measurement printed, not a test.
+static float* rand_f32(Backend* be, const float* r, size_t nr, size_t n) {  // the nr values of r tiled
+    float* d = dev_alloc(be, 4 * n);
+    float* blk = up_f32(be, r, nr);
+    for (size_t i = 0; i < n; i += nr) be->copy(be, d + i, blk, 4 * (n - i < nr ? n - i : nr));
+    return d;
+}
+
+static void time_adamw(void) {
+    Backend* be = g_modes[1].gpu;
+    const size_t n = (size_t)8 * 28672 * 4096, nr = (size_t)1 << 16;
+    static const char* const what[3] = {"adamw, fp32 master + bf16 copy", "adamw_split, fp32 gradients",
+                                        "adamw_split, bf16 gradients"};
+    static const double bytes[3] = {30, 28, 26};
+    float *rm = randn(nr, 1e-3f), *rv = randu(nr, 1e-8f, 1e-6f), *rw = randn(nr, 0.02f), *rg = randn(nr, 1e-3f);
+    for (int k = 0; k < 3; k++) {
+        float *mm = rand_f32(be, rm, nr, n), *vv = rand_f32(be, rv, nr, n);
+        float* master = k == 0 ? rand_f32(be, rw, nr, n) : NULL;
+        void* w = rand_act(be, rw, nr, n);                                       // bf16 copy or split w
+        int16_t* rem = k ? rand_act(be, rg, nr, n) : NULL;                       // any bits
+        void* g = k == 2 ? rand_act(be, rg, nr, n) : (void*)rand_f32(be, rg, nr, n);
+        double t = 0;
+        for (int it = -2; it < 20; it++) {
+            if (it == 0) be->sync(be), t = now_sec();
+            if (k == 0) be->adamw(be, master, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            else be->adamw_split(be, w, rem, mm, vv, g, k == 2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+        }
+        be->sync(be);
+        t = (now_sec() - t) / 20 * 1e3;
+        printf("%s, %zu params: %.3f ms (%.0f GB/s at %.0f B)\n", what[k], n, t, bytes[k] * n / t / 1e6, bytes[k]);
+        dev_free_all();
+    }
+    free(rm), free(rv), free(rw), free(rg);
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: gpu_bench [all | attn [B...] | mem | adamw | survey cool|hot|hotdense|hotskew|hotvar|fp8]\n");
+    return 2;
+}
+
+int main(int argc, char** argv) {
+    const char* mode = argc > 1 ? argv[1] : "all";
+    if (gpu_setup("gpu_bench")) return 1;
+    int rc = 0;
+    if (!strcmp(mode, "all")) {
+        bench();
+        time_memory_bound();
+        time_adamw();
+    } else if (!strcmp(mode, "attn")) {
+        if (argc <= 2) bench_attn(g_modes[1].gpu, 1), bench_attn(g_modes[1].gpu, 8);
+        for (int i = 2; i < argc; i++) {
+            const long B = strtol(argv[i], NULL, 10);
+            if (B > 0 && B <= 64) bench_attn(g_modes[1].gpu, (int)B);
+            else rc = usage();
+        }
+    } else if (!strcmp(mode, "mem")) {
+        time_memory_bound();
+    } else if (!strcmp(mode, "adamw")) {
+        time_adamw();
+    } else if (!strcmp(mode, "survey") && argc == 3) {
+        const char* k = argv[2];
+        if (!strcmp(k, "cool")) gemm_survey(0.f, SURVEY_EXPERT);
+        else if (!strcmp(k, "hot")) gemm_survey(600.f, SURVEY_EXPERT);
+        else if (!strcmp(k, "hotdense")) gemm_survey(600.f, SURVEY_DENSE);
+        else if (!strcmp(k, "hotskew")) gemm_survey(600.f, SURVEY_SKEW);
+        else if (!strcmp(k, "hotvar")) gemm_survey(300.f, SURVEY_VARIANTS);
+        else if (!strcmp(k, "fp8")) gemm_survey(600.f, SURVEY_FP8);
+        else rc = usage();
+    } else {
+        rc = usage();
+    }
+    for (int i = 0; i < 2; i++) g_modes[i].gpu->destroy(g_modes[i].gpu);
+    g_cpu->destroy(g_cpu);
+    (void)t_passed, (void)t_failed;  // tests/test.h's counters: nothing is asserted here
+    return rc;
+}
