@@ -196,10 +196,9 @@ void cuda_swiglu_bwd(Backend*, void* dgu, float* dscale, const void* dh, const v
 void cuda_cross_entropy(Backend*, void* logits, float* loss, const int32_t* targets, int n, int V,
                         float grad_scale);
 // cuda_optim.cu
-void cuda_adamw(Backend*, float* master, void* param, float* m, float* v, const void* grad, int grad_act, size_t n,
-                float lr, float beta1, float beta2, float eps, float wd, float grad_scale, int step);
-void cuda_adamw_split(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act, size_t n,
-                      float lr, float beta1, float beta2, float eps, float wd, float grad_scale, int step);
+void cuda_adamw(Backend*, const AdamWDesc* d, float* master, void* param, float* m, float* v, const void* grad, size_t n);
+void cuda_adamw_split(Backend*, const AdamWDesc* d, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad,
+                      size_t n);
 void cuda_split_pack(Backend*, uint16_t* w, int16_t* rem, const float* x, size_t n);
 void cuda_split_unpack(Backend*, float* x, const uint16_t* w, const int16_t* rem, size_t n);
 // cuda_backend.cu: C = beta·C on a [M, N] matrix with row stride ldc (the K = 0 / alpha = 0 GEMM)

@@ -20,16 +20,17 @@ struct AdamArgs {
     float lr, b1, b2, eps, decay, gs, bc1, bc2;
 };
 
-static AdamArgs adam_args(float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+static AdamArgs adam_args(const AdamWDesc* d, const char* op) {
+    CHECK(d->step >= 1, "%s: step is 1-based, got %d", op, d->step);
     AdamArgs a;
-    a.lr = lr;
-    a.b1 = b1;
-    a.b2 = b2;
-    a.eps = eps;
-    a.decay = (float)(1.0 - (double)lr * wd);
-    a.gs = grad_scale;
-    a.bc1 = (float)(1.0 - pow((double)b1, step));
-    a.bc2 = (float)(1.0 - pow((double)b2, step));
+    a.lr = d->lr;
+    a.b1 = d->beta1;
+    a.b2 = d->beta2;
+    a.eps = d->eps;
+    a.decay = (float)(1.0 - (double)d->lr * d->wd);
+    a.gs = d->grad_scale;
+    a.bc1 = (float)(1.0 - pow((double)d->beta1, d->step));
+    a.bc2 = (float)(1.0 - pow((double)d->beta2, d->step));
     return a;
 }
 
@@ -123,14 +124,12 @@ static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* 
     LAUNCH_CK(c);
 }
 
-void cuda_adamw(Backend* be, float* master, void* param, float* m, float* v, const void* grad, int grad_act, size_t n,
-                float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+void cuda_adamw(Backend* be, const AdamWDesc* d, float* master, void* param, float* m, float* v, const void* grad, size_t n) {
     // master, m, v [n] fp32; grad [n] fp32, or act with grad_act; param [n] act (may be master when act is fp32)
-    CHECK(step >= 1, "adamw: step is 1-based, got %d", step);
+    const AdamArgs a = adam_args(d, "adamw");
     if (n == 0) return;
-    const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
     CudaImpl* c = CI(be);
-    if (is_bf16(be) && grad_act) launch_adamw(c, master, (bf16*)param, m, v, (const bf16*)grad, n, a);
+    if (is_bf16(be) && d->grad_act) launch_adamw(c, master, (bf16*)param, m, v, (const bf16*)grad, n, a);
     else if (is_bf16(be)) launch_adamw(c, master, (bf16*)param, m, v, (const float*)grad, n, a);
     else launch_adamw(c, master, param == (void*)master ? NULL : (float*)param, m, v, (const float*)grad, n, a);
 }
@@ -279,14 +278,13 @@ static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m,
     LAUNCH_CK(c);
 }
 
-void cuda_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad, int grad_act,
-                      size_t n, float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+void cuda_adamw_split(Backend* be, const AdamWDesc* d, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad,
+                      size_t n) {
     // w, rem [n] split masters (bf16 bits whatever the act dtype); m, v [n] fp32; grad [n] fp32, or act with grad_act
-    CHECK(step >= 1, "adamw_split: step is 1-based, got %d", step);
+    const AdamArgs a = adam_args(d, "adamw_split");  // exactly cuda_adamw's
     if (n == 0) return;
-    const AdamArgs a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);  // exactly cuda_adamw's
     CudaImpl* c = CI(be);
-    if (is_bf16(be) && grad_act) launch_adamw_split(c, w, rem, m, v, (const bf16*)grad, n, a);
+    if (is_bf16(be) && d->grad_act) launch_adamw_split(c, w, rem, m, v, (const bf16*)grad, n, a);
     else launch_adamw_split(c, w, rem, m, v, (const float*)grad, n, a);
 }
 

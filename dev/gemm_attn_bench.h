@@ -55,7 +55,8 @@ static void b_embed_bwd(void* c_) {
 }
 static void b_adam(void* c_) {
     BenchCtx* c = c_;
-    c->be->adamw(c->be, c->f1, c->y, c->f2, c->f3, c->f0, 0, (size_t)c->M * c->K, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+    const AdamWDesc d = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 1.f, .step = 1};
+    c->be->adamw(c->be, &d, c->f1, c->y, c->f2, c->f3, c->f0, (size_t)c->M * c->K);
 }
 
 int cuda_attn_ds_force(Backend* be, int on);  // cuda_attn_bwd_wg.cu (test hook)

@@ -86,11 +86,13 @@ static void time_adamw(void) {
         void* w = rand_act(be, rw, nr, n);                                       // bf16 copy or split w
         int16_t* rem = k ? rand_act(be, rg, nr, n) : NULL;                       // any bits
         void* g = k == 2 ? rand_act(be, rg, nr, n) : (void*)rand_f32(be, rg, nr, n);
+        const AdamWDesc d = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 1.f, .step = 1,
+                             .grad_act = k == 2};
         double t = 0;
         for (int it = -2; it < 20; it++) {
             if (it == 0) be->sync(be), t = now_sec();
-            if (k == 0) be->adamw(be, master, w, mm, vv, g, 0, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
-            else be->adamw_split(be, w, rem, mm, vv, g, k == 2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, 1);
+            if (k == 0) be->adamw(be, &d, master, w, mm, vv, g, n);
+            else be->adamw_split(be, &d, w, rem, mm, vv, g, n);
         }
         be->sync(be);
         t = (now_sec() - t) / 20 * 1e3;

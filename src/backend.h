@@ -49,6 +49,16 @@ typedef struct GroupDesc {
                            // to nearest even; what PyTorch autocast gives) instead of fp32
 } GroupDesc;
 
+// One AdamW update's settings (the adamw and adamw_split ops below).
+typedef struct AdamWDesc {
+    float lr;          // already includes the schedule
+    float beta1, beta2, eps;
+    float wd;          // decoupled weight decay; 0 for exempt tensors
+    float grad_scale;  // multiplies grad first (clipping)
+    int step;          // 1-based (bias correction)
+    int grad_act;      // grad has the act dtype (else fp32)
+} AdamWDesc;
+
 typedef struct Comm Comm;          // comm.h
 typedef struct CommOpts CommOpts;  // comm.h
 typedef struct BackendEvent BackendEvent;  // a point in the backend's op order (event ops below)
@@ -203,16 +213,14 @@ struct Backend {
                           int V, float grad_scale);
 
     // ---- optimizer ---------------------------------------------------------------------------
-    // AdamW on n elements: master/m/v fp32, grad fp32 (or act dtype when grad_act: the update is
-    // the same as on those values widened to fp32), param (act copy, may alias master when act is
-    // fp32 and param == master). lr already includes the schedule; wd = 0 for exempt tensors.
-    // step is 1-based (bias correction). grad_scale multiplies grad first (clipping).
+    // AdamW on n elements with the settings d: master/m/v fp32, grad fp32 (or act dtype when
+    // d->grad_act: the update is the same as on those values widened to fp32), param (act copy,
+    // may alias master when act is fp32 and param == master).
     // torch.optim.AdamW: g = grad·grad_scale; p ← p·(1 − lr·wd) (on the old p, first);
     // m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g² (stored fp32; the update reads the stored values);
     // p ← p − lr · (m / (1−β1^step)) / (sqrt(v / (1−β2^step)) + eps).
-    void (*adamw)(Backend*, float* master, void* param, float* m, float* v, const void* grad,
-                  int grad_act, size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                  float grad_scale, int step);
+    void (*adamw)(Backend*, const AdamWDesc* d, float* master, void* param, float* m, float* v,
+                  const void* grad, size_t n);
 
     // Split fp32 masters (bf16 runs, precision.master=split): an fp32 master x is kept as its
     // bf16 compute weight w plus a 16-bit remainder rem, exactly (proof: cpu_optim.c). On bits,
@@ -228,9 +236,8 @@ struct Backend {
     // AdamW on a split master (w [n], rem [n]) with m/v fp32 (grad as in adamw): unpacks each
     // master, applies exactly adamw's arithmetic (same backend, same operation order: the new master has the
     // bits adamw gives), packs it back.
-    void (*adamw_split)(Backend*, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad,
-                        int grad_act, size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                        float grad_scale, int step);
+    void (*adamw_split)(Backend*, const AdamWDesc* d, uint16_t* w, int16_t* rem, float* m, float* v,
+                        const void* grad, size_t n);
 
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);

@@ -182,18 +182,20 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
     } else {
         const float clip = (o->c.clip > 0 && st.grad_norm > o->c.clip) ? (float)(o->c.clip / (st.grad_norm + 1e-6)) : 1.0f;
         const size_t esz = dtype_size(be->act_dtype);
+        AdamWDesc d = {.lr = st.lr, .beta1 = o->c.beta1, .beta2 = o->c.beta2, .eps = o->c.eps, .grad_scale = clip,
+                       .step = adam_step};
         for (int a = 0; a < 2; a++) {
             OptShard* s = &o->sh[a];
+            d.grad_act = s->gact;
             for (int i = 0; i < s->nseg; i++) {
                 const OptSeg* g = &s->seg[i];
                 void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
                 const void* grad = gshard_at(m, a, s, g->lo);
+                d.wd = g->wd;
                 if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
-                    be->adamw_split(be, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
-                                    st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
+                    be->adamw_split(be, &d, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, g->n);
                 else
-                    be->adamw(be, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, s->gact, g->n,
-                              st.lr, o->c.beta1, o->c.beta2, o->c.eps, g->wd, clip, adam_step);
+                    be->adamw(be, &d, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, g->n);
             }
             if (o->zero1 && s->gsize > 1)
                 cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);

@@ -229,7 +229,8 @@ static void test_cross_entropy_grad(void) {
 
 static void test_adamw_step(void) {
     float master[3] = {1.0f, -2.0f, 0.5f}, m[3] = {0}, v[3] = {0}, g[3] = {0.1f, -0.3f, 2.0f}, p[3];
-    be->adamw(be, master, p, m, v, g, 0, 3, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1);
+    const AdamWDesc d = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 0.5f, .step = 1};
+    be->adamw(be, &d, master, p, m, v, g, 3);
     for (int i = 0; i < 3; i++) {
         double gi = 0.5 * (i == 0 ? 0.1 : i == 1 ? -0.3 : 2.0), x0 = i == 0 ? 1.0 : i == 1 ? -2.0 : 0.5;
         double mh = (0.1 * gi) / 0.1, vh = (0.05 * gi * gi) / 0.05;

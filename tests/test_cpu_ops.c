@@ -422,7 +422,8 @@ static void test_adamw(void) {
             float* grad = rnd(n, 0.1f);
             float *p0 = dup(master, n), *m0 = dup(m, n), *v0 = dup(v, n);
             const int alias = variant == 0 && step % 2 == 0;  // param == master on some steps
-            be->adamw(be, master, alias ? (void*)master : (void*)param, m, v, grad, 0, n, lr, b1, b2, eps, wd, gs, step);
+            const AdamWDesc d = {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .wd = wd, .grad_scale = gs, .step = step};
+            be->adamw(be, &d, master, alias ? (void*)master : (void*)param, m, v, grad, n);
             const double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
             for (int i = 0; i < n; i++) {
                 const double g = (float)(grad[i] * gs);  // the clipped gradient, as torch stores it
@@ -443,7 +444,8 @@ static void test_adamw(void) {
     }
     // one hand-checked element: step 1 from zero state moves by lr·sign(g) (bias correction)
     float p = 1.0f, m = 0, v = 0, g = -0.2f, pa;
-    be->adamw(be, &p, &pa, &m, &v, &g, 0, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1);
+    const AdamWDesc d1 = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .wd = 0.0f, .grad_scale = 1.0f, .step = 1};
+    be->adamw(be, &d1, &p, &pa, &m, &v, &g, 1);
     EXPECT(fabs(p - 1.01) < 1e-6 && pa == p, "adamw step 1: p = 1 − lr·sign(g) = %.7g", p);
 }
 
@@ -546,8 +548,9 @@ static void test_adamw_split(void) {
         for (int i = 0; i < n; i++) ties0 += (bits_of(master[i]) & 0xffffu) == 0x8000u;
         for (int step = 1; step <= 4; step++) {
             float* grad = rnd(n, 0.1f);
-            be->adamw(be, master, master, m, v, grad, 0, n, lr, b1, b2, eps, wd, gs, step);
-            be->adamw_split(be, w, rem, ms, vs, grad, 0, n, lr, b1, b2, eps, wd, gs, step);
+            const AdamWDesc d = {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .wd = wd, .grad_scale = gs, .step = step};
+            be->adamw(be, &d, master, master, m, v, grad, n);
+            be->adamw_split(be, &d, w, rem, ms, vs, grad, n);
             be->split_unpack(be, back, w, rem, n);
             size_t dm = 0, dmv = 0, dw = 0;
             for (int i = 0; i < n; i++) {

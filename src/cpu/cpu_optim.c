@@ -16,10 +16,11 @@ typedef struct AdamD {
     float gs;
 } AdamD;
 
-static AdamD adam_args(float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
-    CHECK(step >= 1, "adamw: step is 1-based, got %d", step);
-    return (AdamD){.b1 = b1, .b2 = b2, .bc1 = 1.0 - pow((double)b1, step), .bc2 = 1.0 - pow((double)b2, step),
-                   .decay = 1.0 - (double)lr * wd, .lr = lr, .eps = eps, .gs = grad_scale};
+static AdamD adam_args(const AdamWDesc* d) {
+    CHECK(d->step >= 1, "adamw: step is 1-based, got %d", d->step);
+    return (AdamD){.b1 = d->beta1, .b2 = d->beta2, .bc1 = 1.0 - pow((double)d->beta1, d->step),
+                   .bc2 = 1.0 - pow((double)d->beta2, d->step), .decay = 1.0 - (double)d->lr * d->wd, .lr = d->lr,
+                   .eps = d->eps, .gs = d->grad_scale};
 }
 
 // One element: updates *m, *v and returns the new master (the one place the arithmetic lives).
@@ -31,13 +32,12 @@ static inline float adam1(float p, float* m, float* v, float grad, const AdamD* 
     return (float)((double)p * a->decay - a->lr * mhat / (sqrt(vhat) + a->eps));
 }
 
-void cpu_adamw(Backend* be, float* master, void* param_, float* m, float* v, const void* grad_, int grad_act, size_t n,
-               float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+void cpu_adamw(Backend* be, const AdamWDesc* d, float* master, void* param_, float* m, float* v, const void* grad_,
+               size_t n) {
     // master, m, v, grad [n] fp32 (grad_act too: the act dtype here is fp32); param [n] act (may be master)
     float* param = param_;
     const float* grad = grad_;
-    (void)grad_act;
-    const AdamD a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
+    const AdamD a = adam_args(d);
 #pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) {
         const float p = adam1(master[i], &m[i], &v[i], grad[i], &a);
@@ -100,12 +100,11 @@ void cpu_split_unpack(Backend* be, float* x, const uint16_t* w, const int16_t* r
     for (size_t i = 0; i < n; i++) x[i] = unpack1(w[i], rem[i]);
 }
 
-void cpu_adamw_split(Backend* be, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad_, int grad_act,
-                     size_t n, float lr, float b1, float b2, float eps, float wd, float grad_scale, int step) {
+void cpu_adamw_split(Backend* be, const AdamWDesc* d, uint16_t* w, int16_t* rem, float* m, float* v, const void* grad_,
+                     size_t n) {
     // w, rem [n] split masters; m, v, grad [n] fp32 (grad_act too: the act dtype here is fp32)
     const float* grad = grad_;
-    (void)grad_act;
-    const AdamD a = adam_args(lr, b1, b2, eps, wd, grad_scale, step);
+    const AdamD a = adam_args(d);
 #pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) pack1(adam1(unpack1(w[i], rem[i]), &m[i], &v[i], grad[i], &a), &w[i], &rem[i]);
 }

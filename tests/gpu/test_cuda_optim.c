@@ -12,21 +12,21 @@
 
 static void test_adamw(void) {
     const size_t sizes[] = {1003, 4096};
-    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-    const int step = 3;
+    const AdamWDesc d = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 0.5f,
+                         .step = 3};
     FOR_MODES for (int c = 0; c < 2; c++) for (int off = 0; off < 2; off++) {  // off = 1: unaligned pointers
         Backend* be = m->gpu;
         const size_t n = sizes[c] - off;
         float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f), *g = randn(n, 0.01f);
         float *p = dupf(p0, n), *mm = dupf(m0, n), *vv = dupf(v0, n);
-        g_cpu->adamw(g_cpu, p, p, mm, vv, g, 0, n, lr, b1, b2, eps, wd, gs, step);
+        g_cpu->adamw(g_cpu, &d, p, p, mm, vv, g, n);
         // device copies at an offset of `off` floats (off = 1 defeats the 16-byte vector path)
         float *dp = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dm = (float*)dev_alloc(be, 4 * (n + 1)) + off;
         float *dv = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dg = (float*)dev_alloc(be, 4 * (n + 1)) + off;
         be->to_device(be, dp, p0, 4 * n), be->to_device(be, dm, m0, 4 * n);
         be->to_device(be, dv, v0, 4 * n), be->to_device(be, dg, g, 4 * n);
         void* param = m->bf16 || c == 1 ? poison_act(be, n) : dp;  // fp32, first size: param aliases master
-        be->adamw(be, dp, param, dm, dv, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
+        be->adamw(be, &d, dp, param, dm, dv, dg, n);
         float* gp = down_f32(be, dp, n);
         float *d_ref = xmalloc(4 * n), *d_got = xmalloc(4 * n);
         for (size_t i = 0; i < n; i++) d_ref[i] = p[i] - p0[i], d_got[i] = gp[i] - p0[i];
@@ -95,12 +95,12 @@ static void test_split_pack(void) {
 static void test_adamw_split(void) {
     const size_t sizes[] = {1003, 4101};
     const int offs[][2] = {{0, 0}, {3, 3}, {1, 1}, {0, 1}};  // element offsets of (w, rem) and of fp32
-    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
     FOR_MODES for (int c = 0; c < 2; c++) for (int oc = 0; oc < 4; oc++) for (int variant = 0; variant < 2; variant++) {
         Backend* be = m->gpu;
         const size_t n = sizes[c];
         const int off = offs[oc][1], o16 = offs[oc][0];
-        const float lr = variant ? 0.0f : 1e-2f, wd = 0.1f, gs = 0.5f;
+        AdamWDesc d = {.lr = variant ? 0.0f : 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f,
+                       .grad_scale = 0.5f};
         float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f);
         for (size_t i = 0; i < n; i += 7) p0[i] = float_of((bits_of(p0[i]) & 0xffff0000u) | 0x8000u);  // ties
         for (size_t i = 1; i < n; i += 50)  // denormals of both signs
@@ -121,8 +121,9 @@ static void test_adamw_split(void) {
         for (int step = 1; step <= 4; step++) {
             float* g = randn(n, 0.01f);
             be->to_device(be, dg, g, 4 * n);
-            be->adamw(be, dp, param, dm, dv, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
-            be->adamw_split(be, dw, dr, dm2, dv2, dg, 0, n, lr, b1, b2, eps, wd, gs, step);
+            d.step = step;
+            be->adamw(be, &d, dp, param, dm, dv, dg, n);
+            be->adamw_split(be, &d, dw, dr, dm2, dv2, dg, n);
             be->to_device(be, back, g, 4 * n);  // overwritten below: a stale value cannot pass
             be->split_unpack(be, back, dw, dr, n);
             float* master = down_f32(be, dp, n);
@@ -168,8 +169,6 @@ static void test_adamw_split(void) {
 static void test_adamw_act_grad(void) {
     const size_t n = 4101, pad = n + 8;
     const int offs[] = {0, 1, 3};
-    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-    const int step = 3;
     FOR_MODES for (int oc = 0; oc < 3; oc++) for (int split = 0; split < 2; split++) {
         Backend* be = m->gpu;
         const int off = offs[oc];
@@ -177,6 +176,8 @@ static void test_adamw_act_grad(void) {
         float* g = act_in(m, g0, pad);
         float *out[2][4] = {{0}};  // [fp32 grad, act grad][master, m, v, act copy]
         for (int k = 0; k < 2; k++) {
+            const AdamWDesc d = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 0.5f,
+                                 .step = 3, .grad_act = k};
             float *dp = up_f32(be, p0, pad) + off, *dm = up_f32(be, m0, pad) + off, *dv = up_f32(be, v0, pad) + off;
             const void* dg = k ? (const void*)((char*)up_act(be, g, pad) + off * dtype_size(be->act_dtype))
                                : (const void*)(up_f32(be, g, pad) + off);
@@ -184,11 +185,11 @@ static void test_adamw_act_grad(void) {
                 uint16_t* dw = (uint16_t*)poison(be, 2 * pad) + off;
                 int16_t* dr = (int16_t*)poison(be, 2 * pad) + off;
                 be->split_pack(be, dw, dr, dp, n);
-                be->adamw_split(be, dw, dr, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
+                be->adamw_split(be, &d, dw, dr, dm, dv, dg, n);
                 be->split_unpack(be, dp, dw, dr, n);  // the master (w is its high half)
             } else {
                 void* param = poison_act(be, n);
-                be->adamw(be, dp, param, dm, dv, dg, k, n, lr, b1, b2, eps, wd, gs, step);
+                be->adamw(be, &d, dp, param, dm, dv, dg, n);
                 out[k][3] = down_act(be, param, n);
             }
             out[k][0] = down_f32(be, dp, n), out[k][1] = down_f32(be, dm, n), out[k][2] = down_f32(be, dv, n);
