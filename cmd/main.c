@@ -15,9 +15,10 @@ static void usage(FILE* f) {
             "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]\n"
             "  moetrain eval --ckpt DIR [--config NAME|PATH] [section.key=value ...]\n"
             "                                              validation loss / bits per token of a checkpoint\n"
+            "  moetrain --keys                             every config key (docs/config.md)\n"
             "  moetrain --help | --version\n\n"
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
-            "the install prefix. Every key is in README.md; e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
+            "the install prefix. Override any key as section.key=value, e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
             "Launch several ranks with mpirun: mpirun -np 8 moetrain --config L1_8x7B_ep checkpoint.dir=/ckpt\n",
             MOETRAIN_VERSION);
 }
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
         printf("moetrain %s\n", MOETRAIN_VERSION);
         return 0;
     }
-    if (!strcmp(argv[1], "--keys")) {  // the config key table (Markdown), for README.md
+    if (!strcmp(argv[1], "--keys")) {  // the config key table (Markdown), as in docs/config.md
         config_print_keys(stdout);
         return 0;
     }

@@ -14,7 +14,7 @@ int cmd_train(int argc, char** argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("moetrain [train] --config NAME|PATH [section.key=value ...]\n"
                    "  trains; launch several ranks with mpirun (world = parallel.ep x edp).\n"
-                   "  Every key and its default: README.md, or moetrain --keys.\n");
+                   "  Every key and its default: docs/config.md, or moetrain --keys.\n");
             return 0;
         }
     int world = 1;

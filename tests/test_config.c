@@ -580,6 +580,19 @@ static void test_docs_current(void) {
     int nk = 0;
     for (char* q = table; (q = strstr(q, "\n| `")); q++) nk++;
     EXPECT(nk >= 50, "the table has a row per key (%d)", nk);
+    // README.md's table of sections links every section of the key table to docs/config.md.
+    char* readme = slurp("README.md", &n);
+    EXPECT(readme != NULL, "README.md unreadable");
+    char prev[64] = "";
+    for (char* q = table; readme && (q = strstr(q, "\n| `")); q++) {
+        char sec[64], link[128];
+        snprintf(sec, sizeof sec, "%.*s", (int)strcspn(q + 4, ".`"), q + 4);
+        if (!strcmp(sec, prev)) continue;
+        snprintf(prev, sizeof prev, "%s", sec);
+        snprintf(link, sizeof link, "| [`%s`](docs/config.md", sec);
+        EXPECT(strstr(readme, link) != NULL, "README.md's table of sections lacks `%s` (a row starting %s)", sec, link);
+    }
+    free(readme);
     free(doc);
     free(table);
 }
