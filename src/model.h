@@ -63,7 +63,7 @@ typedef struct StepLoss {
 // bytes of logits: 1 GiB = 16,384 tokens of a 32,000 vocabulary in bf16 (one chunk for the
 // bench's micro-batch 4). Larger chunks run the three head GEMMs nearer their peak and read and
 // write the fp32 lm_head gradient fewer times (2 GiB, one chunk at micro-batch 8, was not faster
-// there: docs/performance.md, change 32). src/plan.c uses the same number.
+// there: docs/performance.md). src/plan.c uses the same number.
 #define MODEL_HEAD_CHUNK_BYTES ((size_t)1 << 30)
 
 typedef struct Model {

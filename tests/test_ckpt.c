@@ -237,7 +237,7 @@ static void test_auto_fallback(void) {
     fclose(f);
     EXPECT(ckpt_find_resume(root, dir, sizeof dir, note, sizeof note, &e) == 1 && strstr(dir, "step_00000001") &&
                strstr(note, "step_00000003 (not verified) is newer than latest"), "stale latest: %s / %s", dir, note);
-    // Everything damaged: an error, not a silent fresh start.
+    // Everything damaged: an error, not a fresh start that says nothing.
     for (int st = 1; st <= 2; st++) {
         char q[64];
         snprintf(q, sizeof q, "step_%08d/trainer_state.yaml", st);
