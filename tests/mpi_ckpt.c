@@ -10,12 +10,10 @@
 
 #include "ckpt.h"
 #include "comm.h"
-#include "test.h"
+#include "mpi_test.h"
 #include "util.h"
 
 static Comm* g_comm;
-static int g_rank, g_world;
-static char g_dir[256];
 
 // Rank r owns tensors "r<r>.t<i>" of shape [i + 2, 3 + r]; values depend on the name only.
 static float val(int r, int i, size_t k) { return (float)(r * 1000 + i * 100) + 0.25f * (float)k - 3.0f; }
@@ -46,10 +44,10 @@ static const char* STATE = "step: 1\ntokens: 1\nworld: 2\nep: 2\nseed: 1\nrng: 1
 
 static void check_all(const Ckpt* ck, const char* what) {
     Err e = {{0}};
-    EXPECT(ckpt_num_tensors(ck) == 4 * g_world, "%s: %d tensors", what, ckpt_num_tensors(ck));
-    EXPECT(ckpt_world(ck) == g_world, "%s: world %d", what, ckpt_world(ck));
+    EXPECT(ckpt_num_tensors(ck) == 4 * mt_world, "%s: %d tensors", what, ckpt_num_tensors(ck));
+    EXPECT(ckpt_world(ck) == mt_world, "%s: world %d", what, ckpt_world(ck));
     int bad = 0;
-    for (int r = 0; r < g_world; r++)
+    for (int r = 0; r < mt_world; r++)
         for (int i = 0; i < 4; i++) {
             char nm[32];
             snprintf(nm, sizeof nm, "r%d.t%d", r, i);
@@ -58,14 +56,14 @@ static void check_all(const Ckpt* ck, const char* what) {
             if (ckpt_read(ck, nm, y, 2, sh, &e)) { bad++; continue; }
             for (int k = 0; k < (i + 2) * (3 + r); k++) bad += y[k] != val(r, i, (size_t)k);
         }
-    EXPECT(bad == 0, "%s: rank %d reads %d wrong values (%s)", what, g_rank, bad, e.msg);
+    EXPECT(bad == 0, "%s: rank %d reads %d wrong values (%s)", what, mt_rank, bad, e.msg);
 }
 
 static void test_disjoint(void) {
     char root[512];
-    snprintf(root, sizeof root, "%s/a", g_dir);
+    snprintf(root, sizeof root, "%s/a", mt_dir);
     Set s;
-    make_set(&s, g_rank);
+    make_set(&s, mt_rank);
     Err e = {{0}};
     EXPECT(ckpt_save(g_comm, root, 5, s.t, s.n, STATE, 0, &e) == 0, "save: %s", e.msg);
     Ckpt* ck = NULL;
@@ -88,24 +86,24 @@ static void test_disjoint(void) {
 
 static void test_failures(void) {
     char root[512];
-    snprintf(root, sizeof root, "%s/b", g_dir);
+    snprintf(root, sizeof root, "%s/b", mt_dir);
     Set s;
-    make_set(&s, g_rank);
+    make_set(&s, mt_rank);
     Err e = {{0}};
     EXPECT(ckpt_save(g_comm, root, 1, s.t, s.n, STATE, 0, &e) == 0, "first save: %s", e.msg);
     // Rank 1 passes a bad tensor: both ranks fail, naming rank 1.
-    s.t[0].ndim = g_rank == 1 ? 5 : 2;
+    s.t[0].ndim = mt_rank == 1 ? 5 : 2;
     EXPECT(ckpt_save(g_comm, root, 2, s.t, s.n, STATE, 0, &e) == -1 && strstr(e.msg, "rank 1") && strstr(e.msg, "dimensions"),
-           "rank %d: bad tensor on rank 1: %s", g_rank, e.msg);
+           "rank %d: bad tensor on rank 1: %s", mt_rank, e.msg);
     s.t[0].ndim = 2;
     // Both ranks write "r0.t0": refused before anything is published.
     char same[32] = "r0.t0";
     s.t[0].name = same;
-    if (g_rank == 1) s.t[0].shape[1] = 3, s.t[0].data = s.buf[0];
+    if (mt_rank == 1) s.t[0].shape[1] = 3, s.t[0].data = s.buf[0];
     EXPECT(ckpt_save(g_comm, root, 3, s.t, s.n, STATE, 0, &e) == -1 && strstr(e.msg, "unique across ranks"),
-           "rank %d: duplicate name: %s", g_rank, e.msg);
+           "rank %d: duplicate name: %s", mt_rank, e.msg);
     s.t[0].name = s.name[0];
-    s.t[0].shape[1] = 3 + g_rank;
+    s.t[0].shape[1] = 3 + mt_rank;
     char dir[512], note[1024];
     EXPECT(ckpt_find_resume(root, dir, sizeof dir, note, sizeof note, &e) == 1 && strstr(dir, "step_00000001"),
            "failed saves leave step 1 as latest: %s %s", dir, e.msg);
@@ -122,7 +120,7 @@ static void test_failures(void) {
     EXPECT(access(dir, F_OK) == 0, "step 12 kept");
     // A corrupt rank file: the collective open fails on both ranks, naming the file.
     g_comm->barrier(g_comm, GROUP_WORLD);
-    if (g_rank == 0) {
+    if (mt_rank == 0) {
         if (snprintf(dir, sizeof dir, "%s/step_00000013/rank_00001.safetensors", root) >= (int)sizeof dir) FATAL("path too long");
         FILE* f = fopen(dir, "r+b");
         fseek(f, -2, SEEK_END);
@@ -132,31 +130,16 @@ static void test_failures(void) {
     g_comm->barrier(g_comm, GROUP_WORLD);
     ck = NULL;
     EXPECT(ckpt_open_comm(g_comm, &ck, root, &e) == -1 && !ck && strstr(e.msg, "rank_00001.safetensors") && strstr(e.msg, "crc32"),
-           "rank %d: corrupt file: %s", g_rank, e.msg);
+           "rank %d: corrupt file: %s", mt_rank, e.msg);
     free_set(&s);
 }
 
 int main(int argc, char** argv) {
-    g_rank = dist_init(&argc, &argv, &g_world);
+    mpi_test_init(&argc, &argv, "mpi_ckpt");
+    mpi_test_dir();
     g_comm = comm_mpi_create(1);
-    if (g_rank == 0) {
-        const char* tmp = getenv("TMPDIR");
-        snprintf(g_dir, sizeof g_dir, "%s/mpi_ckpt_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        if (!mkdtemp(g_dir)) FATAL("mkdtemp failed");
-    }
-    g_comm->host_broadcast(g_comm, GROUP_WORLD, g_dir, sizeof g_dir, 0);
-    RUN(test_disjoint);
-    RUN(test_failures);
-    g_comm->barrier(g_comm, GROUP_WORLD);
-    if (g_rank == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-    }
+    MRUN(test_disjoint);
+    MRUN(test_failures);
     g_comm->destroy(g_comm);
-    int failed = t_failed;
-    printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
-    dist_finalize();
-    return failed ? 1 : 0;
+    MPI_TEST_END();
 }

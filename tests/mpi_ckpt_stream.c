@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "comm.h"
+#include "mpi_test.h"
 #include "test_resume_util.h"
 #include "train.h"
 
@@ -125,8 +126,6 @@ static int ref_save(Trainer* t, const char* dir, const char* state, Err* e) {
 }
 
 // ---- helpers ----------------------------------------------------------------------------------
-static char g_dir[256];
-static int g_rank;
 
 static char* slurp(const char* path, size_t* n) {
     FILE* f = fopen(path, "rb");
@@ -178,12 +177,12 @@ static size_t owned_bytes(const Trainer* t) {
     return 4 * s;
 }
 
-static void set_dir(Trainer* t, const char* name) { snprintf(t->cfg.checkpoint.dir, sizeof t->cfg.checkpoint.dir, "%s/%s", g_dir, name); }
+static void set_dir(Trainer* t, const char* name) { snprintf(t->cfg.checkpoint.dir, sizeof t->cfg.checkpoint.dir, "%s/%s", mt_dir, name); }
 
 // ---- tests ------------------------------------------------------------------------------------
 static void identical(const char* name, const char* const* layout, int nl) {
     char d1[300];
-    snprintf(d1, sizeof d1, "checkpoint.dir=%s/%s_run", g_dir, name);
+    snprintf(d1, sizeof d1, "checkpoint.dir=%s/%s_run", mt_dir, name);
     const char* ex[8] = {d1};
     for (int i = 0; i < nl; i++) ex[1 + i] = layout[i];
     Err e = {{0}};
@@ -208,8 +207,8 @@ static void identical(const char* name, const char* const* layout, int nl) {
     char p[600], q[600];
     char* state = NULL;
     size_t sn = 0;
-    if (g_rank == 0) {
-        snprintf(p, sizeof p, "%s/%s/step_00000002/trainer_state.yaml", g_dir, sa);
+    if (mt_rank == 0) {
+        snprintf(p, sizeof p, "%s/%s/step_00000002/trainer_state.yaml", mt_dir, sa);
         state = slurp(p, &sn);
         EXPECT(state != NULL, "read %s", p);
     }
@@ -225,22 +224,22 @@ static void identical(const char* name, const char* const* layout, int nl) {
     const long long bound = 2 * largest + (512 << 10);
     printf("  %s rank %d: %d tensors in the model, largest %lld B, owned %lld B (x3 = %lld B); host bytes allocated at "
            "the peak: streamed %lld B, staged whole %lld B\n",
-           name, g_rank, T.model.pl.n, largest, owned, 3 * owned, streamed, staged);
-    EXPECT(streamed <= bound, "rank %d: streamed save peaked at %lld host bytes > 2 x %lld + 512 KiB", g_rank, streamed, largest);
-    EXPECT(staged >= 3 * owned, "rank %d: the reference (whole) staging %lld < 3 x %lld (the counter works)", g_rank, staged, owned);
+           name, mt_rank, T.model.pl.n, largest, owned, 3 * owned, streamed, staged);
+    EXPECT(streamed <= bound, "rank %d: streamed save peaked at %lld host bytes > 2 x %lld + 512 KiB", mt_rank, streamed, largest);
+    EXPECT(staged >= 3 * owned, "rank %d: the reference (whole) staging %lld < 3 x %lld (the counter works)", mt_rank, staged, owned);
 
     MPI_Barrier(MPI_COMM_WORLD);
-    if (g_rank == 0) {
+    if (mt_rank == 0) {
         const char* files[] = {"rank_00000.safetensors", "rank_00001.safetensors", "trainer_state.yaml", "manifest.txt"};
         const char* runs[] = {"run", "stream"};
         for (int r = 0; r < 2; r++)
             for (int f = 0; f < (r ? 4 : 2); f++) {  // the run's config names another checkpoint.dir
-                snprintf(p, sizeof p, "%s/%s_%s/step_00000002/%s", g_dir, name, runs[r], files[f]);
-                snprintf(q, sizeof q, "%s/%s/step_00000002/%s", g_dir, sb, files[f]);
+                snprintf(p, sizeof p, "%s/%s_%s/step_00000002/%s", mt_dir, name, runs[r], files[f]);
+                snprintf(q, sizeof q, "%s/%s/step_00000002/%s", mt_dir, sb, files[f]);
                 EXPECT(file_cmp(p, q) == 0, "%s differs from %s", p, q);
             }
         char dd[600];
-        snprintf(dd, sizeof dd, "%s/%s/latest", g_dir, sa);
+        snprintf(dd, sizeof dd, "%s/%s/latest", mt_dir, sa);
         EXPECT(access(dd, F_OK) == 0, "latest written");
     }
     trainer_free(&T);
@@ -273,14 +272,14 @@ static long long header_end(const char* path) {
 
 static void test_write_failure(void) {
     char d1[300];
-    snprintf(d1, sizeof d1, "checkpoint.dir=%s/fail_first", g_dir);
+    snprintf(d1, sizeof d1, "checkpoint.dir=%s/fail_first", mt_dir);
     const char* ex[] = {d1, "parallel.ep=2", "train.steps=1"};
     Err e = {{0}};
     Trainer T;
     EXPECT(init(&T, ex, 3, &e) == 0, "init: %s", e.msg);
     EXPECT(trainer_run(&T) == EXIT_OK, "1 step and a save");
     char p[600];
-    snprintf(p, sizeof p, "%s/fail_first/step_00000001/rank_%05d.safetensors", g_dir, g_rank);
+    snprintf(p, sizeof p, "%s/fail_first/step_00000001/rank_%05d.safetensors", mt_dir, mt_rank);
     const long long hdr = header_end(p);
     EXPECT(hdr > 0, "header of %s", p);
     signal(SIGXFSZ, SIG_IGN);
@@ -292,7 +291,7 @@ static void test_write_failure(void) {
             snprintf(name, sizeof name, "fail_r%d_%s", bad, where ? "data" : "header");
             set_dir(&T, name);
             MPI_Barrier(MPI_COMM_WORLD);
-            if (g_rank == bad) {
+            if (mt_rank == bad) {
                 struct rlimit lim = old;
                 lim.rlim_cur = where ? (rlim_t)(hdr + 3000) : 0;
                 setrlimit(RLIMIT_FSIZE, &lim);
@@ -301,21 +300,21 @@ static void test_write_failure(void) {
             memset(&e, 0, sizeof e);
             int rc = trainer_save(&T, &e);
             double dt = MPI_Wtime() - t0;
-            if (g_rank == bad) setrlimit(RLIMIT_FSIZE, &old);
+            if (mt_rank == bad) setrlimit(RLIMIT_FSIZE, &old);
             char want[32];
             snprintf(want, sizeof want, "rank %d", bad);
             EXPECT(rc == -1 && strstr(e.msg, want) && (strstr(e.msg, "write failed") || strstr(e.msg, "File too large")),
-                   "%s: rank %d: rc %d, message '%s'", name, g_rank, rc, e.msg);
+                   "%s: rank %d: rc %d, message '%s'", name, mt_rank, rc, e.msg);
             EXPECT(dt < 10, "%s: failed after %.1f s", name, dt);
-            if (g_rank == 0) printf("  %s: every rank returned -1 after %.2f s: %s\n", name, dt, e.msg);
+            if (mt_rank == 0) printf("  %s: every rank returned -1 after %.2f s: %s\n", name, dt, e.msg);
             MPI_Barrier(MPI_COMM_WORLD);
-            if (g_rank == 0) {
+            if (mt_rank == 0) {
                 char q[600];
-                snprintf(q, sizeof q, "%s/%s/.tmp_step_00000001", g_dir, name);
+                snprintf(q, sizeof q, "%s/%s/.tmp_step_00000001", mt_dir, name);
                 EXPECT(access(q, F_OK) != 0, "%s: temporary left: %s", name, q);
-                snprintf(q, sizeof q, "%s/%s/latest", g_dir, name);
+                snprintf(q, sizeof q, "%s/%s/latest", mt_dir, name);
                 EXPECT(access(q, F_OK) != 0, "%s: latest written", name);
-                snprintf(q, sizeof q, "%s/%s/step_00000001", g_dir, name);
+                snprintf(q, sizeof q, "%s/%s/step_00000001", mt_dir, name);
                 EXPECT(access(q, F_OK) != 0, "%s: step directory published", name);
             }
         }
@@ -323,10 +322,10 @@ static void test_write_failure(void) {
     set_dir(&T, "fail_after");
     EXPECT(trainer_save(&T, &e) == 0, "save after the failures: %s", e.msg);
     MPI_Barrier(MPI_COMM_WORLD);
-    if (g_rank == 0) {
+    if (mt_rank == 0) {
         char a[300], b[300], msg[1100];
-        snprintf(a, sizeof a, "%s/fail_first/step_00000001", g_dir);
-        snprintf(b, sizeof b, "%s/fail_after/step_00000001", g_dir);
+        snprintf(a, sizeof a, "%s/fail_first/step_00000001", mt_dir);
+        snprintf(b, sizeof b, "%s/fail_after/step_00000001", mt_dir);
         int k = ckpt_diff(a, b, msg, sizeof msg);
         EXPECT(k == 0, "the save after the failures differs: %d (%s)", k, msg);
     }
@@ -334,20 +333,12 @@ static void test_write_failure(void) {
 }
 
 int main(int argc, char** argv) {
-    int world;
-    g_rank = dist_init(&argc, &argv, &world);
+    mpi_test_init(&argc, &argv, "mpi_ckpt_stream");
     alarm(300);  // a hang is a failure (no summary line), not a stuck suite
-    if (g_rank == 0) scratch_dir(g_dir, sizeof g_dir, "mpi_ckpt_stream");
-    MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    RUN(test_identical_ep2);
-    RUN(test_identical_edp2_zero1);
-    RUN(test_identical_edp2_nozero1);
-    RUN(test_write_failure);
-    int failed = t_failed;
-    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0) scratch_done(g_dir, "mpi_ckpt_stream", failed);
-    printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
-    dist_finalize();
-    return t_failed ? 1 : 0;
+    mpi_test_dir();
+    MRUN(test_identical_ep2);
+    MRUN(test_identical_edp2_zero1);
+    MRUN(test_identical_edp2_nozero1);
+    MRUN(test_write_failure);
+    MPI_TEST_END();
 }

@@ -8,43 +8,32 @@
 #include <time.h>
 
 #include "comm.h"
-#include "test.h"
+#include "mpi_test.h"
 
-static int g_rank, g_world, g_ep;
+static int g_ep;
 static Comm* g_c;
 static const char* gname[GROUP_COUNT] = {"world", "ep", "edp"};
 
 // World rank of member j of group g, for this rank (the layout comm.h promises).
 static int member(GroupId g, int j) {
     if (g == GROUP_WORLD) return j;
-    if (g == GROUP_EP) return (g_rank / g_ep) * g_ep + j;
-    return g_rank % g_ep + j * g_ep;
+    if (g == GROUP_EP) return (mt_rank / g_ep) * g_ep + j;
+    return mt_rank % g_ep + j * g_ep;
 }
-
-#define MRUN(fn)                                                                    \
-    do {                                                                            \
-        t_cur = #fn;                                                                \
-        t_cur_failed = 0;                                                           \
-        fn();                                                                       \
-        int any_ = 0;                                                               \
-        MPI_Allreduce(&t_cur_failed, &any_, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);   \
-        if (any_) t_failed++; else t_passed++;                                      \
-        if (g_rank == 0) { printf("%s %s (ep=%d)\n", any_ ? "FAIL" : "ok  ", #fn, g_ep); fflush(stdout); } \
-    } while (0)
 
 static void test_layout(void) {
     int ep = g_ep;
-    EXPECT(g_c->rank[GROUP_WORLD] == g_rank && g_c->size[GROUP_WORLD] == g_world, "rank %d: world", g_rank);
-    EXPECT(g_c->rank[GROUP_EP] == g_rank % ep && g_c->size[GROUP_EP] == ep,
-           "rank %d: ep rank/size %d/%d, want %d/%d", g_rank, g_c->rank[GROUP_EP], g_c->size[GROUP_EP], g_rank % ep, ep);
-    EXPECT(g_c->rank[GROUP_EDP] == g_rank / ep && g_c->size[GROUP_EDP] == g_world / ep,
-           "rank %d: edp rank/size %d/%d, want %d/%d", g_rank, g_c->rank[GROUP_EDP], g_c->size[GROUP_EDP], g_rank / ep, g_world / ep);
+    EXPECT(g_c->rank[GROUP_WORLD] == mt_rank && g_c->size[GROUP_WORLD] == mt_world, "rank %d: world", mt_rank);
+    EXPECT(g_c->rank[GROUP_EP] == mt_rank % ep && g_c->size[GROUP_EP] == ep,
+           "rank %d: ep rank/size %d/%d, want %d/%d", mt_rank, g_c->rank[GROUP_EP], g_c->size[GROUP_EP], mt_rank % ep, ep);
+    EXPECT(g_c->rank[GROUP_EDP] == mt_rank / ep && g_c->size[GROUP_EDP] == mt_world / ep,
+           "rank %d: edp rank/size %d/%d, want %d/%d", mt_rank, g_c->rank[GROUP_EDP], g_c->size[GROUP_EDP], mt_rank / ep, mt_world / ep);
     // Membership and gather order: every member's world rank, in group-rank order.
     for (int g = 0; g < GROUP_COUNT; g++) {
-        int32_t me = g_rank, all[64];
+        int32_t me = mt_rank, all[64];
         g_c->host_all_gather(g_c, g, all, &me, sizeof me);
         for (int j = 0; j < g_c->size[g]; j++)
-            EXPECT(all[j] == member(g, j), "rank %d: %s member %d is world rank %d, want %d", g_rank, gname[g], j, all[j], member(g, j));
+            EXPECT(all[j] == member(g, j), "rank %d: %s member %d is world rank %d, want %d", mt_rank, gname[g], j, all[j], member(g, j));
     }
 }
 
@@ -54,12 +43,12 @@ static void test_all_reduce(void) {
     enum { N = 37 };
     for (int g = 0; g < GROUP_COUNT; g++) {
         float buf[N];
-        for (size_t i = 0; i < N; i++) buf[i] = ar_val(g_rank, i);
+        for (size_t i = 0; i < N; i++) buf[i] = ar_val(mt_rank, i);
         g_c->all_reduce_sum(g_c, g, buf, N);
         for (size_t i = 0; i < N; i++) {
             float want = 0;
             for (int j = 0; j < g_c->size[g]; j++) want += ar_val(member(g, j), i);
-            EXPECT(buf[i] == want, "rank %d: %s all_reduce[%zu] = %g, want %g", g_rank, gname[g], i, buf[i], want);
+            EXPECT(buf[i] == want, "rank %d: %s all_reduce[%zu] = %g, want %g", mt_rank, gname[g], i, buf[i], want);
         }
     }
 }
@@ -72,13 +61,13 @@ static void test_reduce_scatter(void) {
         int size = g_c->size[g], me = g_c->rank[g];
         for (int inplace = 0; inplace < 2; inplace++) {
             float in[N * 64], outb[N];
-            for (size_t k = 0; k < (size_t)N * size; k++) in[k] = rs_val(g_rank, k);
+            for (size_t k = 0; k < (size_t)N * size; k++) in[k] = rs_val(mt_rank, k);
             float* out = inplace ? in + (size_t)me * N : outb;  // NCCL's in-place form
             g_c->reduce_scatter_sum(g_c, g, out, in, N);
             for (size_t i = 0; i < N; i++) {
                 float want = 0;
                 for (int j = 0; j < size; j++) want += rs_val(member(g, j), (size_t)me * N + i);
-                EXPECT(out[i] == want, "rank %d: %s reduce_scatter%s[%zu] = %g, want %g", g_rank, gname[g],
+                EXPECT(out[i] == want, "rank %d: %s reduce_scatter%s[%zu] = %g, want %g", mt_rank, gname[g],
                        inplace ? " (in place)" : "", i, out[i], want);
             }
         }
@@ -95,13 +84,13 @@ static void test_all_gather(void) {
             uint8_t in[NB], out[NB * 64];
             memset(out, 0xEE, sizeof out);
             uint8_t* src = inplace ? out + (size_t)me * NB : in;
-            for (size_t i = 0; i < NB; i++) src[i] = ag_byte(g_rank, i);
+            for (size_t i = 0; i < NB; i++) src[i] = ag_byte(mt_rank, i);
             g_c->all_gather(g_c, g, out, src, NB);
             for (int j = 0; j < size; j++)
                 for (size_t i = 0; i < NB; i++)
                     EXPECT(out[j * NB + i] == ag_byte(member(g, j), i), "rank %d: %s all_gather%s chunk %d byte %zu",
-                           g_rank, gname[g], inplace ? " (in place)" : "", j, i);
-            EXPECT(out[size * NB] == 0xEE, "rank %d: %s all_gather wrote past the end", g_rank, gname[g]);
+                           mt_rank, gname[g], inplace ? " (in place)" : "", j, i);
+            EXPECT(out[size * NB] == 0xEE, "rank %d: %s all_gather wrote past the end", mt_rank, gname[g]);
         }
     }
 }
@@ -120,14 +109,14 @@ static void test_all_to_all_v(void) {
         for (int p = 0; p < size; p++) {
             sc[p] = a2a_count(me, p); sd[p] = so; so += sc[p] + 1;  // one-byte gaps catch displ mistakes
             rc[p] = a2a_count(p, me); rd[p] = ro; ro += rc[p] + 1;
-            for (size_t i = 0; i < sc[p]; i++) send[sd[p] + i] = a2a_byte(g_rank, p, i);
+            for (size_t i = 0; i < sc[p]; i++) send[sd[p] + i] = a2a_byte(mt_rank, p, i);
         }
         g_c->all_to_all_v(g_c, g, send, sc, sd, recv, rc, rd);
         for (int p = 0; p < size; p++) {
             for (size_t i = 0; i < rc[p]; i++)
                 EXPECT(recv[rd[p] + i] == a2a_byte(member(g, p), me, i), "rank %d: %s a2a from %d byte %zu = %d",
-                       g_rank, gname[g], p, i, recv[rd[p] + i]);
-            EXPECT(recv[rd[p] + rc[p]] == 0xEE, "rank %d: %s a2a gap after peer %d overwritten", g_rank, gname[g], p);
+                       mt_rank, gname[g], p, i, recv[rd[p] + i]);
+            EXPECT(recv[rd[p] + rc[p]] == 0xEE, "rank %d: %s a2a gap after peer %d overwritten", mt_rank, gname[g], p);
         }
     }
 }
@@ -138,33 +127,33 @@ static void test_host_helpers(void) {
         enum { K = 3 };
         int32_t s[64 * K], r[64 * K];
         for (int p = 0; p < size; p++)
-            for (int k = 0; k < K; k++) s[p * K + k] = g_rank * 100 + p * 10 + k;
+            for (int k = 0; k < K; k++) s[p * K + k] = mt_rank * 100 + p * 10 + k;
         g_c->host_all_to_all_i32(g_c, g, s, r, K);
         for (int p = 0; p < size; p++)
             for (int k = 0; k < K; k++)
                 EXPECT(r[p * K + k] == member(g, p) * 100 + me * 10 + k, "rank %d: %s host_all_to_all_i32 [%d,%d] = %d",
-                       g_rank, gname[g], p, k, r[p * K + k]);
+                       mt_rank, gname[g], p, k, r[p * K + k]);
 
-        double d[2] = {g_rank + 0.25, -2.0 * g_rank}, dw[2] = {0, 0};
+        double d[2] = {mt_rank + 0.25, -2.0 * mt_rank}, dw[2] = {0, 0};
         for (int j = 0; j < size; j++) { dw[0] += member(g, j) + 0.25; dw[1] += -2.0 * member(g, j); }
         g_c->host_all_reduce_f64(g_c, g, d, 2);
-        EXPECT(d[0] == dw[0] && d[1] == dw[1], "rank %d: %s host_all_reduce_f64 %g %g, want %g %g", g_rank, gname[g], d[0], d[1], dw[0], dw[1]);
+        EXPECT(d[0] == dw[0] && d[1] == dw[1], "rank %d: %s host_all_reduce_f64 %g %g, want %g %g", mt_rank, gname[g], d[0], d[1], dw[0], dw[1]);
 
-        int32_t mx[3] = {g_rank, -g_rank, (g_rank * 3) % 4}, mw[3] = {INT32_MIN, INT32_MIN, INT32_MIN};
+        int32_t mx[3] = {mt_rank, -mt_rank, (mt_rank * 3) % 4}, mw[3] = {INT32_MIN, INT32_MIN, INT32_MIN};
         for (int j = 0; j < size; j++) {
             int w = member(g, j), v[3] = {w, -w, (w * 3) % 4};
             for (int k = 0; k < 3; k++) if (v[k] > mw[k]) mw[k] = v[k];
         }
         g_c->host_all_reduce_max_i32(g_c, g, mx, 3);
-        for (int k = 0; k < 3; k++) EXPECT(mx[k] == mw[k], "rank %d: %s max_i32[%d] = %d, want %d", g_rank, gname[g], k, mx[k], mw[k]);
+        for (int k = 0; k < 3; k++) EXPECT(mx[k] == mw[k], "rank %d: %s max_i32[%d] = %d, want %d", mt_rank, gname[g], k, mx[k], mw[k]);
 
         char b[9] = {0}, want[9] = {0};  // "wRRR-gG" + NUL + one more zero byte
         int root = size - 1;
-        if (me == root) snprintf(b, sizeof b, "w%03d-g%d", g_rank, g);
+        if (me == root) snprintf(b, sizeof b, "w%03d-g%d", mt_rank, g);
         else memset(b, 'x', sizeof b);
         g_c->host_broadcast(g_c, g, b, sizeof b, root);
         snprintf(want, sizeof want, "w%03d-g%d", member(g, root), g);
-        EXPECT(memcmp(b, want, sizeof b) == 0, "rank %d: %s broadcast got '%.9s', want '%s'", g_rank, gname[g], b, want);
+        EXPECT(memcmp(b, want, sizeof b) == 0, "rank %d: %s broadcast got '%.9s', want '%s'", mt_rank, gname[g], b, want);
     }
 }
 
@@ -178,45 +167,46 @@ static void test_barrier(void) {
         if (me == size - 1) nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
         g_c->barrier(g_c, g);
         double dt = MPI_Wtime() - t0;
-        EXPECT(dt >= 0.08, "rank %d: %s barrier returned after %.3f s, before the late member", g_rank, gname[g], dt);
+        EXPECT(dt >= 0.08, "rank %d: %s barrier returned after %.3f s, before the late member", mt_rank, gname[g], dt);
     }
 }
 
 static void test_agree(void) {
-    int worst = g_world - 1;
-    EXPECT(dist_agree_status(g_rank == worst ? 2 : 0) == 2, "rank %d: agree_status", g_rank);
-    EXPECT(dist_agree_status(0) == 0, "rank %d: agree_status all ok", g_rank);
-    EXPECT(dist_agree_status(g_rank == 0 ? -1 : 0) == 2, "rank %d: a -1 status counts as 2", g_rank);
+    int worst = mt_world - 1;
+    EXPECT(dist_agree_status(mt_rank == worst ? 2 : 0) == 2, "rank %d: agree_status", mt_rank);
+    EXPECT(dist_agree_status(0) == 0, "rank %d: agree_status all ok", mt_rank);
+    EXPECT(dist_agree_status(mt_rank == 0 ? -1 : 0) == 2, "rank %d: a -1 status counts as 2", mt_rank);
     Err e;
     snprintf(e.msg, sizeof e.msg, "untouched");
-    EXPECT(dist_agree_error(0, &e) == 0 && strcmp(e.msg, "untouched") == 0, "rank %d: agree_error ok", g_rank);
+    EXPECT(dist_agree_error(0, &e) == 0 && strcmp(e.msg, "untouched") == 0, "rank %d: agree_error ok", mt_rank);
     // The two highest ranks fail with different messages; the lower one's reaches everybody.
-    int first = g_world >= 2 ? g_world - 2 : 0;
-    int st = g_rank >= first ? (g_rank == first ? 2 : 3) : 0;
-    if (st) snprintf(e.msg, sizeof e.msg, "config key x wrong on rank %d (expected test message)", g_rank);
+    int first = mt_world >= 2 ? mt_world - 2 : 0;
+    int st = mt_rank >= first ? (mt_rank == first ? 2 : 3) : 0;
+    if (st) snprintf(e.msg, sizeof e.msg, "config key x wrong on rank %d (expected test message)", mt_rank);
     int got = dist_agree_error(st, &e);
     char want[128];
     if (first == 0) snprintf(want, sizeof want, "config key x wrong on rank 0 (expected test message)");
     else snprintf(want, sizeof want, "rank %d: config key x wrong on rank %d (expected test message)", first, first);
-    EXPECT(got == (g_world >= 2 ? 3 : 2), "rank %d: agree_error returned %d", g_rank, got);
-    EXPECT(strcmp(e.msg, want) == 0, "rank %d: agree_error message '%s', want '%s'", g_rank, e.msg, want);
+    EXPECT(got == (mt_world >= 2 ? 3 : 2), "rank %d: agree_error returned %d", mt_rank, got);
+    EXPECT(strcmp(e.msg, want) == 0, "rank %d: agree_error message '%s', want '%s'", mt_rank, e.msg, want);
 }
 
 static void test_local_rank(void) {
     // One node: the node-local rank is the world rank, and agrees with Open MPI's variable.
     int lr = dist_local_rank();
-    EXPECT(lr == g_rank, "rank %d: local rank %d", g_rank, lr);
+    EXPECT(lr == mt_rank, "rank %d: local rank %d", mt_rank, lr);
     const char* v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (v) EXPECT(atoi(v) == lr, "rank %d: OMPI_COMM_WORLD_LOCAL_RANK %s, local %d", g_rank, v, lr);
+    if (v) EXPECT(atoi(v) == lr, "rank %d: OMPI_COMM_WORLD_LOCAL_RANK %s, local %d", mt_rank, v, lr);
 }
 
 int main(int argc, char** argv) {
-    g_rank = dist_init(&argc, &argv, &g_world);
-    CHECK(g_world <= 64, "this test supports up to 64 ranks");
+    mpi_test_init(&argc, &argv, "mpi_comm");
+    CHECK(mt_world <= 64, "this test supports up to 64 ranks");
     int eps[] = {1, 2, 4};
     for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
         g_ep = eps[i];
-        if (g_world % g_ep) continue;
+        if (mt_world % g_ep) continue;
+        mpi_test_note("(ep=%d)", g_ep);
         g_c = comm_mpi_create(g_ep);
         MRUN(test_layout);
         MRUN(test_all_reduce);
@@ -228,11 +218,8 @@ int main(int argc, char** argv) {
         g_c->destroy(g_c);
     }
     g_ep = 1;
+    mpi_test_note("(ep=%d)", g_ep);
     MRUN(test_agree);
     MRUN(test_local_rank);
-    int failed = t_failed;
-    if (g_rank == 0) printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
-    dist_finalize();
-    return failed ? 1 : 0;
+    MPI_TEST_END();
 }

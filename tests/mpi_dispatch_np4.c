@@ -30,6 +30,7 @@
 //
 // Failures on any rank are reduced into rank 0, which alone prints the ok/FAIL lines and the
 // summary.
+#define _GNU_SOURCE
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,26 +41,15 @@
 #include "comm.h"
 #include "model.h"
 #include "moe.h"
-#include "test.h"
+#include "mpi_test.h"
 #include "util.h"
 
 enum { H = 16, F = 12, E = 8, B = 2, T = 5, N = B * T };
 #define GATE_TOL 1e-5  // router weight gradient: fp32 sums over tokens in another order
 
-static int g_rank, g_world, g_ep;
+static int g_ep;
 static Comm* g_comm;
 static Backend* be;
-
-#define MRUN(fn)                                                                    \
-    do {                                                                            \
-        t_cur = #fn;                                                                \
-        t_cur_failed = 0;                                                           \
-        fn();                                                                       \
-        int any_ = 0;                                                               \
-        MPI_Allreduce(&t_cur_failed, &any_, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);   \
-        if (any_) t_failed++; else t_passed++;                                      \
-        if (g_rank == 0) { printf("%s %s (ep=%d, world=%d)\n", any_ ? "FAIL" : "ok  ", #fn, g_ep, g_world); fflush(stdout); } \
-    } while (0)
 
 // ---- the world-1 reference's Comm: no exchange may happen ------------------------------------
 static int g_stub_calls;
@@ -216,12 +206,12 @@ static size_t nonzero(const float* a, size_t n) {
     do {                                                                                               \
         size_t f_ = 0, d_ = ndiff((a), (b), (n), &f_);                                                 \
         EXPECT(d_ == 0, "rank %d %s: %s differs from the reference in %zu of %zu (first [%zu]: %.9g vs %.9g)", \
-               g_rank, cs_name, what, d_, (size_t)(n), f_, d_ ? (double)(a)[f_] : 0.0, d_ ? (double)(b)[f_] : 0.0); \
+               mt_rank, cs_name, what, d_, (size_t)(n), f_, d_ ? (double)(a)[f_] : 0.0, d_ ? (double)(b)[f_] : 0.0); \
     } while (0)
 
 // The EP run and its reference for case cs; both left in *P and *R for the callers.
 static void run_pair(int cs, Layer* P, Layer* R) {
-    const int ep = g_ep, ep_rank = g_comm->rank[GROUP_EP], g0 = g_rank - ep_rank;
+    const int ep = g_ep, ep_rank = g_comm->rank[GROUP_EP], g0 = mt_rank - ep_rank;
     ModelConfig c = {.vocab_size = 32, .hidden = H, .ffn = F, .layers = 1, .heads = 4, .kv_heads = 2,
                      .experts = E, .top_k = CASES[cs].k, .max_seq = 64, .rope_theta = 10000,
                      .rms_eps = 1e-5f, .init_std = 0.02f};
@@ -230,7 +220,7 @@ static void run_pair(int cs, Layer* P, Layer* R) {
     memset(P, 0, sizeof *P);
     memset(R, 0, sizeof *R);
     P->x = xmalloc(sizeof(float) * N * H), P->base = xmalloc(sizeof(float) * N * H), P->dout = xmalloc(sizeof(float) * N * H);
-    inputs(cs, g_rank, P->x, P->base, P->dout);
+    inputs(cs, mt_rank, P->x, P->base, P->dout);
     const size_t nr = (size_t)ep * N * H;
     R->x = xmalloc(sizeof(float) * nr), R->base = xmalloc(sizeof(float) * nr), R->dout = xmalloc(sizeof(float) * nr);
     for (int j = 0; j < ep; j++)  // the EP group's tokens, in EP-rank order
@@ -254,22 +244,22 @@ static void check_case(int cs) {
     const int el = P.m.e_local, lo = P.m.pl.expert_lo;
     const MoeSaved* ps = &P.m.ls[0].moe;
     const MoeSaved* rs = &R.m.ls[0].moe;
-    EXPECT(g_stub_calls == 0, "rank %d %s: the world-1 reference exchanged (%d calls)", g_rank, cs_name, g_stub_calls);
+    EXPECT(g_stub_calls == 0, "rank %d %s: the world-1 reference exchanged (%d calls)", mt_rank, cs_name, g_stub_calls);
 
     // the routing is what the case says (over the whole EP group's tokens)
     const int nk = ep * N * k;
     int load[E] = {0}, bad = 0;
     for (int i = 0; i < nk; i++) load[R.topk[i]]++;
     for (int e = 0; e < E; e++) {
-        EXPECT(load[e] == rs->load[e], "rank %d %s: reference load[%d] %d, counted %d", g_rank, cs_name, e, rs->load[e], load[e]);
+        EXPECT(load[e] == rs->load[e], "rank %d %s: reference load[%d] %d, counted %d", mt_rank, cs_name, e, rs->load[e], load[e]);
         if (mode == RANDOM || mode == EMPTY) bad += loser(mode, e, ep) ? load[e] != 0 : load[e] == 0;
         if (mode == ONE_EXPERT) bad += load[e] != (e == E_STAR ? ep * N : 0);
         if (mode == ONE_RANK) bad += load[e] != (winner(mode, e) ? ep * N : 0);
     }
-    EXPECT(bad == 0, "rank %d %s: routing is not what the case forces (loads %d %d %d %d %d %d %d %d)", g_rank, cs_name,
+    EXPECT(bad == 0, "rank %d %s: routing is not what the case forces (loads %d %d %d %d %d %d %d %d)", mt_rank, cs_name,
            load[0], load[1], load[2], load[3], load[4], load[5], load[6], load[7]);
     // router outputs equal the reference's rows of this rank
-    EXPECT(memcmp(P.topk, R.topk + (size_t)ep_rank * N * k, sizeof(int32_t) * N * k) == 0, "rank %d %s: top-k ids differ", g_rank, cs_name);
+    EXPECT(memcmp(P.topk, R.topk + (size_t)ep_rank * N * k, sizeof(int32_t) * N * k) == 0, "rank %d %s: top-k ids differ", mt_rank, cs_name);
     SAME(P.topk_w, R.topk_w + (size_t)ep_rank * N * k, (size_t)N * k, "top-k weights");
 
     // counts: rows received per (source, local expert), total, and the rows sent per destination
@@ -285,11 +275,11 @@ static void check_case(int cs) {
         for (int i = 0; i < N * k; i++) to_j += P.topk[i] / el == j;
         send_bad += ps->send_rows[j] != to_j;
     }
-    EXPECT(blk_bad == 0, "rank %d %s: recv_blk differs from the routing", g_rank, cs_name);
-    EXPECT(send_bad == 0, "rank %d %s: send_rows differs from the routing", g_rank, cs_name);
-    EXPECT(ps->R == R_want, "rank %d %s: received %d rows, want %d", g_rank, cs_name, ps->R, R_want);
-    if (mode == ONE_EXPERT) EXPECT(ps->R == (ep_rank == E_STAR / el ? ep * N : 0), "rank %d %s: R = %d", g_rank, cs_name, ps->R);
-    if (mode == EMPTY && ep_rank == 1) EXPECT(ps->R == 0, "rank %d %s: EP rank 1 received %d rows", g_rank, cs_name, ps->R);
+    EXPECT(blk_bad == 0, "rank %d %s: recv_blk differs from the routing", mt_rank, cs_name);
+    EXPECT(send_bad == 0, "rank %d %s: send_rows differs from the routing", mt_rank, cs_name);
+    EXPECT(ps->R == R_want, "rank %d %s: received %d rows, want %d", mt_rank, cs_name, ps->R, R_want);
+    if (mode == ONE_EXPERT) EXPECT(ps->R == (ep_rank == E_STAR / el ? ep * N : 0), "rank %d %s: R = %d", mt_rank, cs_name, ps->R);
+    if (mode == EMPTY && ep_rank == 1) EXPECT(ps->R == 0, "rank %d %s: EP rank 1 received %d rows", mt_rank, cs_name, ps->R);
 
     // received rows (expert-major, source rank ascending) = the reference's rows of these experts
     int roff = 0;
@@ -310,12 +300,12 @@ static void check_case(int cs) {
     }
 
     // the layer's output and input gradient
-    EXPECT(all_finite(P.out, (size_t)N * H) && all_finite(P.dx, (size_t)N * H), "rank %d %s: non-finite out or dx", g_rank, cs_name);
+    EXPECT(all_finite(P.out, (size_t)N * H) && all_finite(P.dx, (size_t)N * H), "rank %d %s: non-finite out or dx", mt_rank, cs_name);
     SAME(P.out, R.out + (size_t)ep_rank * N * H, (size_t)N * H, "output");
     SAME(P.dx, R.dx + (size_t)ep_rank * N * H, (size_t)N * H, "input gradient");
     int moved = 0;  // the layer did something: out differs from the residual base
     for (int i = 0; i < N * H; i++) moved += P.out[i] != P.base[i];
-    EXPECT(moved > N * H / 2, "rank %d %s: output hardly differs from the residual (%d)", g_rank, cs_name, moved);
+    EXPECT(moved > N * H / 2, "rank %d %s: output hardly differs from the residual (%d)", mt_rank, cs_name, moved);
 
     // expert gradients: bitwise equal to the reference's; exactly zero for experts without rows
     for (int e = 0; e < el; e++) {
@@ -329,19 +319,19 @@ static void check_case(int cs) {
         SAME(g2, R.w2_g + (size_t)(lo + e) * n2, n2, what);
         if (load[lo + e] == 0) {
             EXPECT(nonzero(g13, n13) == 0 && nonzero(g2, n2) == 0, "rank %d %s: expert %d received no rows but has %zu + %zu non-zero gradients",
-                   g_rank, cs_name, lo + e, nonzero(g13, n13), nonzero(g2, n2));
+                   mt_rank, cs_name, lo + e, nonzero(g13, n13), nonzero(g2, n2));
         } else {
             EXPECT(nonzero(g13, n13) > n13 / 2 && nonzero(g2, n2) > n2 / 2, "rank %d %s: expert %d received %d rows but its gradient is mostly zero",
-                   g_rank, cs_name, lo + e, load[lo + e]);
+                   mt_rank, cs_name, lo + e, load[lo + e]);
         }
     }
     // router weight gradient: the EP group's sum equals the reference's
     float gsum[E * H];
     memcpy(gsum, P.gate_g, sizeof gsum);
     g_comm->all_reduce_sum(g_comm, GROUP_EP, gsum, E * H);
-    EXPECT(nonzero(R.gate_g, E * H) > E * H / 2, "rank %d %s: reference router gradient is mostly zero", g_rank, cs_name);
+    EXPECT(nonzero(R.gate_g, E * H) > E * H / 2, "rank %d %s: reference router gradient is mostly zero", mt_rank, cs_name);
     const double rel = rel_l2(gsum, R.gate_g, E * H);
-    EXPECT(rel <= GATE_TOL, "rank %d %s: router weight gradient rel L2 %.3g > %g", g_rank, cs_name, rel, GATE_TOL);
+    EXPECT(rel <= GATE_TOL, "rank %d %s: router weight gradient rel L2 %.3g > %g", mt_rank, cs_name, rel, GATE_TOL);
     layer_free(&P);
     layer_free(&R);
 }
@@ -393,7 +383,7 @@ static void test_round_trip(void) {
             const size_t w = sizeof(float) * (size_t)cols;
             char what[96];
             // combine(dispatch(a)) = a on the send side [N·k rows]
-            fill_uniform(h, (size_t)nk * cols, seed_of(cs, g_rank, 10 + wide), -2, 2);
+            fill_uniform(h, (size_t)nk * cols, seed_of(cs, mt_rank, 10 + wide), -2, 2);
             be->to_device(be, send, h, w * (size_t)nk);
             be->to_device(be, dst, nan, w * (size_t)rows);
             be->to_device(be, recv, nan, w * (size_t)rows);
@@ -403,7 +393,7 @@ static void test_round_trip(void) {
             snprintf(what, sizeof what, "combine(dispatch(a)), %d columns", cols);
             SAME(g, h, (size_t)nk * cols, what);
             // dispatch(combine(b)) = b on the expert side [R rows] (the gradients' path)
-            fill_uniform(h, (size_t)Rr * cols, seed_of(cs, g_rank, 20 + wide), -2, 2);
+            fill_uniform(h, (size_t)Rr * cols, seed_of(cs, mt_rank, 20 + wide), -2, 2);
             be->to_device(be, dst, h, w * (size_t)Rr);
             be->to_device(be, recv, nan, w * (size_t)rows);
             be->to_device(be, send, nan, w * (size_t)rows);
@@ -416,7 +406,7 @@ static void test_round_trip(void) {
             // send side came from some expert row (no NaN left from the poison)
             be->to_host(be, g, recv, w * (size_t)nk);
             snprintf(what, sizeof what, "combine left rows unwritten, %d columns", cols);
-            EXPECT(all_finite(g, (size_t)nk * cols), "rank %d %s: %s", g_rank, cs_name, what);
+            EXPECT(all_finite(g, (size_t)nk * cols), "rank %d %s: %s", mt_rank, cs_name, what);
         }
         be->free(be, send), be->free(be, recv), be->free(be, dst), be->free(be, scr);
         free(h), free(g), free(nan);
@@ -426,13 +416,14 @@ static void test_round_trip(void) {
 }
 
 int main(int argc, char** argv) {
-    g_rank = dist_init(&argc, &argv, &g_world);
+    mpi_test_init(&argc, &argv, "mpi_dispatch");
     be = cpu_backend_create();
     int eps[] = {2, 4}, ran = 0;
     for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
         g_ep = eps[i];
-        if (g_world % g_ep) continue;
+        if (mt_world % g_ep) continue;
         ran++;
+        mpi_test_note("(ep=%d, world=%d)", g_ep, mt_world);
         g_comm = comm_mpi_create(g_ep);
         MRUN(test_round_trip);
         MRUN(test_random_routing);
@@ -443,12 +434,8 @@ int main(int argc, char** argv) {
     }
     if (!ran) {  // a world no ep divides tests nothing: that is a failure, not a pass
         t_failed++;
-        if (g_rank == 0) printf("FAIL no ep in {2, 4} divides world %d\n", g_world);
+        if (mt_rank == 0) printf("FAIL no ep in {2, 4} divides world %d\n", mt_world);
     }
-    int failed = t_failed;
-    if (g_rank == 0) printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
     be->destroy(be);
-    dist_finalize();
-    return failed ? 1 : 0;
+    MPI_TEST_END();
 }

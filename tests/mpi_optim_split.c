@@ -24,23 +24,12 @@
 #include "comm.h"
 #include "model.h"
 #include "optim.h"
-#include "test.h"
+#include "mpi_test.h"
 #include "util.h"
 
-static int g_rank, g_world, g_ep, g_zero1;
+static int g_ep, g_zero1;
 static Comm* g_c;
 static Backend *g_be32, *g_be16;
-
-#define MRUN(fn)                                                                                                    \
-    do {                                                                                                            \
-        t_cur = #fn;                                                                                                \
-        t_cur_failed = 0;                                                                                           \
-        fn();                                                                                                       \
-        int any_ = 0;                                                                                               \
-        MPI_Allreduce(&t_cur_failed, &any_, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);                                   \
-        if (any_) t_failed++; else t_passed++;                                                                      \
-        if (g_rank == 0) { printf("%s %s (ep=%d, zero1=%d)\n", any_ ? "FAIL" : "ok  ", #fn, g_ep, g_zero1); fflush(stdout); } \
-    } while (0)
 
 static const ModelConfig MC = {.vocab_size = 37, .hidden = 12, .ffn = 10, .layers = 2, .heads = 2, .kv_heads = 1,
                                .experts = 4, .top_k = 2, .max_seq = 16, .rope_theta = 10000, .rms_eps = 1e-5f,
@@ -97,7 +86,7 @@ static void side_init(Side* s) {
 static void set_grads(Side* s, int step) {
     for (int a = 0; a < 2; a++) {
         Rng r;
-        rng_seed(&r, 1000u * (uint64_t)step + 10u * (uint64_t)g_rank + (uint64_t)a + 1);
+        rng_seed(&r, 1000u * (uint64_t)step + 10u * (uint64_t)mt_rank + (uint64_t)a + 1);
         memset(s->m.grad[a], 0, sizeof(float) * s->m.padded[a]);
         for (size_t i = 0; i < s->m.numel[a]; i++) s->m.grad[a][i] = 0.05f * rng_normal(&r);
     }
@@ -219,23 +208,20 @@ static void test_split_steps(void) {
 }
 
 int main(int argc, char** argv) {
-    g_rank = dist_init(&argc, &argv, &g_world);
+    mpi_test_init(&argc, &argv, "mpi_optim_split");
     g_be32 = cpu_backend_create();
     g_be16 = cpu_backend_create();
     g_be16->act_dtype = DTYPE_BF16;  // arenas of bf16 compute weights; only optimizer ops run on it
     const int cases[][2] = {{1, 1}, {2, 1}, {1, 0}};  // (ep, zero1)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         g_ep = cases[i][0], g_zero1 = cases[i][1];
-        if (g_world % g_ep) continue;
+        if (mt_world % g_ep) continue;
+        mpi_test_note("(ep=%d, zero1=%d)", g_ep, g_zero1);
         g_c = comm_mpi_create(g_ep);
         MRUN(test_split_steps);
         g_c->destroy(g_c);
     }
     g_be16->destroy(g_be16);
     g_be32->destroy(g_be32);
-    int failed = t_failed;
-    if (g_rank == 0) printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
-    dist_finalize();
-    return failed ? 1 : 0;
+    MPI_TEST_END();
 }

@@ -7,11 +7,10 @@
 #include <mpi.h>
 
 #include "comm.h"
+#include "mpi_test.h"
 #include "test_resume_util.h"
 #include "train.h"
 
-static char g_dir[256];
-static int g_rank;
 
 static int init(Trainer* t, const char* const* extra, int n, Err* e) {
     Config c;
@@ -36,10 +35,10 @@ static int state_diff(const Trainer* a, const Trainer* b) {
 
 static void exact(const char* name, const char* const* layout, int nl) {
     char a1[300], a2[300], b1[300], b2[300];
-    snprintf(a1, sizeof a1, "checkpoint.dir=%s/%s_a", g_dir, name);
-    snprintf(a2, sizeof a2, "log.dir=%s/%s_la", g_dir, name);
-    snprintf(b1, sizeof b1, "checkpoint.dir=%s/%s_b", g_dir, name);
-    snprintf(b2, sizeof b2, "log.dir=%s/%s_lb", g_dir, name);
+    snprintf(a1, sizeof a1, "checkpoint.dir=%s/%s_a", mt_dir, name);
+    snprintf(a2, sizeof a2, "log.dir=%s/%s_la", mt_dir, name);
+    snprintf(b1, sizeof b1, "checkpoint.dir=%s/%s_b", mt_dir, name);
+    snprintf(b2, sizeof b2, "log.dir=%s/%s_lb", mt_dir, name);
     const char* ea[8] = {a1, a2}, *eb[8] = {b1, b2}, *ec[8] = {b1, b2, "checkpoint.resume=auto"};
     for (int i = 0; i < nl; i++) ea[2 + i] = eb[2 + i] = ec[3 + i] = layout[i];
     Err e = {{0}};
@@ -57,19 +56,19 @@ static void exact(const char* name, const char* const* layout, int nl) {
            C.last_loss, A.last_loss);
     int d = state_diff(&A, &C);
     EXPECT(d == 0, "%d shard buffers differ over the ranks", d);
-    if (g_rank == 0) {
+    if (mt_rank == 0) {
         char p[400], *ta[16], *tc[16];
-        snprintf(p, sizeof p, "%s/%s_la/metrics.jsonl", g_dir, name);
+        snprintf(p, sizeof p, "%s/%s_la/metrics.jsonl", mt_dir, name);
         int na = read_trace(p, ta, 16);
-        snprintf(p, sizeof p, "%s/%s_lb/metrics.jsonl", g_dir, name);
+        snprintf(p, sizeof p, "%s/%s_lb/metrics.jsonl", mt_dir, name);
         int nc = read_trace(p, tc, 16);
         EXPECT(na == 6 && nc == 6, "6 metrics lines each (%d, %d)", na, nc);
         for (int i = 0; i < na && i < nc; i++) EXPECT(strcmp(ta[i], tc[i]) == 0, "trace line %d:\n%s%s", i + 1, ta[i], tc[i]);
         free_trace(ta, na > 0 ? na : 0);
         free_trace(tc, nc > 0 ? nc : 0);
         char da[300], db[300], msg[1100];
-        snprintf(da, sizeof da, "%s/%s_a/step_00000006", g_dir, name);
-        snprintf(db, sizeof db, "%s/%s_b/step_00000006", g_dir, name);
+        snprintf(da, sizeof da, "%s/%s_a/step_00000006", mt_dir, name);
+        snprintf(db, sizeof db, "%s/%s_b/step_00000006", mt_dir, name);
         int k = ckpt_diff(da, db, msg, sizeof msg);
         EXPECT(k == 0, "final checkpoints differ: %d (%s)", k, msg);
     }
@@ -88,17 +87,9 @@ static void test_exact_ep1_edp2(void) {
 }
 
 int main(int argc, char** argv) {
-    int world;
-    g_rank = dist_init(&argc, &argv, &world);
-    if (g_rank == 0) scratch_dir(g_dir, sizeof g_dir, "mpi_resume");
-    MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    RUN(test_exact_ep2);
-    RUN(test_exact_ep1_edp2);
-    int failed = t_failed;
-    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0) scratch_done(g_dir, "mpi_resume", failed);
-    printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
-    dist_finalize();
-    return t_failed ? 1 : 0;
+    mpi_test_init(&argc, &argv, "mpi_resume");
+    mpi_test_dir();
+    MRUN(test_exact_ep2);
+    MRUN(test_exact_ep1_edp2);
+    MPI_TEST_END();
 }
