@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs what a Debian/Ubuntu machine lacks to build and run moetrain:
-# Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, clang (fuzz targets).
+# Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, SentencePiece (spm_train,
+# spm_encode and the Python module for scripts/tokenize.py and its test; the moetrain binary does
+# not link it), clang (fuzz targets).
 # `deps.sh --check` only reports (exit 1 when something is missing).
 set -u
 missing=()
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin)
 compgen -G "/usr/lib/*/libyaml.a" >/dev/null || [ -f /usr/lib/libyaml.a ] || [ -f /usr/local/lib/libyaml.a ] || missing+=(libyaml-dev)
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+command -v spm_train >/dev/null 2>&1 || missing+=(sentencepiece)
+{ [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sentencepiece' >/dev/null 2>&1; } || missing+=(python3-sentencepiece)
 if [ "${1:-}" = "--check" ]; then
   [ ${#missing[@]} -eq 0 ] && exit 0
   echo "deps: missing packages: ${missing[*]}" >&2

@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,20 +64,50 @@ int cli_exit_error(const char* what, const Err* e) {
     return 2;
 }
 
+// Checks each comma item of a data.path / data.val_path list: a glob must match, a file or
+// directory must exist (as given, or found by config_find_file: then the found path replaces it).
+static int resolve_list(char* list, size_t cap, const char* key, Err* e) {
+    char in[CFG_STR], outs[CFG_STR] = "";
+    snprintf(in, sizeof in, "%s", list);
+    size_t o = 0;
+    char* save = NULL;
+    for (char* it = strtok_r(in, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+        while (*it == ' ' || *it == '\t') it++;
+        char* end = it + strlen(it);
+        while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
+        if (!*it) continue;
+        char p[CFG_STR];
+        snprintf(p, sizeof p, "%s", it);
+        struct stat st;
+        if (strpbrk(it, "*?[")) {
+            glob_t g;
+            int rc = glob(it, 0, NULL, &g);
+            size_t k = rc == 0 ? g.gl_pathc : 0;
+            if (rc == 0) globfree(&g);
+            if (!k) return err_set(e, "%s: the pattern '%s' matches no file", key, it);
+        } else if (stat(it, &st) != 0) {
+            Err fe;
+            if (config_find_file("data", it, "", p, sizeof p, &fe))
+                return err_set(e, "%s: '%s': %s; give existing files, directories or globs (comma-separated)%s", key,
+                               it, fe.msg, !strcmp(key, "data.path") ? ", or data.path= (empty) for the shipped "
+                               "data/hairpin.fa.gz" : "");
+        }
+        int w = snprintf(outs + o, sizeof outs - o, "%s%s", o ? "," : "", p);
+        if (w < 0 || (size_t)w >= sizeof outs - o) return err_set(e, "%s: the resolved list is too long", key);
+        o += (size_t)w;
+    }
+    snprintf(list, cap, "%s", outs);
+    return 0;
+}
+
 int cli_resolve_data_path(Config* c, Err* e) {
     if (c->data.format == DATA_RANDOM) return 0;
+    if (c->data.val_path[0] && resolve_list(c->data.val_path, sizeof c->data.val_path, "data.val_path", e)) return -1;
+    if (c->data.path[0]) return resolve_list(c->data.path, sizeof c->data.path, "data.path", e);
     char p[CFG_STR];
     Err fe;
-    if (!c->data.path[0]) {
-        if (config_find_file("data", "hairpin.fa.gz", "", p, sizeof p, &fe))
-            return err_set(e, "data.path is empty (= the shipped data/hairpin.fa.gz), but %s; give data.path=FILE", fe.msg);
-    } else {
-        struct stat st;
-        if (stat(c->data.path, &st) == 0) return 0;  // as given
-        if (config_find_file("data", c->data.path, "", p, sizeof p, &fe))
-            return err_set(e, "data.path: %s; give an existing file, or data.path= (empty) for the shipped "
-                           "data/hairpin.fa.gz", fe.msg);
-    }
+    if (config_find_file("data", "hairpin.fa.gz", "", p, sizeof p, &fe))
+        return err_set(e, "data.path is empty (= the shipped data/hairpin.fa.gz), but %s; give data.path=FILE", fe.msg);
     snprintf(c->data.path, sizeof c->data.path, "%s", p);
     return 0;
 }

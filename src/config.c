@@ -62,7 +62,11 @@ static const ConfigKey KEYS[] = {
     KEY(optim, weight_decay, K_FLOAT, "0.1", 0, 10, NULL, "decoupled weight decay"),
     BOOL(optim, decay_norms, "false", "apply weight decay to norm weights too"),
     KEY(optim, clip, K_FLOAT, "1.0", 0, 1e9, NULL, "global gradient-norm clip (0 = off)"),
-    STR(data, path, "", "FASTA / FASTQ / text file (.gz ok) or llm.c .bin shard; empty = the shipped data/hairpin.fa.gz"),
+    STR(data, path, "", "FASTA / FASTQ / text files (.gz ok) or .bin token shards: a file, a comma list, a glob or a directory (its *.bin; val_*.bin there is validation data); empty = the shipped data/hairpin.fa.gz. docs/data.md"),
+    STR(data, val_path, "", "validation data, in the same forms as data.path (empty = data.val_frac of data.path, or the val_*.bin shards of a data.path directory)"),
+    STR(data, weights, "", "mix the data.path items by weight, comma-separated, one per item (e.g. 0.7,0.3; .bin items only): Megatron's blend, each item shuffled by train.seed; empty = concatenate the items"),
+    STR(data, tokenizer, "", "tokenizer of the shards (a tokenizer.model / tokenizer.json file or its directory) that export copies beside config.json; empty = the one named by manifest.json beside the shards"),
+    BOOL(data, required, "false", "refuse to train on the shipped byte-level sequences: data.path must be given (set by configs with a real vocabulary)"),
     ENUM(data, format, "auto", "auto|fasta|fastq|text|bin|random", "input format (auto = by name and content; random = uniform tokens, for benchmarks)"),
     KEY(data, val_frac, K_FLOAT, "0.05", 0, 0.9, NULL, "fraction of records (windows for .bin) held out for validation"),
     KEY(data, sep_token, K_INT, "10", 0, IMAX, NULL, "token between records (10 = newline; < model.vocab_size)"),
@@ -455,6 +459,13 @@ int config_validate_run(const Config* c, Err* e) {
     if (c->checkpoint.required && !c->checkpoint.dir[0])
         return err_set(e, "%s: this config needs a checkpoint directory (checkpoint.required: true): add "
                        "checkpoint.dir=/path/to/checkpoints on the command line", src);
+    if (c->data.required && !c->data.path[0] && c->data.format != DATA_RANDOM)
+        return err_set(e, "%s: this config needs your own data (data.required: true): model.vocab_size %d is not the "
+                       "shipped byte-level sequences. Make token shards, then give data.path:\n"
+                       "  spm_train --input=corpus.txt --model_prefix=tok --vocab_size=%d --byte_fallback=true   "
+                       "(or take the model's own tokenizer.model)\n"
+                       "  scripts/tokenize.py --tokenizer tok.model --out shards corpus/\n"
+                       "  then: data.path=shards (docs/data.md)", src, c->model.vocab_size, c->model.vocab_size);
     if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir=/path/to/checkpoints", src);
     if (c->checkpoint.every > 0 && !c->checkpoint.dir[0])

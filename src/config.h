@@ -73,11 +73,15 @@ typedef struct OptimConfig {
 } OptimConfig;
 
 typedef struct DataConfig {
-    char path[CFG_STR];  // file, or "" for the shipped default
+    char path[CFG_STR];       // file, comma list, glob or directory; "" for the shipped default
+    char val_path[CFG_STR];   // separate validation data ("" = val_frac of data.path)
+    char weights[CFG_STR];    // one weight per data.path item ("" = concatenate the items)
+    char tokenizer[CFG_STR];  // tokenizer of the shards, for export ("" = the manifest beside them)
     DataFormat format;
-    float val_frac;      // fraction of records (or windows, for .bin) held out
-    int sep_token;       // token between records (byte-level)
+    float val_frac;           // fraction of records (or windows, for .bin) held out
+    int sep_token;            // token between records (byte-level)
     int shuffle;
+    int required;             // refuse to start without data.path
 } DataConfig;
 
 typedef struct CheckpointConfig {

@@ -2,14 +2,18 @@
 // per-epoch shuffle (a keyed Feistel permutation: no table, any size), data_get and the log line.
 // Parsers live in data_seq.c, .bin shards in data_bin.c.
 #define _DEFAULT_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data_impl.h"
+#include "minijson.h"
 
 #ifndef MOETRAIN_PREFIX
 #define MOETRAIN_PREFIX "/usr/local"
@@ -24,7 +28,7 @@ typedef struct Stream {
     uint64_t ntok, nwin, records;
 } Stream;
 
-enum { KIND_NONE = 0, KIND_BYTES, KIND_BIN, KIND_RANDOM };
+enum { KIND_NONE = 0, KIND_BYTES, KIND_BIN, KIND_RANDOM, KIND_MIX };
 
 struct DataSet {
     int kind;
@@ -42,7 +46,18 @@ struct DataSet {
     unsigned width_mask; // .bin: 1 << token width
     int nfiles, any_gz;
     char first[256];     // first file name, for messages
+    int doc_sep;         // the token between documents (data_doc_separator)
+    // KIND_MIX: sources mixed by weight and/or separate validation data
+    DataSet** comp;      // [ncomp] sources (each a plain set: bytes or bin)
+    int ncomp;
+    double* weight;      // [ncomp] normalised weights, or NULL (one source, no mixing)
+    uint16_t* tab_src;   // [MIX_PERIOD] source of blended sample r of a period
+    uint32_t* tab_k;     // [MIX_PERIOD] its sample index within that source and period
+    uint64_t* per_period;// [ncomp] samples of each source per period
+    DataSet* val;        // validation data (data.val_path), or NULL
 };
+
+#define MIX_PERIOD 65536  // the blend repeats every MIX_PERIOD samples (exact proportions per period)
 
 static const char* split_name(int s) { return s ? "validation" : "train"; }
 
@@ -270,6 +285,7 @@ static DataSet* new_set(const DataConfig* dc, int vocab, int seq_len, uint64_t s
     ds->shuffle = dc->shuffle;
     ds->seed = seed;
     ds->val_frac = dc->val_frac;
+    ds->doc_sep = dc->sep_token;
     corpus_init(&ds->corpus, dc->val_frac, vocab);
     return ds;
 }
@@ -297,30 +313,281 @@ static void open_random(DataSet* ds) {
     ds->fmt_mask = 1u << DATA_RANDOM;
 }
 
-int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, uint64_t seed, Err* e) {
-    *out = NULL;
-    if (check_args(dc, vocab_size, seq_len, e)) return -1;
-    DataSet* ds = new_set(dc, vocab_size, seq_len, seed);
-    if (dc->format == DATA_RANDOM) {
-        open_random(ds);
-        return finish(ds, out, e);
+// ---- paths: lists, globs, directories -------------------------------------------------------
+
+typedef struct PathList {
+    char** p;  // [n] paths
+    int n;
+} PathList;
+
+static void pl_add(PathList* l, const char* s) {
+    l->p = realloc(l->p, sizeof(char*) * (size_t)(l->n + 1));
+    CHECK(l->p, "out of host memory");
+    l->p[l->n++] = strdup(s);
+}
+
+static void pl_free(PathList* l) {
+    for (int i = 0; i < l->n; i++) free(l->p[i]);
+    free(l->p);
+    memset(l, 0, sizeof *l);
+}
+
+static int cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+
+int data_is_val_shard(const char* base) {
+    return !strncmp(base, "val_", 4) || !strncmp(base, "val.", 4) || strstr(base, "_val_") || strstr(base, "_val.");
+}
+
+static int ends_bin(const char* s) {
+    size_t n = strlen(s);
+    return n > 4 && !strcmp(s + n - 4, ".bin");
+}
+
+// The *.bin files of a directory, sorted; validation shards (data_is_val_shard) go to val, the
+// rest to train.
+static int list_dir(const char* dir, PathList* train, PathList* val, Err* e) {
+    DIR* d = opendir(dir);
+    if (!d) return err_set(e, "data: cannot read the directory %s (%s)", dir, strerror(errno));
+    PathList t = {0}, v = {0};
+    for (struct dirent* de; (de = readdir(d));) {
+        if (de->d_name[0] == '.' || !ends_bin(de->d_name)) continue;  // temp files of a running tokenize start with '.'
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
+        pl_add(data_is_val_shard(de->d_name) ? &v : &t, p);
     }
-    char list[CFG_STR];
-    snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
+    closedir(d);
+    qsort(t.p, (size_t)t.n, sizeof(char*), cmp_str);
+    qsort(v.p, (size_t)v.n, sizeof(char*), cmp_str);
+    for (int i = 0; i < t.n; i++) pl_add(train, t.p[i]);
+    for (int i = 0; i < v.n; i++) pl_add(val, v.p[i]);
+    int nt = t.n, nv = v.n;
+    pl_free(&t);
+    pl_free(&v);
+    if (!nt && !nv)
+        return err_set(e, "data: the directory %s holds no .bin shards; make them with scripts/tokenize.py "
+                       "(see docs/data.md)", dir);
+    return 0;
+}
+
+// One data.path / data.val_path item: a glob (its matches, sorted), a directory (its *.bin) or a
+// file (looked for next to the binary too). For a directory, for_val picks its validation shards
+// (all of them when it has none); else the train shards go to out and the validation shards to
+// dir_val.
+static int expand_item(const char* item, int for_val, PathList* out, PathList* dir_val, Err* e) {
+    if (strpbrk(item, "*?[")) {
+        glob_t g;
+        int rc = glob(item, 0, NULL, &g);
+        if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+            if (rc == 0) globfree(&g);
+            return err_set(e, "data: the pattern '%s' matches no file", item);
+        }
+        if (rc) return err_set(e, "data: cannot expand the pattern '%s'", item);
+        for (size_t i = 0; i < g.gl_pathc; i++) pl_add(out, g.gl_pathv[i]);  // glob sorts
+        globfree(&g);
+        return 0;
+    }
+    char path[PATH_MAX];
+    resolve_path(item, path, sizeof path);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        PathList t = {0}, v = {0};
+        int rc = list_dir(path, &t, &v, e);
+        if (!rc) {
+            if (for_val) {
+                PathList* use = v.n ? &v : &t;
+                for (int i = 0; i < use->n; i++) pl_add(out, use->p[i]);
+            } else if (!t.n) {
+                rc = err_set(e, "data: the directory %s holds only validation shards (val_*.bin); give its train "
+                             "shards in data.path", path);
+            } else {
+                for (int i = 0; i < t.n; i++) pl_add(out, t.p[i]);
+                for (int i = 0; i < v.n; i++) pl_add(dir_val, v.p[i]);
+            }
+        }
+        pl_free(&t);
+        pl_free(&v);
+        return rc;
+    }
+    pl_add(out, path);
+    return 0;
+}
+
+// Splits a comma list into trimmed, non-empty items (in place in buf).
+static int split_list(char* buf, char** items, int max) {
+    int n = 0;
     char* save = NULL;
-    int nitems = 0;
-    for (char* it = strtok_r(list, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+    for (char* it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
         while (*it == ' ' || *it == '\t') it++;
         char* end = it + strlen(it);
         while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
-        if (!*it) continue;
-        char path[PATH_MAX];
-        resolve_path(it, path, sizeof path);
-        if (add_file(ds, path, dc->format, e)) { data_close(ds); return -1; }
-        nitems++;
+        if (*it && n < max) items[n++] = it;
     }
-    if (!nitems) { data_close(ds); return err_set(e, "data.path = '%s' names no file", dc->path); }
+    return n;
+}
+
+// ---- the separator ------------------------------------------------------------------------------
+
+// eos_id of the manifest.json beside a shard, or -1.
+static int manifest_eos(const char* shard) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", shard);
+    char* sl = strrchr(p, '/');
+    if (sl) snprintf(sl + 1, sizeof p - (size_t)(sl + 1 - p), "manifest.json");
+    else snprintf(p, sizeof p, "manifest.json");
+    FILE* f = fopen(p, "rb");
+    if (!f) return -1;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    JsDoc doc;
+    char err[128];
+    int eos = -1;
+    if (js_parse(&doc, buf, n, JS_DEFAULT_LIMITS, err, sizeof err) == 0) {
+        const JsVal* v = js_get(&doc.root, "eos_id");
+        if (v && v->type == JS_NUM && v->is_int && v->i >= 0 && v->i < INT_MAX) eos = (int)v->i;
+    }
+    js_free(&doc);
+    return eos;
+}
+
+// ---- plain sets and mixtures ----------------------------------------------------------------------
+
+static int open_plain(DataSet** out, const DataConfig* dc0, const PathList* files, float val_frac, int shuffle,
+                      int vocab_size, int seq_len, uint64_t seed, Err* e) {
+    *out = NULL;
+    DataConfig dc = *dc0;
+    dc.val_frac = val_frac;
+    dc.shuffle = shuffle;
+    DataSet* ds = new_set(&dc, vocab_size, seq_len, seed);
+    for (int i = 0; i < files->n; i++)
+        if (add_file(ds, files->p[i], dc.format, e)) { data_close(ds); return -1; }
+    if (!files->n) { data_close(ds); return err_set(e, "data.path = '%s' names no file", dc0->path); }
+    if (ds->kind == KIND_BIN) {
+        int m = manifest_eos(files->p[0]);
+        if (m >= 0) ds->doc_sep = m;
+    }
     return finish(ds, out, e);
+}
+
+static int parse_weights(const char* text, int nitems, double* w, Err* e) {
+    char buf[CFG_STR];
+    snprintf(buf, sizeof buf, "%s", text);
+    char* it[256];
+    int n = split_list(buf, it, 256);
+    if (n != nitems)
+        return err_set(e, "data.weights has %d weights for %d data.path items; give one weight per item", n, nitems);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        char* end = NULL;
+        errno = 0;
+        w[i] = strtod(it[i], &end);
+        if (!*it[i] || *end || errno || !(w[i] > 0) || !isfinite(w[i]))
+            return err_set(e, "data.weights: '%s' is not a positive number", it[i]);
+        sum += w[i];
+    }
+    for (int i = 0; i < n; i++) w[i] /= sum;
+    return 0;
+}
+
+// Megatron's blend over one period: sample r goes to the source furthest behind its share.
+static void build_blend(DataSet* ds) {
+    int n = ds->ncomp;
+    ds->tab_src = xmalloc(sizeof(uint16_t) * MIX_PERIOD);
+    ds->tab_k = xmalloc(sizeof(uint32_t) * MIX_PERIOD);
+    ds->per_period = xcalloc((size_t)n, sizeof(uint64_t));
+    for (uint32_t r = 0; r < MIX_PERIOD; r++) {
+        int best = 0;
+        double be = -1e300;
+        for (int d = 0; d < n; d++) {
+            double err = ds->weight[d] * (double)(r + 1) - (double)ds->per_period[d];
+            if (err > be) be = err, best = d;
+        }
+        ds->tab_src[r] = (uint16_t)best;
+        ds->tab_k[r] = (uint32_t)ds->per_period[best]++;
+    }
+}
+
+static int item_error(const char* key, Err* e) {
+    Err c = *e;
+    return err_set(e, "%s: %s", key, c.msg);
+}
+
+int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, uint64_t seed, Err* e) {
+    *out = NULL;
+    if (check_args(dc, vocab_size, seq_len, e)) return -1;
+    if (dc->format == DATA_RANDOM) {
+        DataSet* ds = new_set(dc, vocab_size, seq_len, seed);
+        open_random(ds);
+        return finish(ds, out, e);
+    }
+    char list[CFG_STR], vlist[CFG_STR];
+    snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
+    snprintf(vlist, sizeof vlist, "%s", dc->val_path);
+    char* items[256];
+    char* vitems[256];
+    int n = split_list(list, items, 256), nv = split_list(vlist, vitems, 256);
+    if (!n) return err_set(e, "data.path = '%s' names no file", dc->path);
+    const int mix = dc->weights[0] != 0;
+    double w[256];
+    if (mix && parse_weights(dc->weights, n, w, e)) return -1;
+    if (mix && n > 65535) return err_set(e, "data.weights: at most 65535 sources");
+    int rc = 0, nsrc = mix ? n : 1;
+    PathList* src = xcalloc((size_t)nsrc, sizeof(PathList));
+    PathList dir_val = {0}, val = {0};
+    for (int i = 0; i < n && !rc; i++) rc = expand_item(items[i], 0, &src[mix ? i : 0], &dir_val, e);
+    if (rc) item_error("data.path", e);
+    for (int i = 0; i < nv && !rc; i++)
+        if ((rc = expand_item(vitems[i], 1, &val, &dir_val, e))) item_error("data.val_path", e);
+    if (!rc && !nv)
+        for (int i = 0; i < dir_val.n; i++) pl_add(&val, dir_val.p[i]);
+    DataSet* ds = NULL;
+    if (!rc && !mix && !val.n) {
+        rc = open_plain(&ds, dc, &src[0], dc->val_frac, dc->shuffle, vocab_size, seq_len, seed, e);
+    } else if (!rc) {
+        ds = new_set(dc, vocab_size, seq_len, seed);
+        ds->kind = KIND_MIX;
+        ds->ncomp = nsrc;
+        ds->comp = xcalloc((size_t)nsrc, sizeof(DataSet*));
+        float vf = val.n ? 0.0f : dc->val_frac;
+        for (int d = 0; d < nsrc && !rc; d++) {
+            uint64_t sd = d ? data_mix64(seed ^ data_mix64((uint64_t)d * 0x9E37ull)) : seed;
+            rc = open_plain(&ds->comp[d], dc, &src[d], vf, dc->shuffle, vocab_size, seq_len, sd, e);
+            if (rc && mix) {
+                Err c = *e;
+                err_set(e, "data.path item %d ('%s'): %s", d + 1, items[d], c.msg);
+            }
+            if (!rc && mix && ds->comp[d]->kind != KIND_BIN)
+                rc = err_set(e, "data.weights mixes .bin shards only; '%s' is a sequence file: tokenize it first "
+                             "(scripts/tokenize.py, docs/data.md)", items[d]);
+        }
+        if (!rc && val.n) {
+            rc = open_plain(&ds->val, dc, &val, 0.0f, 0, vocab_size, seq_len, seed, e);
+            if (rc) item_error(nv ? "data.val_path" : "validation shards", e);
+        }
+        if (!rc && mix) {
+            ds->weight = xmalloc(sizeof(double) * (size_t)nsrc);
+            memcpy(ds->weight, w, sizeof(double) * (size_t)nsrc);
+            build_blend(ds);
+        }
+        if (!rc) {
+            ds->doc_sep = ds->comp[0]->doc_sep;
+            for (int s = 0; s < 2; s++) {
+                ds->st[s].nwin = data_num_windows(ds, s);
+                ds->st[s].ntok = data_num_tokens(ds, s);
+                ds->st[s].records = data_num_records(ds, s);
+            }
+        }
+        if (rc) { data_close(ds); ds = NULL; }
+    }
+    for (int d = 0; d < nsrc; d++) pl_free(&src[d]);
+    free(src);
+    pl_free(&dir_val);
+    pl_free(&val);
+    if (rc) return -1;
+    *out = ds;
+    return 0;
 }
 
 int data_open_buffer(DataSet** out, const DataConfig* dc, const char* name, const uint8_t* buf, size_t n,
@@ -351,14 +618,72 @@ void data_close(DataSet* ds) {
     for (int k = 0; k < ds->nmaps; k++) bin_unmap(&ds->maps[k]);
     free(ds->maps);
     free(ds->segs);
+    for (int d = 0; d < ds->ncomp; d++) data_close(ds->comp[d]);
+    free(ds->comp);
+    free(ds->weight);
+    free(ds->tab_src);
+    free(ds->tab_k);
+    free(ds->per_period);
+    data_close(ds->val);
     free(ds);
 }
 
 // ---- windows -----------------------------------------------------------------------------------
 
-uint64_t data_num_windows(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].nwin; }
-uint64_t data_num_tokens(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].ntok; }
-uint64_t data_num_records(const DataSet* ds, int split) { return ds->st[split ? 1 : 0].records; }
+// Sums a count over a mixture's sources (split 0, and split 1 without val) or its validation set.
+static uint64_t mix_count(const DataSet* ds, int split, uint64_t (*f)(const DataSet*, int)) {
+    if (split && ds->val) return f(ds->val, 0);
+    uint64_t n = 0;
+    for (int d = 0; d < ds->ncomp; d++) n += f(ds->comp[d], split);
+    return n;
+}
+
+uint64_t data_num_windows(const DataSet* ds, int split) {
+    return ds->kind == KIND_MIX ? mix_count(ds, split ? 1 : 0, data_num_windows) : ds->st[split ? 1 : 0].nwin;
+}
+uint64_t data_num_tokens(const DataSet* ds, int split) {
+    return ds->kind == KIND_MIX ? mix_count(ds, split ? 1 : 0, data_num_tokens) : ds->st[split ? 1 : 0].ntok;
+}
+uint64_t data_num_records(const DataSet* ds, int split) {
+    return ds->kind == KIND_MIX ? mix_count(ds, split ? 1 : 0, data_num_records) : ds->st[split ? 1 : 0].records;
+}
+
+int data_doc_separator(const DataSet* ds) { return ds->kind == KIND_RANDOM ? -1 : ds->doc_sep; }
+
+// A mixture's sequence i of a split → (its source set, the split there, its index there).
+static const DataSet* mix_route(const DataSet* ds, int split, uint64_t i, int* sub_split, uint64_t* k, int* src) {
+    *src = 0;
+    if (split && ds->val) { *sub_split = 0; *k = i; return ds->val; }
+    *sub_split = split;
+    if (split == 0 && ds->weight) {
+        uint64_t q = i / MIX_PERIOD, r = i % MIX_PERIOD;
+        *src = ds->tab_src[r];
+        *k = q * ds->per_period[*src] + ds->tab_k[r];
+        return ds->comp[*src];
+    }
+    // one source, or validation: the sources' windows one after another
+    uint64_t total = data_num_windows(ds, split);
+    CHECK(total > 0, "data_get: the %s split has no windows", split_name(split));
+    uint64_t j = i % total;
+    for (int d = 0; d < ds->ncomp; d++) {
+        uint64_t nw = data_num_windows(ds->comp[d], split);
+        if (j < nw) {
+            *src = d;
+            *k = ds->ncomp == 1 ? i : j;  // one source keeps its own epochs and shuffle
+            return ds->comp[d];
+        }
+        j -= nw;
+    }
+    FATAL("data_get: window %llu past the %s split", (unsigned long long)i, split_name(split));
+}
+
+int data_source_of(const DataSet* ds, int split, uint64_t i) {
+    if (ds->kind != KIND_MIX) return 0;
+    int ss, src;
+    uint64_t k;
+    mix_route(ds, split ? 1 : 0, i, &ss, &k, &src);
+    return split && ds->val ? 0 : src;
+}
 
 // A bijection of [0, n) keyed by key: a balanced Feistel network on the smallest even number of
 // bits covering n, cycle-walked back into range (fewer than 4 steps on average).
@@ -384,6 +709,12 @@ static uint64_t permute(uint64_t x, uint64_t n, uint64_t key) {
 uint64_t data_window_of(const DataSet* ds, int split, uint64_t i) {
     split = split ? 1 : 0;
     if (ds->kind == KIND_RANDOM) return i;
+    if (ds->kind == KIND_MIX) {
+        int ss, src;
+        uint64_t k;
+        const DataSet* sub = mix_route(ds, split, i, &ss, &k, &src);
+        return data_window_of(sub, ss, k);
+    }
     uint64_t n = ds->st[split].nwin;
     CHECK(n > 0, "data_get: the %s split has no windows (data.val_frac = 0 means no validation)",
           split_name(split));
@@ -395,6 +726,13 @@ uint64_t data_window_of(const DataSet* ds, int split, uint64_t i) {
 void data_get(const DataSet* ds, int split, uint64_t i, int32_t* tokens) {
     split = split ? 1 : 0;
     const int T = ds->seq_len;
+    if (ds->kind == KIND_MIX) {
+        int ss, src;
+        uint64_t k;
+        const DataSet* sub = mix_route(ds, split, i, &ss, &k, &src);
+        data_get(sub, ss, k, tokens);
+        return;
+    }
     if (ds->kind == KIND_RANDOM) {
         uint64_t h = data_mix64(ds->seed ^ data_mix64(i * 2 + (uint64_t)split));
         for (int t = 0; t <= T; t++) {
@@ -437,6 +775,21 @@ static void human(uint64_t v, char* b, size_t n) {
 }
 
 void data_describe(const DataSet* ds, char* buf, size_t n) {
+    if (ds->kind == KIND_MIX) {
+        size_t o = 0;
+        buf[0] = 0;
+        for (int d = 0; d < ds->ncomp && o + 1 < n; d++) {
+            if (ds->weight) o += (size_t)snprintf(buf + o, n - o, "%ssource %d (weight %.3g): ", d ? "; " : "", d + 1,
+                                                  ds->weight[d]);
+            if (o + 1 < n) data_describe(ds->comp[d], buf + o, n - o);
+            o += strlen(buf + o);
+        }
+        if (ds->val && o + 1 < n) {
+            o += (size_t)snprintf(buf + o, n - o, "; validation data: ");
+            if (o + 1 < n) data_describe(ds->val, buf + o, n - o);
+        }
+        return;
+    }
     if (ds->kind == KIND_RANDOM) {
         snprintf(buf, n, "random tokens in [0, %d) from seed %llu: unlimited train windows, %llu validation "
                  "(seq_len %d)", ds->vocab, (unsigned long long)ds->seed, (unsigned long long)ds->st[1].nwin,

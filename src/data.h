@@ -13,13 +13,24 @@
 // Each split's records are concatenated into one stream; window w is tokens
 // [w·seq_len, w·seq_len + seq_len + 1) of the stream (stride seq_len, like llm.c).
 //
-// .bin shards (llm.c: 256 × int32 header, [0] = 20240520, [1] = 1 (uint16 tokens) or 2 (uint32),
-// [2] = token count) are mmap'd, checked once (size, every token < vocab), concatenated, and
-// split by windows: the last val_frac of the windows are validation.
+// .bin shards (256 × int32 header: [0] magic, [1] version, [2] token count; llm.c's 20240520 v1 =
+// uint16 tokens and 20240801 v7 = uint32 tokens, and this project's 20240520 v2 = uint32) are
+// mmap'd, checked once (size, every token < vocab), concatenated, and split by windows: the last
+// val_frac of the windows are validation. scripts/tokenize.py writes them (docs/data.md).
 //
-// data.path is one file or a comma-separated list (concatenated in order; all byte-level or all
-// .bin); "" is the shipped data/hairpin.fa.gz. A relative path that does not exist is also looked
-// for next to the binary (and its parents) and under PREFIX/share/moetrain.
+// data.path is a file, a comma-separated list, a glob or a directory (its *.bin shards, sorted;
+// the validation shards there, val_*.bin or *_val_*.bin, are the validation data when
+// data.val_path is empty); items are concatenated in order (all byte-level or all .bin); "" is
+// the shipped data/hairpin.fa.gz. A relative path that does not exist is also looked for next to
+// the binary (and its parents) and under PREFIX/share/moetrain.
+//
+// data.val_path (same forms) is validation data: every window of it, in order; data.val_frac is
+// then ignored and data.path is all training data. data.weights (one positive weight per
+// data.path item, .bin items only) mixes the items as Megatron's blend does: train sample i comes
+// from the source that is furthest below its share after i samples (exact proportions per period
+// of 65536 samples), at that source's next sample; each source keeps its own windows, epochs and
+// a shuffle seeded by train.seed and its index. The validation split of a mixture is each
+// source's validation windows, one source after another.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +69,18 @@ void data_get(const DataSet*, int split, uint64_t i, int32_t* tokens);
 
 // Which window of the split's stream sequence i reads (the permutation above).
 uint64_t data_window_of(const DataSet*, int split, uint64_t i);
+
+// The token that separates documents in the stream (what ends each record; the boundary that
+// document masking needs): data.sep_token for byte-level data; for .bin shards the eos_id of the
+// manifest.json beside the first shard (scripts/tokenize.py writes it), else data.sep_token.
+// -1 for random data.
+int data_doc_separator(const DataSet*);
+
+// The source (0-based data.path item under data.weights; else 0) that sequence i of a split reads.
+int data_source_of(const DataSet*, int split, uint64_t i);
+
+// 1 when a shard's file name marks it as validation data (val_*, *_val_*, val.*, *_val.*).
+int data_is_val_shard(const char* base);
 
 // One line for the log: format, files, records, tokens and windows per split.
 void data_describe(const DataSet*, char* buf, size_t n);

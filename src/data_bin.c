@@ -1,6 +1,8 @@
-// data_bin.c — llm.c token shards: 256 × int32 header ([0] = 20240520 magic, [1] = version:
-// 1 = uint16 tokens, 2 = uint32 tokens, [2] = token count), then the tokens, little-endian.
-// Files are mmap'd read-only; each is checked once (size, every token < vocab).
+// data_bin.c — token shards: 256 × int32 header ([0] = magic, [1] = version, [2] = token count),
+// then the tokens, little-endian. Three headers are read: llm.c's 20240520 version 1 (uint16
+// tokens), llm.c's 20240801 version 7 (uint32 tokens, what its Llama-3 tools write) and this
+// project's 20240520 version 2 (uint32 tokens). Files are mmap'd read-only (the kernel pages them
+// in and out: a corpus larger than RAM works); each is checked once (size, every token < vocab).
 #define _DEFAULT_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -65,13 +67,17 @@ int bin_check(const char* name, const uint8_t* p, size_t size, int vocab, Seg* s
         return err_set(e, "data: %s: truncated .bin: %zu bytes, the llm.c header alone is %d bytes", name, size,
                        BIN_HEADER_BYTES);
     uint32_t magic = le32(p), version = le32(p + 4), count = le32(p + 8);
-    if (magic != BIN_MAGIC)
-        return err_set(e, "data: %s: bad magic %u in the .bin header (llm.c token shards start with %d); "
-                       "set data.format to match the file", name, magic, BIN_MAGIC);
-    if (version != 1 && version != 2)
-        return err_set(e, "data: %s: unsupported .bin version %u (1 = uint16 tokens, 2 = uint32 tokens)", name,
-                       version);
-    int width = version == 1 ? 2 : 4;
+    if (magic != BIN_MAGIC && magic != BIN_MAGIC_U32)
+        return err_set(e, "data: %s: bad magic %u in the .bin header (token shards start with %d or %d: llm.c's "
+                       "uint16 and uint32 shards); make shards with scripts/tokenize.py, or set data.format to match "
+                       "the file", name, magic, BIN_MAGIC, BIN_MAGIC_U32);
+    if (magic == BIN_MAGIC && version != 1 && version != 2)
+        return err_set(e, "data: %s: unsupported .bin version %u for magic %d (1 = uint16 tokens, 2 = uint32 "
+                       "tokens)", name, version, BIN_MAGIC);
+    if (magic == BIN_MAGIC_U32 && version != 7)
+        return err_set(e, "data: %s: unsupported .bin version %u for magic %d (llm.c's uint32 shards are version 7)",
+                       name, version, BIN_MAGIC_U32);
+    int width = magic == BIN_MAGIC && version == 1 ? 2 : 4;
     uint64_t want = BIN_HEADER_BYTES + (uint64_t)count * (uint64_t)width;
     if ((uint64_t)size != want)
         return err_set(e, "data: %s: %s .bin: the header says %u tokens (uint%d) = %llu bytes with the header, "

@@ -8,7 +8,8 @@
 
 #include "data.h"
 
-#define BIN_MAGIC 20240520
+#define BIN_MAGIC 20240520      // llm.c uint16 (version 1); this project's uint32 (version 2)
+#define BIN_MAGIC_U32 20240801  // llm.c uint32 (version 7)
 #define BIN_HEADER_BYTES 1024  // 256 × int32
 
 // A growable byte array.
@@ -94,7 +95,7 @@ int bin_map(const char* path, MapFile* m, Err* e);
 void bin_unmap(MapFile* m);
 // Checks a .bin image (header, size, every token < vocab) and describes its payload in seg.
 int bin_check(const char* name, const uint8_t* p, size_t size, int vocab, Seg* seg, Err* e);
-// 1 when p starts with the little-endian .bin magic.
+// 1 when p starts with a little-endian .bin magic (either).
 int bin_has_magic(const uint8_t* p, size_t n);
 
 uint64_t data_mix64(uint64_t x);  // splitmix64 finaliser

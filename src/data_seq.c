@@ -364,7 +364,9 @@ const char* data_fmt_name(DataFormat f) {
 }
 
 int bin_has_magic(const uint8_t* p, size_t n) {
-    return n >= 4 && ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24) == BIN_MAGIC;
+    if (n < 4) return 0;
+    uint32_t m = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    return m == BIN_MAGIC || m == BIN_MAGIC_U32;
 }
 
 static int ends_with(const char* s, const char* suf) {
