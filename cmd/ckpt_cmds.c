@@ -49,19 +49,43 @@ static int flag(int argc, char** argv, int* i, const char* name, const char** ou
     return 1;
 }
 
+// The tokenizer beside the weights: --tokenizer, else the one the run recorded; none without.
+static int export_tokenizer(const Config* c, const char* tok, const char* out, DType dtype, Err* e) {
+    char found[CFG_STR + 32];
+    if (tok && !strcmp(tok, "none")) return 0;
+    if (!tok) {
+        if (!hf_tokenizer_of_run(&c->data, found, sizeof found)) {
+            printf("export: no tokenizer recorded by the run (data.tokenizer, or manifest.json beside the shards); "
+                   "give --tokenizer PATH for AutoTokenizer to load the directory\n");
+            return 0;
+        }
+        tok = found;
+    }
+    HfTokenIds ids;
+    char desc[256];
+    if (hf_export_tokenizer(tok, out, c->model.vocab_size, c->model.max_seq, &ids, desc, sizeof desc, e)) return -1;
+    if (hf_write_config_ids(&c->model, out, dtype, &ids, e)) return -1;
+    printf("export: tokenizer from %s: %s\n", tok, desc);
+    return 0;
+}
+
 int cmd_export(int argc, char** argv) {
-    const char* usage = "moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]";
-    const char *ck_path = NULL, *out = NULL, *dt = "bf16";
+    const char* usage = "moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer PATH|none]";
+    const char *ck_path = NULL, *out = NULL, *dt = "bf16", *tok = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s\n  writes a Hugging Face directory (config.json, model-*.safetensors, index) that\n"
                    "  transformers loads as MixtralForCausalLM; the model config comes from the checkpoint's\n"
-                   "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n", usage);
+                   "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n"
+                   "  --tokenizer PATH: a tokenizer.model, tokenizer.json, a directory holding them, or the shard\n"
+                   "  directory / manifest.json of scripts/tokenize.py; copied beside config.json, with its BOS/EOS/PAD\n"
+                   "  ids in config.json, so AutoTokenizer loads the directory. Default: the run's data.tokenizer, else\n"
+                   "  the manifest.json beside its data.path shards; none = no tokenizer.\n", usage);
             return 0;
         }
         int r = 0;
         if ((r = flag(argc, argv, &i, "--ckpt", &ck_path)) || (r = flag(argc, argv, &i, "--out", &out)) ||
-            (r = flag(argc, argv, &i, "--dtype", &dt))) {
+            (r = flag(argc, argv, &i, "--dtype", &dt)) || (r = flag(argc, argv, &i, "--tokenizer", &tok))) {
             if (r < 0) return usage_error(usage, "a flag lacks its value");
             continue;
         }
@@ -94,6 +118,8 @@ int cmd_export(int argc, char** argv) {
     } else if (config_load_string(c, cfg_text, strlen(cfg_text), name, &e)) {
         rc = user_error("export", &e);
     } else if (hf_export(ck, &c->model, out, dtype, &e)) {
+        rc = user_error("export", &e);
+    } else if (export_tokenizer(c, tok, out, dtype, &e)) {
         rc = user_error("export", &e);
     } else {
         HfTensorSpec* spec;

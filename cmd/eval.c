@@ -19,6 +19,7 @@
 #include "ckpt_cmds.h"
 #include "cli.h"
 #include "comm.h"
+#include "data.h"
 #include "hf.h"
 #include "train.h"
 
@@ -137,6 +138,12 @@ int cmd_eval(int argc, char** argv) {
     }
     if (!st && config_validate(&c, world, &e)) st = 2;
     if (!st && cli_resolve_data_path(&c, &e)) st = 2;
+    if (!st && c.model.vocab_size != 256 && data_is_byte_level(&c.data)) {
+        err_set(&e, "data.path %s is byte-level sequence data (tokens 0..255), but the model's vocabulary has %d "
+                "entries: a loss there measures nothing. Give data.path= token shards made with the model's "
+                "tokenizer (scripts/tokenize.py; docs/data.md)", c.data.path, c.model.vocab_size);
+        st = 2;
+    }
     if (dist_agree_error(st, &e)) {
         if (rank == 0) cli_exit_error("eval", &e);
         dist_finalize();

@@ -204,6 +204,129 @@ class Tok:
         return [pre + ids + [self.eos] for ids in out]
 
 
+# ---- tokenizer.json from a SentencePiece model -------------------------------------------------
+
+def _proto_fields(buf):
+    """(field, wire type, value) of a protobuf message: varints as int, length-delimited as bytes."""
+    i, n = 0, len(buf)
+
+    def varint():
+        nonlocal i
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+    while i < n:
+        key = varint()
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            yield f, wt, varint()
+        elif wt == 1:
+            yield f, wt, buf[i:i + 8]
+            i += 8
+        elif wt == 2:
+            k = varint()
+            yield f, wt, buf[i:i + k]
+            i += k
+        elif wt == 5:
+            yield f, wt, buf[i:i + 4]
+            i += 4
+        else:
+            raise ValueError("unsupported protobuf wire type %d" % wt)
+
+
+def spm_tokenizer_json(sp):
+    """A Hugging Face tokenizer.json equivalent to a SentencePiece model, or (None, why) when the
+    model uses what it cannot express here (a normalization rule other than identity, or removal
+    of extra whitespace). BPE models (Llama, Mistral, Mixtral) and unigram models."""
+    model_type, byte_fallback = 1, False
+    norm = {"name": "nmt_nfkc", "add_dummy_prefix": True, "remove_extra_whitespaces": True}
+    for f, wt, v in _proto_fields(sp.serialized_model_proto()):
+        if f == 2 and wt == 2:
+            for g, wt2, u in _proto_fields(v):
+                if g == 3 and wt2 == 0:
+                    model_type = u
+                elif g == 35 and wt2 == 0:
+                    byte_fallback = bool(u)
+        elif f == 3 and wt == 2:
+            for g, wt2, u in _proto_fields(v):
+                if g == 1 and wt2 == 2:
+                    norm["name"] = u.decode()
+                elif g == 3 and wt2 == 0:
+                    norm["add_dummy_prefix"] = bool(u)
+                elif g == 4 and wt2 == 0:
+                    norm["remove_extra_whitespaces"] = bool(u)
+    if norm["name"] != "identity":
+        return None, "normalization rule %s (only identity converts)" % norm["name"]
+    if norm["remove_extra_whitespaces"]:
+        return None, "remove_extra_whitespaces is on"
+    if model_type not in (1, 2):
+        return None, "model type %d (only unigram and BPE convert)" % model_type
+    n = sp.get_piece_size()
+    pieces = [sp.id_to_piece(i) for i in range(n)]
+    unk = sp.unk_id()
+    added = []
+    for i in range(n):
+        if sp.is_control(i) or sp.is_unknown(i):
+            added.append({"id": i, "content": pieces[i], "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True})
+    norms = ([{"type": "Prepend", "prepend": "\u2581"}] if norm["add_dummy_prefix"] else []) + \
+        [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+    decs = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}]
+    if norm["add_dummy_prefix"]:
+        decs.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    bos = sp.bos_id()
+    post = None
+    if bos >= 0:
+        b = pieces[bos]
+        post = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {b: {"id": b, "ids": [bos], "tokens": [b]}}}
+    if model_type == 2:  # BPE: merges from the vocabulary, in the order of the merged piece's rank
+        vocab = {p: i for i, p in enumerate(pieces)}
+        merges = []
+        for i, p in enumerate(pieces):
+            if sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i):
+                continue
+            local = [(vocab[p[:k]], vocab[p[k:]], p[:k], p[k:]) for k in range(1, len(p))
+                     if p[:k] in vocab and p[k:] in vocab]
+            merges += [[a, b] for _, _, a, b in sorted(local)]
+        model = {"type": "BPE", "dropout": None, "unk_token": pieces[unk] if unk >= 0 else None,
+                 "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                 "byte_fallback": byte_fallback, "ignore_merges": False, "vocab": vocab, "merges": merges}
+    else:
+        model = {"type": "Unigram", "unk_id": unk if unk >= 0 else None, "byte_fallback": byte_fallback,
+                 "vocab": [[pieces[i], sp.get_score(i)] for i in range(n)]}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": norms}, "pre_tokenizer": None,
+            "post_processor": post, "decoder": {"type": "Sequence", "decoders": decs}, "model": model}, None
+
+
+def check_tokenizer_json(path, sp, samples):
+    """'verified' when the tokenizers package encodes the samples as SentencePiece does,
+    'differs: ...' when not, 'unverified' when the package is missing."""
+    try:
+        import tokenizers
+    except ImportError:
+        return "unverified (the tokenizers package is not importable here)"
+    t = tokenizers.Tokenizer.from_file(path)
+    for text in samples:
+        a = t.encode(text, add_special_tokens=False).ids
+        b = sp.encode(text, out_type=int)
+        if a != b:
+            return "differs on %r" % text[:60]
+        if t.decode(a) != sp.decode(b):
+            return "decodes differently %r" % text[:60]
+    return "verified"
+
+
 # ---- inputs ----------------------------------------------------------------------------------
 
 class Counting(io.RawIOBase):
@@ -521,6 +644,8 @@ def main():
             try:
                 for d in docs_of(path, fmt, args, counter):
                     batch.append(d)
+                    if len(samples) < 200:
+                        samples.append(d[:2000])
                     chars += len(d)
                     text_bytes[0] += len(d)
                     if chars >= (1 << 18) or len(batch) >= 512:
@@ -530,6 +655,8 @@ def main():
                 die("%s (%s): %s" % (path, fmt, e))
         if batch:
             yield batch
+
+    samples = []
 
     def consume(encoded):
         for ids in encoded:
@@ -558,17 +685,35 @@ def main():
         die("no documents in the input")
 
     tdir = os.path.join(args.out, "tokenizer")
+    tj_status = None
+    names = []
     if tok.files:
         os.makedirs(tdir, exist_ok=True)
-        for p in tok.files:
-            shutil.copyfile(p, os.path.join(tdir, os.path.basename(p)))
+        names = []
+        for p in tok.files:  # a SentencePiece model under the name transformers looks for
+            names.append("tokenizer.model" if tok.kind == "sentencepiece" and p == tok.path else os.path.basename(p))
+            shutil.copyfile(p, os.path.join(tdir, names[-1]))
+        if tok.kind == "sentencepiece":  # tokenizer.json beside it: transformers loads it without sentencepiece
+            tj, why = spm_tokenizer_json(tok.sp)
+            if tj is None:
+                tj_status = "not written: " + why
+            else:
+                tjp = os.path.join(tdir, "tokenizer.json")
+                write_atomic(tjp, json.dumps(tj, ensure_ascii=False).encode())
+                tj_status = check_tokenizer_json(tjp, tok.sp, samples)
+                if tj_status.startswith("differs") or tj_status.startswith("decodes"):
+                    os.remove(tjp)
+                    sys.stderr.write("tokenize: warning: tokenizer.json not kept: it %s\n" % tj_status)
+                    tj_status = "not written: " + tj_status
+                else:
+                    names.append("tokenizer.json")
     manifest = {
         "format": "llm.c token shards",
         "magic": MAGIC_U32 if u32 else MAGIC_U16,
         "version": VERSION_U32 if u32 else VERSION_U16,
         "token_bytes": 4 if u32 else 2,
         "tokenizer": {"type": tok.kind, "source": tok.path, "dir": "tokenizer" if tok.files else None,
-                      "files": [os.path.basename(p) for p in tok.files]},
+                      "files": names if tok.files else [], "tokenizer_json": tj_status},
         "vocab_size": tok.vocab,
         "bos_id": tok.bos,
         "eos_id": tok.eos,

@@ -352,7 +352,7 @@ static int list_dir(const char* dir, PathList* train, PathList* val, Err* e) {
     for (struct dirent* de; (de = readdir(d));) {
         if (de->d_name[0] == '.' || !ends_bin(de->d_name)) continue;  // temp files of a running tokenize start with '.'
         char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= (int)sizeof p) continue;
         struct stat st;
         if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
         pl_add(data_is_val_shard(de->d_name) ? &v : &t, p);
@@ -588,6 +588,33 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
     if (rc) return -1;
     *out = ds;
     return 0;
+}
+
+int data_is_byte_level(const DataConfig* dc) {
+    if (dc->format == DATA_BIN || dc->format == DATA_RANDOM) return 0;
+    if (dc->format != DATA_AUTO) return 1;
+    char list[CFG_STR];
+    snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
+    char* items[1];
+    if (!split_list(list, items, 1)) return 0;
+    char path[PATH_MAX];
+    if (strpbrk(items[0], "*?[")) {
+        glob_t g;
+        if (glob(items[0], 0, NULL, &g) || g.gl_pathc == 0) return 0;
+        snprintf(path, sizeof path, "%s", g.gl_pathv[0]);
+        globfree(&g);
+    } else {
+        resolve_path(items[0], path, sizeof path);
+    }
+    struct stat st;
+    if (stat(path, &st) || S_ISDIR(st.st_mode)) return 0;  // directories hold shards
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    uint8_t head[4];
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    if (is_gzip(head, n)) return 1;
+    return data_detect(head, n, path) != DATA_BIN;
 }
 
 int data_open_buffer(DataSet** out, const DataConfig* dc, const char* name, const uint8_t* buf, size_t n,

@@ -82,5 +82,9 @@ int data_source_of(const DataSet*, int split, uint64_t i);
 // 1 when a shard's file name marks it as validation data (val_*, *_val_*, val.*, *_val.*).
 int data_is_val_shard(const char* base);
 
+// 1 when dc names byte-level sequence data (FASTA/FASTQ/text: tokens are bytes) rather than
+// token shards, judged by its first item (what data_open would read; "" = the shipped hairpins).
+int data_is_byte_level(const DataConfig* dc);
+
 // One line for the log: format, files, records, tokens and windows per split.
 void data_describe(const DataSet*, char* buf, size_t n);

@@ -76,6 +76,15 @@ static void kv_float(Sb* b, const char* k, float v) {
 }
 
 int hf_write_config(const ModelConfig* m, const char* out_dir, DType dtype, Err* e) {
+    return hf_write_config_ids(m, out_dir, dtype, NULL, e);
+}
+
+static void kv_id(Sb* b, const char* k, int v) {
+    if (v >= 0) sb_printf(b, "  \"%s\": %d,\n", k, v);
+    else sb_printf(b, "  \"%s\": null,\n", k);
+}
+
+int hf_write_config_ids(const ModelConfig* m, const char* out_dir, DType dtype, const HfTokenIds* ids, Err* e) {
     const char* td = dtype == DTYPE_BF16 ? "bfloat16" : "float32";
     const int byte_vocab = m->vocab_size == 256;
     Sb b = {0};
@@ -100,9 +109,16 @@ int hf_write_config(const ModelConfig* m, const char* out_dir, DType dtype, Err*
     sb_printf(&b, "  \"router_jitter_noise\": 0.0,\n  \"output_router_logits\": false,\n");
     sb_printf(&b, "  \"tie_word_embeddings\": false,\n  \"hidden_act\": \"silu\",\n  \"attention_dropout\": 0.0,\n");
     sb_printf(&b, "  \"sliding_window\": null,\n  \"use_cache\": true,\n");
-    if (byte_vocab) sb_printf(&b, "  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n");
-    else sb_printf(&b, "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n");
-    sb_printf(&b, "  \"pad_token_id\": null,\n  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", td, td);
+    if (ids) {
+        kv_id(&b, "bos_token_id", ids->bos);
+        kv_id(&b, "eos_token_id", ids->eos);
+        kv_id(&b, "pad_token_id", ids->pad);
+    } else if (byte_vocab) {
+        sb_printf(&b, "  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n  \"pad_token_id\": null,\n");
+    } else {
+        sb_printf(&b, "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"pad_token_id\": null,\n");
+    }
+    sb_printf(&b, "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", td, td);
     char p[CKPT_PATH];
     ckpt_join(p, out_dir, "config.json");
     int rc = ckpt_write_file(p, b.s, b.len, NULL, e);

@@ -37,6 +37,25 @@ int hf_export_ex(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DTyp
 // Writes out_dir/config.json for m (part of hf_export).
 int hf_write_config(const ModelConfig* m, const char* out_dir, DType dtype, Err* e);
 
+// Special-token ids of a tokenizer; -1 = none.
+typedef struct HfTokenIds {
+    int bos, eos, pad, unk;
+} HfTokenIds;
+// config.json with these ids (NULL: 1 and 2, or none for a byte vocabulary, as hf_write_config).
+int hf_write_config_ids(const ModelConfig* m, const char* out_dir, DType dtype, const HfTokenIds* ids, Err* e);
+
+// The tokenizer a run recorded (its config): data.tokenizer, else the manifest.json beside the
+// first data.path item's shards (scripts/tokenize.py writes it). 1 with the path in out, else 0.
+int hf_tokenizer_of_run(const DataConfig* dc, char* out, size_t n);
+// Copies a tokenizer into out_dir for AutoTokenizer: spec is a tokenizer.model (SentencePiece),
+// a tokenizer.json (with tokenizer_config.json beside it, if any), a directory holding them, or
+// a manifest.json / shard directory of scripts/tokenize.py. Writes tokenizer.model and/or
+// tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json;
+// the ids come from the files (the SentencePiece model's trainer spec, or tokenizer_config.json
+// and tokenizer.json). Refuses a tokenizer larger than vocab_size. desc: one line for the user.
+int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, int max_seq, HfTokenIds* ids,
+                        char* desc, size_t dn, Err* e);
+
 typedef struct HfDir HfDir;
 // dir holds model.safetensors.index.json (+ shards) or a single model.safetensors; a path to
 // a .safetensors file also works.

@@ -241,7 +241,7 @@ static void test_stream(void) {
     snprintf(want_train, sizeof want_train, "\"train\": %llu", (unsigned long long)g_want.n);
     EXPECT(m && strstr(m, want_train), "manifest token count: want %s", want_train);
     free(m);
-    EXPECT(sh("cmp -s %s %s", tpath("s1/tokenizer/tok.model"), tpath("tok.model")) == 0,
+    EXPECT(sh("cmp -s %s %s", tpath("s1/tokenizer/tokenizer.model"), tpath("tok.model")) == 0,
            "the tokenizer is copied beside the shards");
     // rerunning into the same directory needs --force
     rc = sh("%s --tokenizer %s --out %s --quiet %s >/dev/null 2>&1", TOKENIZE, tpath("tok.model"), tpath("s1"),
@@ -366,6 +366,61 @@ static void test_killed(void) {
     stream_free(&got);
 }
 
+// Train a few CPU steps on the shards, export: the tokenizer the run recorded (the manifest
+// beside data.path) lands beside config.json with its ids; eval refuses byte data for this
+// vocabulary; L1_8x7B_ep without data.path shows how to make shards.
+static void test_train_export(void) {
+    if (!g_ready) { EXPECT(0, "setup failed"); return; }
+    const char* bin = "build/moetrain";
+    int rc = sh("%s --config L0_sanity model.vocab_size=600 parallel.ep=1 train.device=cpu train.steps=2 "
+                "train.global_batch=2 train.micro_batch=2 train.seq_len=32 train.eval_batches=1 log.dir= "
+                "data.path=%s checkpoint.dir=%s >%s 2>&1", bin, tpath("s2"), tpath("ck"), tpath("train.log"));
+    EXPECT(rc == 0, "training on the shards failed (%d): see %s", rc, tpath("train.log"));
+    char* log = slurp(tpath("train.log"), NULL);
+    EXPECT(log && strstr(log, "bin uint16") && strstr(log, "validation data:"),
+           "the log names the shards and the validation shards: %s", log ? log : "");
+    free(log);
+    rc = sh("%s export --ckpt %s --out %s --dtype fp32 >%s 2>&1", bin, tpath("ck"), tpath("hf"), tpath("export.log"));
+    EXPECT(rc == 0, "export failed (%d): see %s", rc, tpath("export.log"));
+    EXPECT(sh("cmp -s %s %s && cmp -s %s %s && test -f %s && test -f %s", tpath("hf/tokenizer.model"),
+              tpath("tok.model"), tpath("hf/tokenizer.json"), tpath("s2/tokenizer/tokenizer.json"),
+              tpath("hf/tokenizer_config.json"), tpath("hf/generation_config.json")) == 0,
+           "the export carries tokenizer.model, tokenizer.json, tokenizer_config.json, generation_config.json");
+    char* cj = slurp(tpath("hf/config.json"), NULL);
+    EXPECT(cj && strstr(cj, "\"bos_token_id\": 1,") && strstr(cj, "\"eos_token_id\": 2,") &&
+           strstr(cj, "\"pad_token_id\": null,") && strstr(cj, "\"vocab_size\": 600"), "config.json: %s", cj ? cj : "");
+    free(cj);
+    char* tc = slurp(tpath("hf/special_tokens_map.json"), NULL);
+    EXPECT(tc && strstr(tc, "\"bos_token\": \"<s>\"") && strstr(tc, "\"eos_token\": \"</s>\"") &&
+           strstr(tc, "\"unk_token\": \"<unk>\""), "special_tokens_map.json: %s", tc ? tc : "");
+    free(tc);
+    // --tokenizer with a bare SentencePiece model; a tokenizer larger than the model refused
+    rc = sh("%s export --ckpt %s --out %s --tokenizer %s >/dev/null 2>&1 && test -f %s && test ! -e %s", bin,
+            tpath("ck"), tpath("hf2"), tpath("tok.model"), tpath("hf2/tokenizer.model"), tpath("hf2/tokenizer.json"));
+    EXPECT(rc == 0, "export --tokenizer tok.model");
+    rc = sh("%s --config L0_sanity parallel.ep=1 train.device=cpu train.steps=1 train.global_batch=2 "
+            "train.micro_batch=2 train.seq_len=32 log.dir= checkpoint.dir=%s >/dev/null 2>&1 && "
+            "%s export --ckpt %s --out %s --tokenizer %s > %s 2>&1", bin, tpath("ck256"), bin, tpath("ck256"),
+            tpath("hf3"), tpath("s2"), tpath("export3.log"));
+    char* el = slurp(tpath("export3.log"), NULL);
+    EXPECT(rc == 2 && el && strstr(el, "600 tokens, the model's vocabulary only 256"), "vocab check: %d %s", rc,
+           el ? el : "");
+    free(el);
+    // eval refuses the shipped byte data for a 600-token model
+    rc = sh("%s eval --ckpt %s parallel.ep=1 data.path= > %s 2>&1", bin, tpath("ck"), tpath("eval.log"));
+    el = slurp(tpath("eval.log"), NULL);
+    EXPECT(rc == 2 && el && strstr(el, "byte-level sequence data"), "eval on byte data: %d %s", rc, el ? el : "");
+    free(el);
+    rc = sh("%s eval --ckpt %s parallel.ep=1 > %s 2>&1", bin, tpath("ck"), tpath("eval2.log"));
+    EXPECT(rc == 0, "eval on the run's own shards: %d (see %s)", rc, tpath("eval2.log"));
+    // the flagship config without data
+    rc = sh("%s --config L1_8x7B_ep parallel.ep=1 checkpoint.dir=%s > %s 2>&1", bin, tpath("ckL1"), tpath("l1.log"));
+    el = slurp(tpath("l1.log"), NULL);
+    EXPECT(rc == 2 && el && strstr(el, "data.required") && strstr(el, "spm_train") && strstr(el, "scripts/tokenize.py"),
+           "L1 without data.path: %d %s", rc, el ? el : "");
+    free(el);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_tok_XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
@@ -375,6 +430,7 @@ int main(void) {
     RUN(test_uint32);
     RUN(test_bytes);
     RUN(test_killed);
+    RUN(test_train_export);
     stream_free(&g_want);
     if (!t_failed) sh("rm -rf %s", g_dir);
     else fprintf(stderr, "kept %s\n", g_dir);
