@@ -30,6 +30,8 @@ Each shard is written to a hidden temp name (.NAME.tmp) whose header has magic 0
 token is written; then the header, fsync, rename. A killed run leaves no file under a shard name
 and no temp file that passes the trainer's validation. The manifest is written last, the same way.
 
+MOETRAIN_TOKENIZE_CRASH_AT=k (tests only) SIGKILLs the run while it finishes its k-th shard.
+
 Throughput: the input is read and parsed in this process, documents are encoded by --workers
 processes (default: all cores), shards written here in input order.
 """
@@ -191,6 +193,18 @@ class Tok:
         elif self.kind == "hf":
             import tokenizers
             self.hf = tokenizers.Tokenizer.from_file(self.path)
+
+    def encode_packed(self, docs, code):
+        """The documents' tokens ([BOS] ids EOS each) as one little-endian array of type code
+        ('H' or 'I') in bytes, and each document's token count."""
+        flat = array.array(code)
+        lens = []
+        for ids in self.encode(docs):
+            flat.extend(ids)
+            lens.append(len(ids))
+        if sys.byteorder != "little":
+            flat.byteswap()
+        return flat.tobytes(), lens
 
     def encode(self, docs):
         """Each document's tokens: [BOS] ids EOS."""
@@ -489,17 +503,17 @@ class Shards:
         self.f.write(bytes(4 * HEADER_INTS))  # magic 0: not a shard until the header is written
         self.n = 0
 
-    def add(self, ids):
-        self.docs += 1
+    def add(self, data, ntok, ndocs):
+        """Appends ntok tokens (little-endian bytes) of ndocs whole documents."""
+        self.docs += ndocs
+        w = 4 if self.u32 else 2
+        mv = memoryview(data)
         pos = 0
-        while pos < len(ids):
+        while pos < ntok:
             if self.f is None:
                 self._open()
-            take = min(len(ids) - pos, self.shard_tokens - self.n)
-            a = array.array(self.code, ids[pos:pos + take])
-            if sys.byteorder != "little":
-                a.byteswap()
-            self.f.write(a.tobytes())
+            take = min(ntok - pos, self.shard_tokens - self.n)
+            self.f.write(mv[pos * w:(pos + take) * w])
             self.n += take
             self.tokens += take
             pos += take
@@ -561,8 +575,8 @@ def _init(tok):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _encode(batch):
-    return _TOK.encode(batch)
+def _encode(batch, code):
+    return _TOK.encode_packed(batch, code)
 
 
 def human(n):
@@ -658,22 +672,36 @@ def main():
 
     samples = []
 
+    width = 4 if u32 else 2
+
     def consume(encoded):
-        for ids in encoded:
-            shards["val" if is_val(ndoc[0], args.seed, args.val_frac) else "train"].add(ids)
+        data, lens = encoded
+        mv = memoryview(data)
+        start = run = 0  # token offset and length of the current run of documents of one split
+        run_docs, run_split = 0, None
+        for n in lens:
+            split = "val" if is_val(ndoc[0], args.seed, args.val_frac) else "train"
             ndoc[0] += 1
+            if split != run_split and run_docs:
+                shards[run_split].add(mv[start * width:(start + run) * width], run, run_docs)
+                start, run, run_docs = start + run, 0, 0
+            run_split = split
+            run += n
+            run_docs += 1
+        if run_docs:
+            shards[run_split].add(mv[start * width:(start + run) * width], run, run_docs)
         progress()
 
     if workers <= 1:
         for b in batches():
-            consume(tok.encode(b))
+            consume(tok.encode_packed(b, "I" if u32 else "H"))
     else:
         import collections
         import multiprocessing as mp
         with mp.get_context("fork").Pool(workers, _init, (tok,)) as pool:
             pending = collections.deque()
             for b in batches():
-                pending.append(pool.apply_async(_encode, (b,)))
+                pending.append(pool.apply_async(_encode, (b, "I" if u32 else "H")))
                 while len(pending) > 2 * workers or (pending and pending[0].ready()):
                     consume(pending.popleft().get())
             while pending:
