@@ -12,14 +12,15 @@ static void usage(FILE* f) {
             "  moetrain [train] --config NAME|PATH [section.key=value ...]   train (default)\n"
             "  moetrain plan --config NAME|PATH [overrides] [--world N] [--gpu-mem GiB]\n"
             "  moetrain inspect DIR                        what a checkpoint holds; checksums\n"
-            "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32]\n"
+            "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer PATH]\n"
             "  moetrain eval --ckpt DIR [--config NAME|PATH] [section.key=value ...]\n"
             "                                              validation loss / bits per token of a checkpoint\n"
             "  moetrain --keys                             every config key (docs/config.md)\n"
             "  moetrain --help | --version\n\n"
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
             "the install prefix. Override any key as section.key=value, e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
-            "Launch several ranks with mpirun: mpirun -np 8 moetrain --config L1_8x7B_ep checkpoint.dir=/ckpt\n",
+            "Launch several ranks with mpirun: mpirun -np 8 moetrain --config L1_8x7B_ep data.path=shards checkpoint.dir=/ckpt\n"
+            "(shards: scripts/tokenize.py, docs/data.md).\n",
             MOETRAIN_VERSION);
 }
 
