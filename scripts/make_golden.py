@@ -1,7 +1,7 @@
 """Golden fixture from Hugging Face transformers: a tiny MixtralForCausalLM with seeded random
 weights, its logits, losses, every gradient, and the losses of 5 AdamW steps.
 
-Run where torch and transformers are installed (the lent GPU machine; CPU torch is enough):
+Run where torch and transformers are installed (CPU torch is enough):
     python3 scripts/make_golden.py --out DIR
 It writes DIR/tiny_mixtral.golden (read by tests/test_golden.c), DIR/tiny_mixtral.safetensors
 (the same tensors plus HF's own aux_loss, with the config, versions, loss formula and checks in

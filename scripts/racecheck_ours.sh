@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # racecheck_ours.sh LOG... — the kernels `compute-sanitizer --tool racecheck` reported hazards in,
 # counted per kernel, one log at a time; a log fails when any of them is ours, that is, not one of
-# cuBLASLt's nvjet_* kernels (vendor code we cannot change: session 15 saw 5 hazards in them, at
+# cuBLASLt's nvjet_* kernels (vendor code we cannot change: on an H200 racecheck reports a few in them, at
 # the GEMM tests' tile-preference plans). A log without a RACECHECK SUMMARY (the run died) fails
 # too. Ends with "N passed, N failed"; exit status 1 when any failed.
 pass=0 failn=0
