@@ -1,4 +1,4 @@
-"""Helpers of scripts/ckpt_check.sh (the `ckpt` step of scripts/gpu_session.sh): checkpoint
+"""Helpers of scripts/ckpt_check.sh (the `ckpt` step of scripts/gpu_check.sh): checkpoint
 resume exactness and the Hugging Face export of a trained checkpoint.
 
     python3 scripts/ckpt_check.py tokens OUT.bin [--fasta data/hairpin.fa.gz] [--windows 32] [--seq 128]

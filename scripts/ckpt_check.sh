@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # ckpt_check.sh — on one device: (1) checkpoint save + resume is exact, (2) a trained checkpoint
 # exported for Hugging Face loads in transformers and gives moetrain's loss. The `ckpt` step of
-# scripts/gpu_session.sh; runs alone too:
+# scripts/gpu_check.sh; runs alone too:
 #   scripts/ckpt_check.sh [LOGDIR]                              # on the GPU (train.device=cuda)
 #   CKPT_DEVICE=cpu MOETRAIN=build-ck/moetrain scripts/ckpt_check.sh   # development, no GPU
 # Env: MOETRAIN (build/moetrain), CKPT_DEVICE (cuda), CKPT_DTYPES ("bf16 fp32": precision.dtype
-# of the runs, one set each), CKPT_DL (seconds this may take, default 100: a later dtype's set
+# of the runs, one set each), CKPT_DL (seconds this may take, default 900: a later dtype's set
 # and the exports are skipped, with a SKIP line, when too little is left; ~20 s are kept for
 # transformers), CKPT_WORK (scratch for checkpoints and exports, /tmp/ckpt_check, wiped first),
 # PYTHON (python3).
@@ -43,7 +43,7 @@ cd "$(dirname "$0")/.." || exit 1
 # where runs are compared bit for bit (cuda/cuda_gemm.cu)
 export MOETRAIN_GEMM_TUNE=0
 BIN=${MOETRAIN:-build/moetrain}; DEV=${CKPT_DEVICE:-cuda}; DTYPES=${CKPT_DTYPES:-bf16 fp32}
-DL=${CKPT_DL:-100}; WK=${CKPT_WORK:-/tmp/ckpt_check}; PY=${PYTHON:-python3}
+DL=${CKPT_DL:-900}; WK=${CKPT_WORK:-/tmp/ckpt_check}; PY=${PYTHON:-python3}
 LG=${1:-$WK/logs}
 NS=20; HALF=10; EVN=16; SEQ=128
 F=$(printf step_%08d $NS); H=$(printf step_%08d $HALF)

@@ -1,7 +1,7 @@
 """attn_ref.py — what PyTorch's own attention kernels reach on this GPU at Mixtral's attention shape
 (causal, 32 query heads, 8 kv heads, head dim 128, seq 4096), for each SDPA backend torch offers:
-the ceiling our attention kernels are measured against (docs/performance.md). Run on the lent GPU
-machine (it has torch): python3 scripts/attn_ref.py [B ...]. One line per backend and batch:
+the ceiling our attention kernels are measured against (docs/performance.md). Run on a GPU
+machine with torch: python3 dev/attn_ref.py [B ...]. One line per backend and batch:
 forward ms and TFLOP/s, forward+backward ms and the backward's TFLOP/s (2.5x the forward's FLOPs),
 counted as our bench counts them (causal: half of 4·B·Hq·T²·D)."""
 import sys
