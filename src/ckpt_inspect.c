@@ -31,7 +31,11 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
     char p[CKPT_PATH];
     ckpt_join(p, dir, CKPT_STATE);
     char* state = ckpt_read_text(p, 64u << 20, NULL, &le);
-    if (state) {
+    int unreadable = 0;  // files present but not readable as what they should be
+    if (!state) {
+        fprintf(out, "  trainer state: BAD: %s\n", le.msg);
+        unreadable++;
+    } else {
         TrainerState ts;
         char cfg[8];
         // The config block does not fit cfg: parse the scalars only, via a trimmed copy.
@@ -40,8 +44,10 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
         if (trainer_state_parse(state, &ts, cfg, sizeof cfg, &le) == 0)
             fprintf(out, "  layout: world %d, ep %d, edp %d; tokens %lld; seed %llu\n", ts.world, ts.ep,
                     ts.ep ? ts.world / ts.ep : 0, (long long)ts.tokens, (unsigned long long)ts.seed);
-        else
-            fprintf(out, "  trainer state: unreadable: %s\n", le.msg);
+        else {
+            fprintf(out, "  trainer state: BAD: unreadable: %s\n", le.msg);
+            unreadable++;
+        }
         free(state);
     }
     fprintf(out, "files:\n");
@@ -70,7 +76,8 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
         ckpt_rank_name(rn, sizeof rn, r);
         ckpt_join(p, dir, rn);
         if (st_open(&f[r], p, &le)) {
-            fprintf(out, "  (%s: header unreadable: %s)\n", rn, le.msg);
+            fprintf(out, "  %s: BAD: header unreadable: %s\n", rn, le.msg);
+            unreadable++;
             f[r] = NULL;
             continue;
         }
@@ -100,7 +107,8 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
     for (int r = 0; r < m.world; r++) st_close(f[r]);
     free(f);
     if (bad) fprintf(out, "result: BAD (%d of %d files fail their checksum or size)\n", bad, m.n);
-    else fprintf(out, "result: OK (every checksum holds)\n");
+    else if (unreadable) fprintf(out, "result: BAD (%d file(s) cannot be read as a checkpoint's; see above)\n", unreadable);
+    else fprintf(out, "result: OK (every checksum holds, every file reads)\n");
     manifest_free(&m);
-    return bad ? 1 : 0;
+    return bad || unreadable ? 1 : 0;
 }

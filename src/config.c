@@ -27,8 +27,8 @@ static const ConfigKey KEYS[] = {
     KEY(model, layers, K_INT, "2", 1, 1024, NULL, "decoder layers"),
     KEY(model, heads, K_INT, "4", 1, 1024, NULL, "attention (query) heads; head dim = hidden / heads, even"),
     KEY(model, kv_heads, K_INT, "2", 1, 1024, NULL, "key/value heads (GQA); divides model.heads"),
-    KEY(model, experts, K_INT, "4", 1, 1024, NULL, "experts per MoE layer"),
-    KEY(model, top_k, K_INT, "2", 1, 1024, NULL, "experts per token (<= model.experts)"),
+    KEY(model, experts, K_INT, "4", 1, 64, NULL, "experts per MoE layer (at most 64: the router statistics and the dispatch are sized for 64)"),
+    KEY(model, top_k, K_INT, "2", 1, 16, NULL, "experts per token (<= model.experts; at most 16: the CUDA router)"),
     KEY(model, max_seq, K_INT, "1024", 1, 1 << 24, NULL, "max_position_embeddings in config.json (>= train.seq_len)"),
     KEY(model, rope_theta, K_FLOAT, "1e6", 1, 1e12, NULL, "RoPE base (rope_theta)"),
     KEY(model, rms_eps, K_FLOAT, "1e-5", 1e-12, 1, NULL, "RMSNorm epsilon (rms_norm_eps)"),
@@ -36,7 +36,7 @@ static const ConfigKey KEYS[] = {
     KEY(model, aux_coef, K_FLOAT, "0.02", 0, 100, NULL, "load-balancing loss coefficient (router_aux_loss_coef)"),
     KEY(model, z_coef, K_FLOAT, "0", 0, 100, NULL, "router z-loss coefficient (0 = off)"),
     BOOL(model, tie_embeddings, "false", "must be false: Mixtral's lm_head is untied"),
-    KEY(parallel, ep, K_INT, "1", 1, 4096, NULL, "expert-parallel group size; divides the world size and model.experts"),
+    KEY(parallel, ep, K_INT, "1", 1, 64, NULL, "expert-parallel group size; divides the world size and model.experts"),
     BOOL(parallel, zero1, "true", "shard optimizer state (fp32 master, Adam m, v) over data-parallel ranks (ZeRO-1)"),
     ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 master weights always: see precision.master; the CPU computes in fp32)"),
     ENUM(precision, expert_grad, "auto", "auto|fp32|bf16", "storage of the expert weight gradients in bf16 runs: bf16 = each backward GEMM's fp32 sum rounded once to bf16 (the values PyTorch autocast gives its fp32 .grad), 2 B/param less AdamW and grad-norm traffic; needs one micro-batch per step (train.global_batch = micro_batch × world) and world = parallel.ep (no gradient reduction over expert replicas). fp32 = fp32 sums (Megatron's main_grad). auto = bf16 where allowed, else fp32"),
@@ -412,6 +412,9 @@ int config_validate(const Config* c, int world, Err* e) {
     if ((m->hidden / m->heads) % 2)
         return err_set(e, "%s: the head dim model.hidden / model.heads = %d / %d = %d must be even (RoPE rotates pairs)",
                        src, m->hidden, m->heads, m->hidden / m->heads);
+    if (m->hidden / m->heads > 1024)
+        return err_set(e, "%s: the head dim model.hidden / model.heads = %d / %d = %d exceeds 1024 (the attention kernels' "
+                       "limit; 256 on GPUs): raise model.heads", src, m->hidden, m->heads, m->hidden / m->heads);
     if (m->heads % m->kv_heads)
         return err_set(e, "%s: model.heads (%d) must be a multiple of model.kv_heads (%d)", src, m->heads, m->kv_heads);
     if (m->top_k > m->experts)

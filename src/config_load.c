@@ -136,6 +136,10 @@ int config_find_file(const char* kind, const char* name, const char* ext, char* 
             snprintf(out, n, "%s", cand[i]);
             return 0;
         }
+    struct stat st;
+    if (stat(name, &st) == 0 && S_ISDIR(st.st_mode))
+        return err_set(e, "%s '%.200s' is a directory; give a file in it (e.g. %.200s/NAME%s)",
+                       !strcmp(kind, "configs") ? "config" : kind, name, name, ext);
     char tried[1536] = "", avail[1024];
     for (int i = 0; i < nc; i++) append(tried, sizeof tried, ", ", cand[i]);
     list_available(roots, nroots, kind, ext, avail, sizeof avail);
@@ -199,7 +203,9 @@ static int load_include(Config* c, const char* inc, const yaml_node_t* node, con
 static int apply_doc(Config* c, yaml_document_t* doc, const char* name, const char* dir, Load* ld) {
     Err* e = ld->e;
     yaml_node_t* root = yaml_document_get_root_node(doc);
-    if (!root || is_null(root)) return 0;  // an empty file sets nothing
+    if (!root || is_null(root))  // an empty file is a mistake (a wrong path, a truncated copy), not "all defaults"
+        return err_set(e, "%s: the config is empty (no sections); a config sets at least one section or "
+                       "`defaults: NAME` (e.g. defaults: L0_sanity)", name);
     if (root->type != YAML_MAPPING_NODE)
         return err_set(e, "%s:%zu:%zu: a config is a mapping of sections (model:, train:, ...), got %s", AT(root),
                        node_kind(root));
@@ -301,6 +307,43 @@ static int syntax_error(const yaml_parser_t* p, const char* name, Err* e) {
                    what, ctx);
 }
 
+// A config is sections of keys: two levels of nesting. libyaml's cost grows with the square of
+// the nesting depth (a 200 KB file of nested brackets takes it minutes), so the events are
+// walked first and a file nested deeper than MAX_NEST is refused at once, before the document
+// is built.
+#define MAX_NEST 32
+#define MAX_CONFIG_BYTES (1 << 20)
+
+static int check_nesting(const char* text, size_t len, const char* name, Err* e) {
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) FATAL("libyaml: out of memory");
+    yaml_parser_set_input_string(&p, (const unsigned char*)text, len);
+    int depth = 0, rc = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            rc = syntax_error(&p, name, e);
+            break;
+        }
+        const yaml_event_type_t t = ev.type;
+        const yaml_mark_t m = ev.start_mark;
+        yaml_event_delete(&ev);
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > MAX_NEST) {
+                rc = err_set(e, "%s:%zu:%zu: nested more than %d levels deep; a config is sections of keys (two levels)",
+                             name, m.line + 1, m.column + 1, MAX_NEST);
+                break;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (t == YAML_STREAM_END_EVENT) {
+            break;
+        }
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
 // Parses the stream in p (one document) and applies it.
 static int load_parser(Config* c, yaml_parser_t* p, const char* name, const char* dir, Load* ld) {
     yaml_document_t doc, extra;
@@ -335,8 +378,23 @@ static int load_path(Config* c, const char* path, Load* ld) {
         }
     if (ld->depth == MAX_DEPTH)
         return err_set(ld->e, "%s: defaults: nested more than %d files deep", path, MAX_DEPTH);
+    if (st.st_size > MAX_CONFIG_BYTES)
+        return err_set(ld->e, "config %s: %lld bytes; a config is at most %d bytes (is it the right file?)", path,
+                       (long long)st.st_size, MAX_CONFIG_BYTES);
     FILE* f = fopen(path, "rb");
     if (!f) return err_set(ld->e, "cannot open config %s: %s", path, strerror(errno));
+    char* text = xmalloc((size_t)st.st_size + 1);
+    size_t len = fread(text, 1, (size_t)st.st_size + 1, f);
+    const int rerr = ferror(f);
+    fclose(f);
+    if (rerr || len > (size_t)st.st_size) {
+        free(text);
+        return err_set(ld->e, "cannot read config %s%s", path, rerr ? ": read error" : ": it changed while being read");
+    }
+    if (check_nesting(text, len, path, ld->e)) {
+        free(text);
+        return -1;
+    }
     memcpy(ld->stack[ld->depth++], real, PATH_MAX);
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
@@ -345,10 +403,10 @@ static int load_path(Config* c, const char* path, Load* ld) {
     else snprintf(dir, sizeof dir, ".");
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p)) FATAL("libyaml: out of memory");
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char*)text, len);
     int rc = load_parser(c, &p, path, dir, ld);
     yaml_parser_delete(&p);
-    fclose(f);
+    free(text);
     ld->depth--;
     return rc;
 }
@@ -367,6 +425,9 @@ int config_load_file(Config* c, const char* path, Err* e) {
 
 int config_load_string(Config* c, const char* text, size_t len, const char* name, Err* e) {
     Config tmp = *c;
+    if (len > MAX_CONFIG_BYTES)
+        return err_set(e, "%s: %zu bytes; a config is at most %d bytes", name, len, MAX_CONFIG_BYTES);
+    if (check_nesting(text, len, name, e)) return -1;
     Load* ld = xcalloc(1, sizeof *ld);
     ld->e = e;
     yaml_parser_t p;

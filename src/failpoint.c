@@ -16,6 +16,7 @@ static struct {
     {"ckpt.crash_at", "MOETRAIN_CKPT_CRASH_AT", NULL},
     {"train.fail_rank", "MOETRAIN_FAIL_RANK", NULL},
     {"moe.force_exchange", "MOETRAIN_FORCE_EXCHANGE", NULL},
+    {"log.metrics_fail_after", "MOETRAIN_METRICS_FAIL_AFTER", NULL},
 };
 enum { N_FP = sizeof FP / sizeof FP[0] };
 

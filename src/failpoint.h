@@ -13,6 +13,9 @@
 //   train.fail_rank     MOETRAIN_FAIL_RANK         rank r: FATAL at its second step
 //   moe.force_exchange  MOETRAIN_FORCE_EXCHANGE    1: the MoE dispatcher takes the exchange path
 //                                                  (all_to_all_v) even at EP = 1
+//   log.metrics_fail_after  MOETRAIN_METRICS_FAIL_AFTER  N: writes to metrics.jsonl fail with
+//                                                  ENOSPC once N bytes went through the handle
+//                                                  (a full disk; logfile.c)
 //
 // To add one: a row in failpoint.c's table, a line above, and a check at the place it fails.
 #pragma once

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "failpoint.h"
+#include "logfile.h"
 #include "util.h"
 
 static volatile sig_atomic_t g_stop_signal = 0;
@@ -31,35 +32,40 @@ static int mkdir_p(const char* path) {
 
 // On resume: drop the lines of metrics.jsonl for steps after the checkpoint (a run that died
 // after its last save logged steps that the resumed run repeats), so the trace joins without
-// duplicates. Rewritten through a temporary file and rename.
-static void metrics_trim(const char* path, int step) {
+// duplicates. Rewritten through a temporary file and rename; every write checked.
+static int metrics_trim(const char* path, int step, Err* e) {
     FILE* f = fopen(path, "r");
-    if (!f) return;
+    if (!f) return errno == ENOENT ? 0 : err_set(e, "%s: cannot read: %s", path, strerror(errno));
     char tmp[CFG_STR + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* o = fopen(tmp, "w");
-    if (!o) {
+    LogFile o;
+    if (logfile_open(&o, tmp, 0, e)) {
         fclose(f);
-        return;
+        return -1;
     }
     char* line = NULL;
     size_t cap = 0;
-    int dropped = 0;
-    while (getline(&line, &cap, f) > 0) {
+    int dropped = 0, rc = 0;
+    ssize_t len;
+    while (!rc && (len = getline(&line, &cap, f)) > 0) {
         const char* s = strstr(line, "\"step\": ");
-        if (s && atoi(s + 8) > step) {
+        if ((s && atoi(s + 8) > step) || line[len - 1] != '\n') {  // later steps, or a torn last line
             dropped++;
             continue;
         }
-        fputs(line, o);
+        rc = logfile_write(&o, line, (size_t)len, e);
     }
+    if (!rc && ferror(f)) rc = err_set(e, "%s: read failed", path);
     free(line);
     fclose(f);
-    if (fclose(o) == 0 && rename(tmp, path) == 0) {
-        if (dropped) log_info("log: dropped %d line(s) of %s after step %d (resumed from there)\n", dropped, path, step);
-    } else {
+    if (logfile_close(&o, rc ? NULL : e)) rc = -1;
+    if (!rc && rename(tmp, path)) rc = err_set(e, "rename %s -> %s: %s", tmp, path, strerror(errno));
+    if (rc) {
         remove(tmp);
+        return -1;
     }
+    if (dropped) log_info("log: dropped %d line(s) of %s after step %d (resumed from there)\n", dropped, path, step);
+    return 0;
 }
 
 // The backend of this rank; *why says why train.device=auto fell back to the CPU.
@@ -102,6 +108,11 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
         t->be->destroy(t->be), t->be = NULL;
         return -1;
     }
+    if (on_gpu && cfg->model.hidden / cfg->model.heads > 256) {  // every rank is on a GPU here: all return alike
+        t->be->destroy(t->be), t->be = NULL;
+        return err_set(e, "the head dim model.hidden / model.heads = %d exceeds 256, the CUDA attention kernels' limit: "
+                       "raise model.heads, or train on the CPU (train.device=cpu)", cfg->model.hidden / cfg->model.heads);
+    }
     if (!on_gpu && why.msg[0]) log_info("device: no GPU (%s); using the CPU backend\n", why.msg);
     if (!on_gpu && cfg->precision.dtype != DTYPE_F32)
         log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
@@ -130,19 +141,25 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 
     if (trainer_restore(t, e)) return -1;
 
+    t->metrics.fd = -1;
     if (t->rank == 0 && cfg->log.dir[0]) {
         if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
         char p[CFG_STR + 32];
         snprintf(p, sizeof p, "%s/config.yaml", cfg->log.dir);
-        FILE* f = fopen(p, "w");
-        if (f) {
-            config_print(cfg, f);
-            fclose(f);
-        }
+        char* text = NULL;
+        size_t len = 0;
+        FILE* mf = open_memstream(&text, &len);
+        CHECK(mf, "open_memstream: %s", strerror(errno));
+        config_print(cfg, mf);
+        fclose(mf);
+        Err le = {{0}};
+        int bad = logfile_write_whole(p, text, len, &le);
+        free(text);
+        if (bad) return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
         snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
-        if (t->step > 0) metrics_trim(p, t->step);
-        t->metrics = fopen(p, t->step > 0 ? "a" : "w");
-        if (!t->metrics) return err_set(e, "log.dir: cannot write %s (%s)", p, strerror(errno));
+        if (t->step > 0 && metrics_trim(p, t->step, &le))
+            return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
+        if (logfile_open(&t->metrics, p, t->step > 0, &le)) return err_set(e, "log.dir: %s", le.msg);
     }
     signal(SIGTERM, on_signal);
     signal(SIGUSR1, on_signal);
@@ -150,7 +167,9 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 }
 
 void trainer_free(Trainer* t) {
-    if (t->metrics) fclose(t->metrics);
+    Err le = {{0}};
+    if (logfile_close(&t->metrics, &le) && !t->log_failed)
+        fprintf(stderr, "moetrain: error: %s (the metrics of the last steps may be lost)\n", le.msg);
     optim_free(&t->opt, &t->model);
     model_free(&t->model);
     if (t->data) data_close(t->data);
@@ -210,15 +229,24 @@ static void log_step(Trainer* t, int step, double loss, double ce, double aux, c
            st->skipped ? " | SKIPPED (non-finite)" : "");
     if (ev) printf(" | val %.4f (%.3f bits)", ev->loss, ev->bits_per_token);
     printf("\n");
-    fflush(stdout);
-    if (t->metrics) {
-        fprintf(t->metrics,
-                "{\"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tokens\": %lld, \"expert_load_max_over_mean\": %.4f, \"skipped\": %d",
-                step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
-        if (ev) fprintf(t->metrics, ", \"val_loss\": %.6f, \"val_bits_per_token\": %.6f", ev->loss, ev->bits_per_token);
-        fprintf(t->metrics, "}\n");
-        fflush(t->metrics);
+    static int stdout_warned = 0;
+    if ((fflush(stdout) || ferror(stdout)) && !stdout_warned) {  // the console copy; metrics.jsonl is the record
+        stdout_warned = 1;
+        fprintf(stderr, "moetrain: warning: writing the step lines to standard output failed (%s); training goes on%s\n",
+                strerror(errno), t->metrics.fd >= 0 ? ", metrics.jsonl keeps the record" : " (no log.dir: set one to keep a record)");
+    }
+    if (t->metrics.fd >= 0 && !t->log_failed) {
+        char line[1024];
+        int n = snprintf(line, sizeof line,
+                         "{\"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                         "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tokens\": %lld, \"expert_load_max_over_mean\": %.4f, \"skipped\": %d",
+                         step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
+        if (ev && n < (int)sizeof line)
+            n += snprintf(line + n, sizeof line - (size_t)n, ", \"val_loss\": %.6f, \"val_bits_per_token\": %.6f", ev->loss,
+                          ev->bits_per_token);
+        if (n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
+        CHECK(n < (int)sizeof line, "metrics line longer than %zu bytes", sizeof line);
+        if (logfile_write(&t->metrics, line, (size_t)n, &t->log_err)) t->log_failed = 1;
     }
 }
 
@@ -300,9 +328,20 @@ int trainer_run(Trainer* t) {
             return EXIT_DIVERGED;
         }
         // preemption: every rank agrees on the signal, saves, and stops
-        int32_t sig = g_stop_signal;
-        if (t->stop_at > 0 && s + 1 == t->stop_at) sig = SIGTERM;  // tests
-        t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &sig, 1);
+        // (and a failed metrics write on rank 0 stops every rank: no step goes unrecorded)
+        int32_t flags[2] = {g_stop_signal, t->log_failed};
+        if (t->stop_at > 0 && s + 1 == t->stop_at) flags[0] = SIGTERM;  // tests
+        t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, flags, 2);
+        const int32_t sig = flags[0];
+        if (flags[1]) {
+            if (t->rank == 0)
+                fprintf(stderr, "moetrain: error: log.dir: %s; stopping at step %d so that no metrics are lost "
+                                "(nothing saved after the last checkpoint). Free space there or give another log.dir, "
+                                "then resume with checkpoint.resume=auto (metrics.jsonl continues from the checkpoint)\n",
+                        t->log_err.msg, s + 1);
+            t->step++;
+            return EXIT_USAGE;
+        }
         const int last = s + 1 == tc->steps;
         const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
         if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {

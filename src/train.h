@@ -8,6 +8,7 @@
 #include "comm.h"
 #include "config.h"
 #include "data.h"
+#include "logfile.h"
 #include "model.h"
 #include "optim.h"
 
@@ -41,7 +42,9 @@ typedef struct Trainer {
     int32_t* h_tok;       // host [N] micro-batch inputs
     int32_t* h_tgt;       // host [N] targets
     int32_t* h_win;       // host [seq_len + 1] one window
-    FILE* metrics;        // <log.dir>/metrics.jsonl (rank 0)
+    LogFile metrics;      // <log.dir>/metrics.jsonl (rank 0; fd -1 = none)
+    int log_failed;       // a metrics write failed (rank 0): the run stops with exit 2
+    Err log_err;          // why
     double t_start;
 } Trainer;
 

@@ -19,8 +19,11 @@
 // Loading goes by name into this rank's own layout (params_build for its EP rank), then
 // optim_load_from_staging / optim_scatter put each rank's slice in place. So a checkpoint
 // saved at any EP / EDP / world / zero1 loads at any other.
+#define _DEFAULT_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +210,13 @@ static int stage(Trainer* t, ReadFn rd, const void* src, int which, const char* 
         state_name(nm, sizeof nm, which, p->name);
         Err re = {{0}};
         if (rd(src, nm, host, p->ndim, p->shape, &re)) return err_set(e, "%s: %s", where, re.msg);
+        size_t bad = 0, first = 0;
+        for (size_t j = p->numel; j-- > 0;)
+            if (!isfinite(host[j])) bad++, first = j;
+        if (bad)
+            return err_set(e, "%s: tensor %s holds %zu non-finite value(s) (NaN or Inf; the first at element %zu of %zu): "
+                           "the stored weights are damaged and nothing trains from them; use another checkpoint or export "
+                           "(or check how this one was written)", where, nm, bad, first, p->numel);
         m->be->to_device(m->be, m->grad[p->arena] + p->offset, host, sizeof(float) * p->numel);
     }
     return 0;
@@ -231,6 +241,13 @@ static int get_optimizer_state(const char* text) {
     Err e = {{0}};
     if (trainer_state_get(text, "optimizer_state", v, sizeof v, &e) != 1) return 1;
     return !strcmp(v, "true") ? 1 : !strcmp(v, "false") ? 0 : -1;
+}
+
+// The same data file, however it was named (relative, absolute, through links).
+static int same_data(const char* a, const char* b) {
+    if (!strcmp(a, b)) return 1;
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
 }
 
 static int load_ckpt(Trainer* t, const char* path, Err* e) {
@@ -313,6 +330,12 @@ static int load_ckpt(Trainer* t, const char* path, Err* e) {
             log_info("checkpoint: note: saved with train.global_batch=%lld, seq_len=%lld; this run uses %d, %d: the data "
                      "position continues as step x global_batch, so the order differs from an uninterrupted run\n",
                      (long long)gb, (long long)sl, t->cfg.train.global_batch, t->cfg.train.seq_len);
+        if (!same_data(cc->data.path, t->cfg.data.path) || cc->data.format != t->cfg.data.format)
+            log_info("checkpoint: warning: saved with data.path=\"%s\" (data.format=%s); this run reads \"%s\" (%s): "
+                     "training continues at the saved position (step x global_batch) of this run's data, which is "
+                     "not a continuation of the saved run's data stream%s\n",
+                     cc->data.path, data_format_name(cc->data.format), t->cfg.data.path, data_format_name(t->cfg.data.format),
+                     cc->data.path[0] && t->cfg.data.path[0] ? "" : " (an empty path is the shipped data/hairpin.fa.gz)");
         if (ts.seed != t->cfg.train.seed)
             log_info("checkpoint: note: saved with train.seed=%llu; this run uses %llu (the data order changes)\n",
                      (unsigned long long)ts.seed, (unsigned long long)t->cfg.train.seed);

@@ -375,9 +375,10 @@ static void test_yaml_errors(void) {
     EXPECT(config_load_file(&c, g_dir, &e) == -1 && strstr(e.msg, "is not a regular file"), "a directory: %s", e.msg);
     EXPECT(config_load_string(&c, "train:\n  steps: x\n", 18, "<mem>", &e) == -1 && strstr(e.msg, "<mem>:2:10: "),
            "load_string names its input: %s", e.msg);
-    EXPECT(load_text(&c, "", &e) == 0 && load_text(&c, "# only a comment\n", &e) == 0 &&
-               load_text(&c, "train:\n", &e) == 0 && load_text(&c, "data:\n  path: ~\n", &e) == 0 && !c.data.path[0],
-           "empty file / empty section / null string are fine: %s", e.msg);
+    EXPECT(load_text(&c, "", &e) == -1 && strstr(e.msg, "the config is empty (no sections)"), "empty file: %s", e.msg);
+    EXPECT(load_text(&c, "# only a comment\n", &e) == -1 && strstr(e.msg, "the config is empty"), "comments only: %s", e.msg);
+    EXPECT(load_text(&c, "train:\n", &e) == 0 && load_text(&c, "data:\n  path: ~\n", &e) == 0 && !c.data.path[0],
+           "empty section / null string are fine: %s", e.msg);
 }
 
 typedef struct BadOverride {

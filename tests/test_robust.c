@@ -1,0 +1,226 @@
+// test_robust.c — a run on shared disks, under preemption and with a stuck rank, with the real
+// binary: every log write checked (a full disk, real through /dev/full and injected), the
+// messages of the start-up checks (empty config, a directory as --config, limits the kernels
+// have, nested YAML refused fast, inspect on an unreadable rank file, NaN weights from
+// init_from, resume on other data).
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "safetensors.h"
+#include "test_resume_util.h"
+
+static char g_dir[256], g_bin[4096];
+
+// A tiny model on random tokens, one rank.
+#define TINY                                                                                                   \
+    "--config L0_sanity parallel.ep=1 train.device=cpu data.format=random model.hidden=32 model.ffn=48 "       \
+    "model.vocab_size=64 train.seq_len=16 train.micro_batch=2 train.global_batch=2 optim.warmup=1 "            \
+    "train.eval_batches=1 log.every=1 log.dir="
+
+// Runs `cmd` (printf-style) through the shell with stdout+stderr into out[n]; returns the exit
+// code (-1 when killed by a signal).
+static int run(char* out, size_t n, double* secs, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
+static int run(char* out, size_t n, double* secs, const char* fmt, ...) {
+    char cmd[8192], full[8400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "( %s ) 2>&1", cmd);
+    double t0 = now_sec();
+    FILE* p = popen(full, "r");
+    size_t got = 0;
+    if (p)
+        for (size_t k; got < n - 1 && (k = fread(out + got, 1, n - 1 - got, p)) > 0;) got += k;
+    out[got] = 0;
+    if (p) {  // drain what did not fit
+        char sink[4096];
+        while (fread(sink, 1, sizeof sink, p) > 0) {}
+    }
+    int st = p ? pclose(p) : -1;
+    if (secs) *secs = now_sec() - t0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static long file_size(const char* path) {
+    struct stat st;
+    return stat(path, &st) ? -1 : (long)st.st_size;
+}
+
+// ---- 1. every write checked -------------------------------------------------------------------
+
+// log.dir on a full disk: metrics.jsonl is /dev/full (every write fails with ENOSPC).
+static void test_metrics_disk_full(void) {
+    char out[65536], d[400], p[500];
+    snprintf(d, sizeof d, "%s/full", g_dir);
+    mkdir(d, 0755);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", d);
+    EXPECT(symlink("/dev/full", p) == 0, "symlink %s", p);
+    int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=6 log.dir=%s", g_bin, d);
+    EXPECT(rc == 2, "exit code 2 on a full disk (rc %d): %s", rc, out);
+    EXPECT(strstr(out, "metrics.jsonl: write failed after 0 bytes: No space left on device") &&
+               strstr(out, "stopping at step 1"),
+           "the message names the file, the reason and the step: %s", out);
+}
+
+// The injected failure: writes fail after 600 bytes (two lines and a part of the third); the
+// run stops at that step with exit 2; a resume trims the torn line and the trace joins.
+static void test_metrics_injected_failure(void) {
+    char out[65536], d[400], ck[400], p[500];
+    snprintf(d, sizeof d, "%s/inj", g_dir);
+    snprintf(ck, sizeof ck, "%s/inj_ck", g_dir);
+    int rc = run(out, sizeof out, NULL, "MOETRAIN_METRICS_FAIL_AFTER=600 %s " TINY " train.steps=6 checkpoint.every=1 "
+                 "checkpoint.dir=%s log.dir=%s", g_bin, ck, d);
+    EXPECT(rc == 2, "exit code 2 (rc %d): %s", rc, out);
+    EXPECT(strstr(out, "write failed after 600 bytes: No space left on device") && strstr(out, "stopping at step 3"),
+           "the message: %s", out);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", d);
+    EXPECT(file_size(p) == 600, "600 bytes written (%ld)", file_size(p));
+    rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=6 checkpoint.every=1 checkpoint.dir=%s log.dir=%s "
+             "checkpoint.resume=auto", g_bin, ck, d);
+    EXPECT(rc == 0, "the resumed run (rc %d): %s", rc, out);
+    double loss[16];
+    int n = read_losses(p, loss, 16);
+    EXPECT(n == 6, "6 whole lines after the resume (%d)", n);
+    char* tr[16];
+    int m = read_trace(p, tr, 16);
+    for (int i = 0; i < m; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "\"step\": %d,", i + 1);
+        EXPECT(strstr(tr[i], want) && tr[i][strlen(tr[i]) - 1] == '\n', "line %d: %s", i + 1, tr[i]);
+    }
+    free_trace(tr, m > 0 ? m : 0);
+}
+
+// ---- 6. messages ------------------------------------------------------------------------------
+
+static void test_config_messages(void) {
+    char out[65536], p[400];
+    snprintf(p, sizeof p, "%s/empty.yaml", g_dir);
+    FILE* f = fopen(p, "w");
+    fputs("# nothing here\n", f);
+    fclose(f);
+    int rc = run(out, sizeof out, NULL, "%s --config %s", g_bin, p);
+    EXPECT(rc == 2 && strstr(out, "the config is empty (no sections)"), "empty config: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s --config %s", g_bin, g_dir);
+    EXPECT(rc == 2 && strstr(out, "is a directory; give a file in it"), "--config DIR: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s plan --config L0_sanity model.experts=128", g_bin);
+    EXPECT(rc == 2 && strstr(out, "model.experts: 128 is out of range (expected 1 to 64)"), "experts: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s plan --config L0_sanity model.top_k=17", g_bin);
+    EXPECT(rc == 2 && strstr(out, "model.top_k: 17 is out of range (expected 1 to 16)"), "top_k: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s plan --config L0_sanity parallel.ep=128", g_bin);
+    EXPECT(rc == 2 && strstr(out, "parallel.ep: 128 is out of range (expected 1 to 64)"), "ep: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s plan --config L0_sanity model.hidden=4096 model.heads=2 model.kv_heads=1", g_bin);
+    EXPECT(rc == 2 && strstr(out, "exceeds 1024"), "head dim: rc %d, %s", rc, out);
+    // 200 KB of nested brackets: refused at once (libyaml alone takes minutes over it)
+    snprintf(p, sizeof p, "%s/nested.yaml", g_dir);
+    f = fopen(p, "w");
+    for (int i = 0; i < 100000; i++) fputc('[', f);
+    for (int i = 0; i < 100000; i++) fputc(']', f);
+    fclose(f);
+    double secs;
+    rc = run(out, sizeof out, &secs, "timeout 60 %s --config %s", g_bin, p);
+    EXPECT(rc == 2 && strstr(out, "nested more than 32 levels deep"), "nested YAML: rc %d, %s", rc, out);
+    EXPECT(secs < 10, "refused within seconds (%.1f s)", secs);
+}
+
+// A rank file whose header cannot be read, listed in a manifest that agrees with it (sizes and
+// checksums hold): inspect says BAD and exits 1.
+static void test_inspect_unreadable_header(void) {
+    char out[65536], ck[400], p[600];
+    snprintf(ck, sizeof ck, "%s/insp", g_dir);
+    int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s", g_bin, ck);
+    EXPECT(rc == 0, "train (rc %d): %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s inspect %s", g_bin, ck);
+    EXPECT(rc == 0 && strstr(out, "result: OK"), "intact: rc %d, %s", rc, out);
+    // garble the header length, then rewrite the manifest with the file's new crc
+    snprintf(p, sizeof p, "%s/step_00000002/rank_00000.safetensors", ck);
+    int fd = open(p, O_WRONLY);
+    uint64_t huge = (uint64_t)1 << 62;
+    EXPECT(fd >= 0 && pwrite(fd, &huge, 8, 0) == 8, "garble %s", p);
+    close(fd);
+    rc = sh("cd %s/step_00000002 && crc=$(python3 -c \"import zlib;print('%%08x'%%(zlib.crc32(open('rank_00000.safetensors','rb').read())))\") && "
+            "awk -v c=$crc '/^file rank_00000/{$4=c} !/^crc32/{print}' manifest.txt > m && "
+            "python3 -c \"import zlib;t=open('m','rb').read();open('manifest.txt','wb').write(t+b'crc32 %%08x\\n'%%zlib.crc32(t))\" && rm m", ck);
+    EXPECT(rc == 0, "manifest rewritten");
+    rc = run(out, sizeof out, NULL, "%s inspect %s", g_bin, ck);
+    EXPECT(rc == 1 && strstr(out, "rank_00000.safetensors: BAD: header unreadable") && strstr(out, "result: BAD"),
+           "inspect fails on the unreadable file: rc %d, %s", rc, out);
+}
+
+// init_from a Hugging Face directory with a NaN in one tensor: the message says the weights are
+// damaged (not "lower the learning rate").
+static void test_init_from_nan(void) {
+    char out[65536], ck[400], hf[400];
+    snprintf(ck, sizeof ck, "%s/nan_ck", g_dir);
+    snprintf(hf, sizeof hf, "%s/nan_hf", g_dir);
+    int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=1 checkpoint.dir=%s && %s export --ckpt %s --out %s --dtype fp32",
+                 g_bin, ck, g_bin, ck, hf);
+    EXPECT(rc == 0, "train + export (rc %d): %s", rc, out);
+    int hit = 0;
+    DIR* d = opendir(hf);
+    for (struct dirent* de; d && (de = readdir(d));) {
+        if (!strstr(de->d_name, ".safetensors") || strstr(de->d_name, ".json")) continue;
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", hf, de->d_name);
+        StFile* f;
+        Err e;
+        if (st_open(&f, p, &e)) continue;
+        const StTensor* t = st_find(f, "model.norm.weight");
+        if (t) {
+            float nan = NAN;
+            int fd = open(p, O_WRONLY);
+            hit = fd >= 0 && pwrite(fd, &nan, 4, (off_t)(f->data_start + t->begin + 4)) == 4;
+            close(fd);
+        }
+        st_close(f);
+    }
+    if (d) closedir(d);
+    EXPECT(hit, "a NaN written into model.norm.weight");
+    rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.init_from=%s", g_bin, hf);
+    EXPECT(rc == 2 && strstr(out, "model.norm.weight holds 1 non-finite value") && strstr(out, "damaged") &&
+               !strstr(out, "lower optim.lr"),
+           "the message says what is true: rc %d, %s", rc, out);
+}
+
+// resume=auto with another data.path: a warning names both.
+static void test_resume_other_data(void) {
+    char out[65536], ck[400], a[400], b[400];
+    snprintf(ck, sizeof ck, "%s/data_ck", g_dir);
+    snprintf(a, sizeof a, "%s/a.txt", g_dir);
+    snprintf(b, sizeof b, "%s/b.txt", g_dir);
+    for (int k = 0; k < 2; k++) {
+        FILE* f = fopen(k ? b : a, "w");
+        for (int i = 0; i < 400; i++) fprintf(f, "line %d of file %c: some text to train on\n", i, 'a' + k);
+        fclose(f);
+    }
+    const char* cfg = "--config L0_sanity parallel.ep=1 train.device=cpu model.hidden=32 model.ffn=48 train.seq_len=16 "
+                      "train.micro_batch=2 train.global_batch=2 optim.warmup=1 train.eval_batches=1 data.format=text log.dir=";
+    int rc = run(out, sizeof out, NULL, "%s %s train.steps=2 checkpoint.dir=%s data.path=%s", g_bin, cfg, ck, a);
+    EXPECT(rc == 0, "train on a (rc %d): %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s %s train.steps=3 checkpoint.dir=%s data.path=%s checkpoint.resume=auto", g_bin, cfg,
+             ck, b);
+    EXPECT(rc == 0 && strstr(out, "warning: saved with data.path=") && strstr(out, "a.txt") && strstr(out, "b.txt"),
+           "the warning: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s %s train.steps=4 checkpoint.dir=%s data.path=%s checkpoint.resume=auto", g_bin, cfg,
+             ck, b);
+    EXPECT(rc == 0 && !strstr(out, "warning: saved with data.path="), "no warning on the same data: rc %d, %s", rc, out);
+}
+
+int main(int argc, char** argv) {
+    if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
+    snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_robust_XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    RUN(test_metrics_disk_full);
+    RUN(test_metrics_injected_failure);
+    RUN(test_config_messages);
+    RUN(test_inspect_unreadable_header);
+    RUN(test_init_from_nan);
+    RUN(test_resume_other_data);
+    if (!t_failed) sh("rm -rf %s", g_dir);
+    TEST_END();
+}
