@@ -3,49 +3,42 @@
 #
 # For every micro-batch in MBS and sequence length in SEQ it trains bench_8x7B_L2 (Mixtral-8x7B
 # layer dimensions, 2 layers, 8 experts, random tokens, bf16, AdamW) with build/moetrain and takes
-# its final `{"bench": ...}` JSON line; then it runs the peer baseline hf_mixtral_baseline.py
-# (MixtralForCausalLM, fp32 masters + bf16 autocast, fused AdamW) for the same sizes and every
-# variant in HF_VARIANTS; then prints a table: ours against the best HF variant (tokens/s, model
-# TFLOP/s, peak GiB, step time, ratio). Both sides count model FLOPs the same way
-# (params_train_flops_per_token in src/params.h is the baseline's formula).
+# its final `{"bench": ...}` JSON line; then it runs scripts/hf_peer.py (transformers'
+# MixtralForCausalLM at the same config's dimensions, fp32 masters under bf16 autocast, fused
+# AdamW with the same hyper-parameters, the same step and timing) for the same sizes and every
+# variant in HF_VARIANTS; then prints the table (scripts/bench_compare.py): step time, tokens/s,
+# model TFLOP/s, MFU, peak memory, and ours against the best Hugging Face variant. Both sides
+# count model FLOPs with params_train_flops_per_token (src/params.h).
+#
+# Needs a GPU, build/moetrain (`make bench` builds it), and python3 with torch and transformers
+# for the peer (without them the table has moetrain's rows only).
 #
 # Environment (all optional):
-#   MBS="4"              micro-batches to run (e.g. MBS="4 8")
+#   MBS="4"              micro-batches (e.g. MBS="4 8")
 #   SEQ="4096"           sequence lengths
-#   HF_VARIANTS="eager eager+compile default"   baseline IMPLs (default = the installed default,
-#                        grouped_mm in transformers 5.17); "" skips Hugging Face
-#   HF_CONFIG=8x7B-L2    the baseline's config name (must match bench_8x7B_L2's dimensions)
-#   HF_BASELINE=path     hf_mixtral_baseline.py; else the first of .bench/, ../shared/bench/,
-#                        shared/bench/ that has it (see "On the lent GPU machine" below)
-#   HF_BATCH=1           one baseline process per variant for all sizes (saves the torch start per
-#                        size; an OOM or crash loses that variant's remaining sizes, which are
-#                        then reported as failed)
-#   HF_RESULTS=file      reuse baseline JSON lines from an earlier run instead of running it
-#   OURS=0               skip moetrain (baseline only)
-#   CONFIG=bench_8x7B_L2 moetrain config; ARGS="k=v ..." extra overrides for every run
-#   LAUNCH=""            how moetrain is started (one rank needs no mpirun: on the lent machine
-#                        mpirun's start alone took ~80 s; e.g. LAUNCH="scripts/mpirun.sh -np 1")
-#   RUN_TIMEOUT=300      seconds per run (moetrain run, or one baseline call). Runs use
-#                        `timeout --foreground`: they stay in this script's process group, so
-#                        a caller that kills the group (a device call running out of time) takes
-#                        them along instead of leaving one on the GPU to slow the next call.
+#   HF_VARIANTS="eager eager+compile default"   peer variants (scripts/hf_peer.py): the experts
+#                        backend, +compile for torch.compile; "" skips Hugging Face
+#   HF_SEPARATE=1        one peer process per size and variant (default: one per variant for all
+#                        sizes, which saves torch's start and compile cache per size)
+#   HF_RESULTS=file      reuse peer JSON lines from an earlier run instead of running the peer
+#   HF_ARGS="..."        more hf_peer.py arguments (e.g. "--clip 1.0")
+#   OURS=0               skip moetrain (peer only)
+#   CONFIG=bench_8x7B_L2 config name or path, for both sides; ARGS="k=v ..." extra overrides for
+#                        moetrain (model.* and optim.* ones reach the peer too)
+#   LAUNCH=""            how moetrain is started (one rank needs no mpirun; e.g.
+#                        LAUNCH="scripts/mpirun.sh -np 1")
+#   RUN_TIMEOUT=300      seconds per run (one moetrain run; one peer size)
+#   PEAK_TFLOPS=N        the GPU's dense bf16 peak for MFU, when bench_compare.py does not know it
 #   OUT=dir              where logs go (default build/bench/YYYYmmdd-HHMMSS)
 #
-# Writes to $OUT: moetrain.log, hf.log, results.jsonl (one JSON object per run, "impl" is
-# "moetrain" or the HF variant), summary.md (the table, also printed). Exit status: 0 when
+# Writes to $OUT: moetrain.log, hf.log, results.jsonl (one JSON object per run; "impl" is
+# "moetrain" or the peer variant), summary.md (the table, also printed). Exit status: 0 when
 # every requested moetrain run produced its bench line, 1 otherwise.
-#
-# On the lent GPU machine the working tree travels but ../shared does not, and the baseline is
-# the peer's file, never committed here. Copy it into an ignored folder and carry that folder:
-#   here:   mkdir -p .bench && cp ../shared/bench/hf_mixtral_baseline.py .bench/ &&
-#           grep -qx '/.bench/' .git/info/exclude || echo /.bench/ >> .git/info/exclude
-#   run:    carry [".bench", "build"], command "make bench" (OUT is set there).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MBS=${MBS:-4}
 SEQ=${SEQ:-4096}
 HF_VARIANTS=${HF_VARIANTS-eager eager+compile default}
-HF_CONFIG=${HF_CONFIG:-8x7B-L2}
 CONFIG=${CONFIG:-bench_8x7B_L2}
 LAUNCH=${LAUNCH-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
@@ -54,11 +47,11 @@ OUT=${OUT:-build/bench/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 RES=$OUT/results.jsonl
 : >"$RES"
+case $CONFIG in */* | *.yaml) CFG_FILE=$CONFIG ;; *) CFG_FILE=configs/$CONFIG.yaml ;; esac
 
 say() { echo "bench: $*" >&2; }
-# build/commit.txt where the caller wrote one (a worktree copied to the GPU machine has no git metadata of its own)
-say "out $OUT; MBS=[$MBS] SEQ=[$SEQ] HF_VARIANTS=[$HF_VARIANTS]; commit $(cat build/commit.txt 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo ?)"
-command -v nvidia-smi >/dev/null && nvidia-smi -L >&2
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -1)
+say "out $OUT; $CONFIG, MBS=[$MBS] SEQ=[$SEQ] HF_VARIANTS=[$HF_VARIANTS]; GPU ${GPU:-unknown}; commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
 
 fail=0
 # ---- moetrain ---------------------------------------------------------------------------------
@@ -72,7 +65,7 @@ if [ "$OURS" = 1 ]; then
       say "moetrain $CONFIG micro_batch=$mbs seq_len=$seq"
       echo "==== moetrain $CONFIG train.micro_batch=$mbs train.global_batch=$mbs train.seq_len=$seq ${ARGS:-}" >>"$OUT/moetrain.log"
       # shellcheck disable=SC2086  # LAUNCH and ARGS are word lists
-      timeout --foreground "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
+      timeout --foreground -k 10 "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
         train.global_batch="$mbs" train.seq_len="$seq" ${ARGS:-} >>"$OUT/moetrain.log" 2>&1
       rc=$?
       line=$(awk '/^==== /{last=""} /^\{"bench"/{last=$0} END{print last}' "$OUT/moetrain.log")
@@ -88,63 +81,50 @@ if [ "$OURS" = 1 ]; then
   done
 fi
 
-# ---- Hugging Face baseline --------------------------------------------------------------------
+# ---- Hugging Face peer ------------------------------------------------------------------------
+# hf_run TIMEOUT PLAN...: one peer process for the plans (VARIANT:MBS:SEQ); its result lines are
+# appended to $RES, missing ones as errors. model.* and optim.* overrides in ARGS reach the peer.
+hf_run() {
+  local lim=$1; shift
+  local log=$OUT/hf_last.log t0=$SECONDS p line a v mbs seq
+  local cmd=(python3 scripts/hf_peer.py --config "$CFG_FILE")
+  for a in ${ARGS:-}; do case $a in model.*=* | optim.*=*) cmd+=(--set "$a") ;; esac; done
+  # shellcheck disable=SC2206  # HF_ARGS is a word list
+  cmd+=(${HF_ARGS:-} "$@")
+  say "peer: ${cmd[*]}"
+  echo "==== ${cmd[*]}" >>"$OUT/hf.log"
+  PYTHONUNBUFFERED=1 timeout --foreground -k 10 "$lim" "${cmd[@]}" >"$log" 2>&1
+  local rc=$?
+  cat "$log" >>"$OUT/hf.log"
+  say "  exit $rc after $((SECONDS - t0)) s"
+  for p in "$@"; do
+    IFS=: read -r v mbs seq <<<"$p"
+    line=$(grep '^{' "$log" | grep -F "\"impl\": \"$v\"" | grep "\"mbs\": $mbs," | grep "\"seq\": $seq," | tail -1)
+    [ -z "$line" ] && line="{\"impl\": \"$v\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc, no result line (see hf.log)\"}"
+    echo "$line" >>"$RES"
+    say "  $line"
+  done
+}
+
 if [ -n "${HF_RESULTS:-}" ]; then
-  say "baseline: reusing $HF_RESULTS"
+  say "peer: reusing $HF_RESULTS"
   grep '^{' "$HF_RESULTS" | grep '"impl"' | grep -v '"moetrain"' >>"$RES"
 elif [ -n "$HF_VARIANTS" ]; then
-  base=${HF_BASELINE:-}
-  if [ -z "$base" ]; then
-    for p in .bench/hf_mixtral_baseline.py ../shared/bench/hf_mixtral_baseline.py shared/bench/hf_mixtral_baseline.py; do
-      [ -f "$p" ] && { base=$p; break; }
-    done
-  fi
-  if [ -z "$base" ] || [ ! -f "$base" ]; then
-    say "no hf_mixtral_baseline.py (set HF_BASELINE, or copy it to .bench/ and carry .bench): skipping Hugging Face"
+  if ! python3 -c 'import torch, transformers' 2>/dev/null; then
+    say "python3 cannot import torch and transformers: skipping the Hugging Face peer"
   else
-    if [ "${HF_BATCH:-0}" = 1 ]; then
-      for v in $HF_VARIANTS; do
-        plans=()
-        for seq in $SEQ; do for mbs in $MBS; do plans+=("$HF_CONFIG:$v:$mbs:$seq"); done; done
-        say "baseline ${plans[*]} ($base, one process)"
-        echo "==== $base ${plans[*]}" >>"$OUT/hf.log"
-        t0=$(date +%s)
-        PYTHONUNBUFFERED=1 timeout --foreground "$RUN_TIMEOUT" python3 "$base" "${plans[@]}" >"$OUT/hf_batch.log" 2>&1
-        rc=$?
-        cat "$OUT/hf_batch.log" >>"$OUT/hf.log"
-        say "  exit $rc after $(( $(date +%s) - t0 )) s"
-        for seq in $SEQ; do
-          for mbs in $MBS; do
-            line=$(grep '^{"config"' "$OUT/hf_batch.log" | grep "\"impl\": \"$v\"" | grep "\"mbs\": $mbs," | grep "\"seq\": $seq," | tail -1)
-            [ -z "$line" ] && line="{\"config\": \"$HF_CONFIG\", \"impl\": \"$v\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc, no result line\"}"
-            echo "$line" >>"$RES"
-            say "  $line"
-          done
-        done
-      done
-    else
-    for seq in $SEQ; do
-      for mbs in $MBS; do
-        for v in $HF_VARIANTS; do
-          # one process per variant: a crash or OOM in one (torch.compile) does not take the others
-          say "baseline $HF_CONFIG:$v:$mbs:$seq ($base)"
-          echo "==== $base $HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log"
-          t0=$(date +%s)
-          PYTHONUNBUFFERED=1 timeout --foreground "$RUN_TIMEOUT" python3 "$base" "$HF_CONFIG:$v:$mbs:$seq" >>"$OUT/hf.log" 2>&1
-          rc=$?
-          line=$(awk '/^==== /{last=""} /^\{"config"/{last=$0} END{print last}' "$OUT/hf.log")
-          if [ -z "$line" ]; then
-            line="{\"config\": \"$HF_CONFIG\", \"impl\": \"$v\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc, no result line\"}"
-          fi
-          echo "$line" >>"$RES"
-          say "  $line ($(( $(date +%s) - t0 )) s)"
-        done
-      done
+    for v in $HF_VARIANTS; do
+      plans=()
+      for seq in $SEQ; do for mbs in $MBS; do plans+=("$v:$mbs:$seq"); done; done
+      if [ "${HF_SEPARATE:-0}" = 1 ]; then
+        for p in "${plans[@]}"; do hf_run "$RUN_TIMEOUT" "$p"; done
+      else
+        hf_run $((RUN_TIMEOUT * ${#plans[@]})) "${plans[@]}"
+      fi
     done
-    fi
   fi
 fi
 
 # ---- table ------------------------------------------------------------------------------------
-python3 scripts/bench_compare.py "$RES" | tee "$OUT/summary.md"
+python3 scripts/bench_compare.py --gpu "${GPU:-}" "$RES" | tee "$OUT/summary.md"
 exit $fail

@@ -1,10 +1,35 @@
 """Prints the benchmark table from scripts/bench.sh's results.jsonl: every run, and per size
 moetrain against the best Hugging Face variant (highest tokens/s). Standard library only.
-Usage: python3 scripts/bench_compare.py results.jsonl [more.jsonl ...]
+Usage: python3 scripts/bench_compare.py [--gpu NAME] [--peak TFLOPS] results.jsonl [more.jsonl ...]
 A line is one JSON object with "impl" ("moetrain" or the HF variant), "mbs", "seq", and either
-"tokens_per_s", "model_tflops", "peak_gib", "step_ms" or "error"."""
+"tokens_per_s", "model_tflops", "peak_gib", "step_ms" or "error".
+
+MFU = model TFLOP/s over the GPU's dense bf16 tensor-core peak, looked up by the GPU's name
+(--gpu, else a row's "device") in PEAKS; --peak or the environment's PEAK_TFLOPS overrides it,
+and an unknown GPU gets "n/a"."""
 import json
+import os
 import sys
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendor's data sheets. The first
+# entry whose pattern occurs in the GPU's name wins, so the more specific names come first.
+PEAKS = [
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H200", 989.4),  # also GH200
+    ("A100", 312.0),
+    ("B200", 2250.0),
+]
+
+
+def peak_tflops(gpu, override=None):
+    """The dense bf16 peak for a GPU name, or None when unknown."""
+    if override:
+        return float(override)
+    for pat, tf in PEAKS:
+        if gpu and pat.lower() in gpu.lower():
+            return tf
+    return None
 
 
 def load(paths):
@@ -31,11 +56,18 @@ def fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
-def table(rows):
+def mfu(r, peak):
+    return "n/a" if not peak or r.get("model_tflops") is None else f"{100 * r['model_tflops'] / peak:.1f}%"
+
+
+def table(rows, gpu="", peak=None):
     out = []
     sizes = sorted({(r["mbs"], r["seq"]) for r in rows})
-    out.append("| micro-batch | seq | implementation | step ms | tokens/s | model TFLOP/s | peak GiB | tokens/s vs best HF |")
-    out.append("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    out.append(f"GPU: {gpu or 'unknown'}; MFU against " +
+               (f"{peak:g} dense bf16 TFLOP/s" if peak else "n/a (unknown GPU: set PEAK_TFLOPS)"))
+    out.append("")
+    out.append("| micro-batch | seq | implementation | step ms | tokens/s | model TFLOP/s | MFU | peak GiB | tokens/s vs best HF |")
+    out.append("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     verdicts = []
     for mbs, seq in sizes:
         here = [r for r in rows if (r["mbs"], r["seq"]) == (mbs, seq)]
@@ -45,26 +77,29 @@ def table(rows):
         for r in sorted(here, key=lambda r: (r["impl"] != "moetrain", r["impl"])):
             name = ("**moetrain**" if r["impl"] == "moetrain" else "HF " + r["impl"]) + (" (best HF)" if r is best else "")
             if "error" in r:
-                out.append(f"| {mbs} | {seq} | {name} | failed: {str(r['error'])[:80]} | | | | |")
+                out.append(f"| {mbs} | {seq} | {name} | failed: {str(r['error'])[:80]} | | | | | |")
                 continue
             ratio = f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}×" if best else "—"
             out.append(f"| {mbs} | {seq} | {name} | {fmt(r.get('step_ms'), '.1f')} | {fmt(r.get('tokens_per_s'), ',.0f')} | "
-                       f"{fmt(r.get('model_tflops'), '.1f')} | {fmt(r.get('peak_gib'), '.1f')} | {ratio} |")
+                       f"{fmt(r.get('model_tflops'), '.1f')} | {mfu(r, peak)} | {fmt(r.get('peak_gib'), '.1f')} | {ratio} |")
         for o in ours:
             if "error" in o:
                 verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain failed ({o['error']})")
             elif best:
                 verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain {o['tokens_per_s']:,.0f} tokens/s "
                                 f"= {o['tokens_per_s'] / best['tokens_per_s']:.2f}× the best HF variant "
-                                f"({best['impl']}, {best['tokens_per_s']:,.0f} tokens/s); peak "
+                                f"({best['impl']}, {best['tokens_per_s']:,.0f} tokens/s); step "
+                                f"{fmt(o.get('step_ms'), '.1f')} vs {fmt(best.get('step_ms'), '.1f')} ms; MFU "
+                                f"{mfu(o, peak)} vs {mfu(best, peak)}; peak "
                                 f"{fmt(o.get('peak_gib'), '.1f')} vs {fmt(best.get('peak_gib'), '.1f')} GiB")
             else:
                 verdicts.append(f"micro-batch {mbs}, seq {seq}: no successful HF run to compare with")
     out.append("")
     out += verdicts
     out.append("")
-    out.append("Model TFLOP/s on both sides: 6 × active matmul parameters + 6·L·H·seq per token (the baseline's "
-               "formula). Peak: moetrain's backend high-water mark; HF: torch.cuda.max_memory_allocated.")
+    out.append("Model TFLOP/s on both sides: 6 × active matmul parameters + 6·L·H·seq per token "
+               "(params_train_flops_per_token, src/params.h). Peak memory: moetrain's backend high-water mark; "
+               "HF: torch.cuda.max_memory_allocated.")
     return "\n".join(out)
 
 
@@ -96,14 +131,37 @@ def matrix(rows):
     return "\n".join(out)
 
 
-if __name__ == "__main__":
-    if len(sys.argv) < 2:
+def main(argv):
+    gpu, peak, paths = "", os.environ.get("PEAK_TFLOPS") or None, []
+    it = iter(argv)
+    for a in it:
+        if a in ("--gpu", "--peak"):
+            v = next(it, None)
+            if v is None:
+                sys.exit(f"bench_compare: {a} needs a value")
+            if a == "--gpu":
+                gpu = v.strip()
+            else:
+                peak = v
+        else:
+            paths.append(a)
+    if not paths:
         sys.exit(__doc__)
-    rows = load(sys.argv[1:])
+    rows = load(paths)
     if not rows:
-        sys.exit("bench_compare: no results in " + " ".join(sys.argv[1:]))
-    print(table(rows))
+        sys.exit("bench_compare: no results in " + " ".join(paths))
+    if not gpu:
+        gpu = next((r["device"] for r in rows if r.get("device")), "")
+    try:
+        pk = peak_tflops(gpu, peak)
+    except ValueError:
+        sys.exit(f"bench_compare: PEAK_TFLOPS / --peak must be a number, not {peak!r}")
+    print(table(rows, gpu, pk))
     m = matrix(rows)
     if m:
         print()
         print(m)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

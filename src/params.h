@@ -68,5 +68,5 @@ typedef struct ParamCounts {
 ParamCounts params_count(const ModelConfig* m);
 
 // Training FLOPs per token (forward + backward = 6 × active matmul params, plus causal
-// attention 6·L·H·seq), the count hf_mixtral_baseline.py uses, so ratios compare like with like.
+// attention 6·L·H·seq), the count scripts/hf_peer.py uses too, so ratios compare like with like.
 double params_train_flops_per_token(const ModelConfig* m, int seq_len);
