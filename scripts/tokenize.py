@@ -718,8 +718,9 @@ def main():
     if tok.files:
         os.makedirs(tdir, exist_ok=True)
         names = []
-        for p in tok.files:  # a SentencePiece model under the name transformers looks for
-            names.append("tokenizer.model" if tok.kind == "sentencepiece" and p == tok.path else os.path.basename(p))
+        for p in tok.files:  # the tokenizer under the name transformers looks for
+            canon = "tokenizer.model" if tok.kind == "sentencepiece" else "tokenizer.json"
+            names.append(canon if p == tok.path else os.path.basename(p))
             shutil.copyfile(p, os.path.join(tdir, names[-1]))
         if tok.kind == "sentencepiece":  # tokenizer.json beside it: transformers loads it without sentencepiece
             tj, why = spm_tokenizer_json(tok.sp)
