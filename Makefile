@@ -9,7 +9,7 @@
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/configs
-#   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib)
+#   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib, SentencePiece)
 
 PREFIX ?= /usr/local
 SM ?= 90a

@@ -3,19 +3,20 @@
 # Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, SentencePiece (spm_train,
 # spm_encode and the Python module for scripts/tokenize.py and its test; the moetrain binary does
 # not link it), clang (fuzz targets).
-# `deps.sh --check` only reports (exit 1 when something is missing).
+# `deps.sh --check` only reports what building needs (exit 1 when something is missing).
 set -u
 missing=()
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin)
 compgen -G "/usr/lib/*/libyaml.a" >/dev/null || [ -f /usr/lib/libyaml.a ] || [ -f /usr/local/lib/libyaml.a ] || missing+=(libyaml-dev)
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
-command -v spm_train >/dev/null 2>&1 || missing+=(sentencepiece)
-{ [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sentencepiece' >/dev/null 2>&1; } || missing+=(python3-sentencepiece)
-if [ "${1:-}" = "--check" ]; then
+if [ "${1:-}" = "--check" ]; then  # what building needs (make runs this before compiling)
   [ ${#missing[@]} -eq 0 ] && exit 0
   echo "deps: missing packages: ${missing[*]}" >&2
   exit 1
 fi
+# SentencePiece: for scripts/tokenize.py and its test, not for building (GPU machines build without it)
+command -v spm_train >/dev/null 2>&1 || missing+=(sentencepiece)
+{ [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sentencepiece' >/dev/null 2>&1; } || missing+=(python3-sentencepiece)
 if [ "${1:-}" = "--fuzz" ]; then
   command -v clang >/dev/null 2>&1 || missing+=(clang)
   compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer*.a" >/dev/null || missing+=(libclang-rt-14-dev)
