@@ -1,4 +1,4 @@
-// cpu_fd.h — shared by tests/test_cpu_ops.c, test_cpu_gemm.c, test_cpu_moe.c: random tensors,
+// cpu_fd.h — shared by the CPU op tests (tests/test_cpu_<source>.c): random tensors,
 // double-precision dot products, and the finite-difference gradient check.
 //
 // FD method. For an op out = f(x) and a fixed random cotangent r, the objective is
@@ -35,6 +35,8 @@
 //                                                      absolute; lse and out inherit it (3e-6)
 //   TOL_ADJ       1e-6    <Px, y> = <x, Pᵀy>           |difference| / (‖Px‖·‖y‖): one fp32 rounding per
 //                                                      summed row, k ≤ 3 (seen 7e-9)
+//   TOL_OP        2e-3    the one-direction checks     one random direction, ε = 1e-2, fp32 on O(1)
+//                         (test_*_grad, relerr_ref)    inputs: rounding ~1e-7/ε plus O(ε²) curvature
 //   TOL_ADAM      6.5e-8  adamw vs a double step       the op must be the double step rounded once
 //                                                      to fp32: ≤ 2⁻²⁴ = 5.96e-8 relative
 //   (exact)       0       copies, index, permutation,  these ops move or count values, or must not
@@ -60,6 +62,7 @@
 #define TOL_ATTN_BIG 2e-5
 #define TOL_ADJ 1e-6
 #define TOL_ADAM 6.5e-8
+#define TOL_OP 2e-3
 #define FD_DIRS 2
 
 static Backend* be;
@@ -90,6 +93,8 @@ static inline double relerr(double a, double b) {
     const double d = fmax(fabs(a), fabs(b));
     return d == 0 ? 0 : fabs(a - b) / d;
 }
+// |a − b| relative to the reference b (the one-direction checks; 1e-6 keeps b = 0 finite)
+static inline double relerr_ref(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-6); }
 static inline double max_abs_diff(const float* a, const float* b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {

@@ -48,7 +48,7 @@ static uint32_t bits_of(float x) {
     return u;
 }
 
-// Finite x to bf16 bits, nearest, ties away from zero, by value (as in test_cpu_ops.c).
+// Finite x to bf16 bits, nearest, ties away from zero, by value (as in test_cpu_optim.c).
 static uint16_t bf16_away(float x) {
     const uint32_t hi = bits_of(x) >> 16;
     const double ax = fabs((double)x), t = fabs((double)bf16_to_f32((uint16_t)hi));

@@ -3,6 +3,7 @@
 // NaN-filled C), K = 0, sizes that cross every blocking boundary; grouped GEMM and grouped
 // weight gradient with an empty group. Method and tolerances: tests/cpu_fd.h.
 #include "cpu_fd.h"
+#include "op_cases.h"
 
 // op(X)(i, j) of a row-major matrix with row stride ld
 static inline double opx(const float* X, int ld, int trans, int i, int j) {
@@ -53,17 +54,19 @@ static void gemm_case(int M, int N, int K, int ta, int tb, int pad, float alpha,
 }
 
 static void test_gemm_reference(void) {
-    // sizes: tiny; K crossing the KC = 256 slice; M crossing MC = 64 blocks and N the NC = 512
-    // block; edge tiles (M % 4, N % 16 ≠ 0); K = 1
-    const int sizes[][3] = {{5, 7, 6}, {37, 53, 300}, {130, 530, 70}, {64, 64, 1}, {3, 17, 257}};
+    // the CPU rows of GEMM_CASES (tests/op_cases.h), each with every transpose, padding,
+    // alpha/beta pair and c_in choice
     const float ab[][2] = {{1, 0}, {0.7f, 1}, {-0.5f, 0.3f}};
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+    for (int s = 0; s < N_CASES(GEMM_CASES); s++) {
+        const GemmOpCase* c = &GEMM_CASES[s];
+        if (!(c->where & CASE_CPU)) continue;
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
                 for (int pad = 0; pad < 2; pad++)
                     for (int a = 0; a < 3; a++)
                         for (int cin = 0; cin < 2; cin++)
-                            gemm_case(sizes[s][0], sizes[s][1], sizes[s][2], ta, tb, pad * 3, ab[a][0], ab[a][1], cin);
+                            gemm_case(c->M, c->N, c->K, ta, tb, pad * 3, ab[a][0], ab[a][1], cin);
+    }
 }
 
 static void test_gemm_edges(void) {
@@ -220,6 +223,26 @@ static void test_grouped_grad(void) {
     }
 }
 
+static void test_gemm_trans(void) {
+    // every trans combination against a direct triple loop, with beta accumulation
+    const int M = 5, N = 7, K = 6;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *A = rnd(M * K, 1), *B = rnd(K * N, 1), *C = rnd(M * N, 1), *R = xmalloc(sizeof(float) * M * N);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int kk = 0; kk < K; kk++)
+                        s += (double)(ta ? A[kk * M + i] : A[i * K + kk]) * (tb ? B[j * K + kk] : B[kk * N + j]);
+                    R[i * N + j] = (float)(0.5 * s + 2.0 * C[i * N + j]);
+                }
+            GemmDesc d = {.M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .alpha = 0.5f, .beta = 2.0f};
+            be->gemm(be, &d, A, B, C);
+            EXPECT(rel_l2(C, R, M * N) < 1e-6, "gemm ta=%d tb=%d: %g", ta, tb, rel_l2(C, R, M * N));
+            free(A), free(B), free(C), free(R);
+        }
+}
+
 int main(void) {
     be = cpu_backend_create();
     rng_seed(&rng, 77);
@@ -228,6 +251,7 @@ int main(void) {
     RUN(test_gemm_grad);
     RUN(test_grouped_reference);
     RUN(test_grouped_grad);
+    RUN(test_gemm_trans);
     be->destroy(be);
     TEST_END();
 }

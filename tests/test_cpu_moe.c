@@ -3,6 +3,7 @@
 // renormalised top-k, the aux and the z terms; the expert-major index; permute / unpermute
 // adjointness; SwiGLU with and without the routing scale, and the fused w13 + SwiGLU op's contract. Method and tolerances: tests/cpu_fd.h.
 #include "cpu_fd.h"
+#include "op_cases.h"
 
 // ---- router forward ---------------------------------------------------------------------------
 
@@ -271,8 +272,7 @@ static double swi_loss(void* c_) {
     return dotd(c->r, c->h, (size_t)c->n * c->F);
 }
 
-static void test_swiglu(void) {
-    enum { n = 11, F = 13 };
+static void swiglu_case(int n, int F) {
     float *gu = rnd(n * 2 * F, 2), *sc = rnd(n, 1), *r = rnd(n * F, 1), *h = fill(n * F, NAN);
     gu[0] = 60, gu[1] = -60;  // saturated sigmoid
     for (int with = 0; with < 2; with++) {
@@ -307,6 +307,11 @@ static void test_swiglu(void) {
     free(gu), free(sc), free(r), free(h);
 }
 
+static void test_swiglu(void) {
+    for (int i = 0; i < N_CASES(SWIGLU_CASES); i++)
+        if (SWIGLU_CASES[i].where & CASE_CPU) swiglu_case(SWIGLU_CASES[i].n, SWIGLU_CASES[i].F);
+}
+
 // gemm_grouped_swiglu is, by its contract, gemm_grouped then swiglu_fwd over every group's rows
 // (N = 2F): the same bits as the two ops called apart, an empty group included.
 static void test_gemm_grouped_swiglu(void) {
@@ -325,6 +330,90 @@ static void test_gemm_grouped_swiglu(void) {
     free(A), free(B), free(sc), free(gu), free(h), free(gu2), free(h2);
 }
 
+static void test_swiglu_grad(void) {
+    enum { n = 6, F = 5 };
+    float *gu = rnd(n * 2 * F, 1), *sc = rnd(n, 1), *r = rnd(n * F, 1), *u = rnd(n * 2 * F, 1), *us = rnd(n, 1);
+    float h[n * F], dgu[n * 2 * F], dsc[n];
+    be->swiglu_bwd(be, dgu, dsc, r, gu, sc, n, F);
+    const double an = dotd(dgu, u, n * 2 * F) + dotd(dsc, us, n);
+    const float eps = 1e-2f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float gp[n * 2 * F], sp[n], e = s ? -eps : eps;
+        for (int i = 0; i < n * 2 * F; i++) gp[i] = gu[i] + e * u[i];
+        for (int i = 0; i < n; i++) sp[i] = sc[i] + e * us[i];
+        be->swiglu_fwd(be, h, gp, sp, n, F);
+        L[s] = dotd(h, r, n * F);
+    }
+    EXPECT(relerr_ref(an, (L[0] - L[1]) / (2 * eps)) < TOL_OP, "swiglu: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(gu), free(sc), free(r), free(u), free(us);
+}
+
+static void test_router_grad(void) {
+    enum { N = 6, E = 5, k = 2 };
+    float *lg = rnd(N * E, 1.5f), *rw = rnd(N * k, 1), *aux = rnd(E, 0.3f), *u = rnd(N * E, 1);
+    float probs[N * E], tw[N * k], st[2 * E] = {0}, z = 0, dl[N * E];
+    int32_t idx[N * k];
+    const float zg = 0.05f;
+    be->router_fwd(be, probs, idx, tw, st, &z, lg, N, E, k);
+    double ps = 0;
+    for (int e = 0; e < E; e++) ps += probs[e];
+    EXPECT(fabs(ps - 1) < 1e-6, "softmax sums to 1");
+    EXPECT(probs[idx[0]] >= probs[idx[1]], "top-k is descending");
+    EXPECT(fabsf(tw[0] + tw[1] - 1) < 1e-6f, "top-k weights renormalised");
+    double cnt = 0;
+    for (int e = 0; e < E; e++) cnt += st[e];
+    EXPECT(cnt == N * k, "stats count N*k routed rows");
+    be->router_bwd(be, dl, rw, aux, zg, probs, idx, tw, lg, N, E, k);
+    const double an = dotd(dl, u, N * E);
+    // L = Σ rw·topk_w + Σ_n Σ_e aux_e p_ne + zg Σ lse²  (top-k set held fixed: small ε)
+    const float eps = 1e-3f;
+    double L[2];
+    for (int s = 0; s < 2; s++) {
+        float lp[N * E], p2[N * E], tw2[N * k], st2[2 * E] = {0}, z2 = 0, e = s ? -eps : eps;
+        int32_t idx2[N * k];
+        for (int i = 0; i < N * E; i++) lp[i] = lg[i] + e * u[i];
+        be->router_fwd(be, p2, idx2, tw2, st2, &z2, lp, N, E, k);
+        EXPECT(memcmp(idx, idx2, sizeof idx) == 0, "top-k set unchanged under ε");
+        double l = dotd(tw2, rw, N * k) + zg * (double)z2;
+        for (int n = 0; n < N; n++) l += dotd(p2 + n * E, aux, E);
+        L[s] = l;
+    }
+    EXPECT(relerr_ref(an, (L[0] - L[1]) / (2 * eps)) < 1e-2, "router: %g vs %g", an, (L[0] - L[1]) / (2 * eps));
+    free(lg), free(rw), free(aux), free(u);
+}
+
+static void test_permute_adjoint(void) {
+    enum { N = 7, k = 2, E = 3, H = 4 };
+    int32_t topk[N * k], dest[N * k], counts[E];
+    for (int n = 0; n < N; n++) {
+        topk[n * k] = n % E;
+        topk[n * k + 1] = (n + 1 + n / 3) % E == n % E ? (n + 2) % E : (n + 1 + n / 3) % E;
+    }
+    be->moe_index(be, counts, dest, topk, N, k, E);
+    int seen[N * k];
+    memset(seen, 0, sizeof seen);
+    int total = 0;
+    for (int e = 0; e < E; e++) total += counts[e];
+    EXPECT(total == N * k, "counts sum to N*k");
+    for (int i = 0; i < N * k; i++) seen[dest[i]]++;
+    int perm = 1;
+    for (int i = 0; i < N * k; i++) perm &= seen[i] == 1;
+    EXPECT(perm, "dest is a permutation");
+    for (int i = 1; i < N * k; i++)
+        for (int j = 0; j < i; j++)
+            if (topk[j] == topk[i]) EXPECT(dest[j] < dest[i], "stable within an expert");
+    float *x = rnd(N * H, 1), *y = rnd(N * k * H, 1), xp[N * k * H], pty[N * H];
+    be->permute_fwd(be, xp, x, dest, N, k, H);
+    be->permute_bwd(be, pty, y, dest, N, k, H);
+    EXPECT(relerr_ref(dotd(xp, y, N * k * H), dotd(x, pty, N * H)) < 1e-5, "<Px, y> = <x, Pᵀy>");
+    float up[N * H], upt[N * k * H];
+    be->unpermute_fwd(be, up, y, dest, N, k, H, NULL);
+    be->unpermute_bwd(be, upt, x, dest, N, k, H);
+    EXPECT(relerr_ref(dotd(up, x, N * H), dotd(y, upt, N * k * H)) < 1e-5, "unpermute adjoint");
+    free(x), free(y);
+}
+
 int main(void) {
     be = cpu_backend_create();
     rng_seed(&rng, 4242);
@@ -335,6 +424,9 @@ int main(void) {
     RUN(test_permute);
     RUN(test_swiglu);
     RUN(test_gemm_grouped_swiglu);
+    RUN(test_swiglu_grad);
+    RUN(test_router_grad);
+    RUN(test_permute_adjoint);
     be->destroy(be);
     TEST_END();
 }

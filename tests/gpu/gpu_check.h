@@ -282,7 +282,7 @@ static inline float float_of(uint32_t u) {
     memcpy(&x, &u, sizeof x);
     return x;
 }
-// Finite x to bf16 bits, nearest, ties away from zero, by value (as tests/test_cpu_ops.c; test_cuda_optim, test_cuda_model): the
+// Finite x to bf16 bits, nearest, ties away from zero, by value (as tests/test_cpu_optim.c; test_cuda_optim, test_cuda_model): the
 // truncation (bits hi) or the next bf16 away from zero (hi + 1; 0x7f80 counts as 2^128).
 static inline uint16_t bf16_away(float x) {
     const uint32_t hi = bits_of(x) >> 16, up_bits = (hi + 1) & 0xffffu;

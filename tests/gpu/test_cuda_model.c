@@ -172,7 +172,7 @@ static void compare_steps(int bf16) {
 //     (adamw's copy), so they differ only at ties with an even truncation;
 //   - a resume as trainer_restore does it (S's gathered masters staged into a fresh split side,
 //     load, m and v scattered) gives S's compute weights and remainders bit for bit.
-static uint16_t bf16_away(float x) {  // nearest, ties away from zero, by value (test_cpu_ops.c)
+static uint16_t bf16_away(float x) {  // nearest, ties away from zero, by value (test_cpu_optim.c)
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     const uint32_t hi = u >> 16, up_bits = (hi + 1) & 0xffffu;
