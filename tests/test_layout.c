@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
     RUN(test_zero1_off);
     RUN(test_accumulation);
     RUN(test_ep8);
-    if (system("rm -rf /tmp/moetrain_layout_*")) {}
+    char rm[128];  // this process's runs only: another test_layout may be running beside it
+    snprintf(rm, sizeof rm, "rm -rf /tmp/moetrain_layout_%d_*", (int)getpid());
+    if (system(rm)) {}
     TEST_END();
 }
