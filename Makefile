@@ -59,7 +59,7 @@ DEV_LIB := $(BUILD)/libmoetrain_dev.a
 DEV := $(patsubst dev/%.c,$(BUILD)/dev/%,$(wildcard dev/*.c)) $(BUILD)/dev/racecheck_probe
 FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all run test test-gpu gpu-tests dev bench fuzz install deps clean help check-deps
+.PHONY: all run test test-gpu gpu-tests dev bench bench-crc fuzz install deps clean help check-deps
 all: $(BUILD)/moetrain
 
 help:
@@ -140,6 +140,10 @@ $(BUILD)/dev/racecheck_probe: dev/racecheck_probe.cu | check-deps
 
 bench: $(BUILD)/moetrain
 	scripts/bench.sh
+
+# checksum throughput on this CPU (zlib crc32 vs CRC-32C); FILES= also times reading those files
+bench-crc: $(BUILD)/tests/bench_crc32c
+	$(BUILD)/tests/bench_crc32c $(FILES)
 
 fuzz: $(FUZZ)
 	@for f in $(FUZZ); do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus_$$n; \

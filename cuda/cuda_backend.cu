@@ -122,6 +122,23 @@ static void cu_free(Backend* be, void* p) {
 
 static size_t cu_peak_bytes(Backend* be) { return CI(be)->peak; }
 
+// Page-locked host memory (staging: checkpoint snapshots, parallel.comm=mpi).
+static void* cu_host_alloc(Backend* be, size_t bytes) {
+    void* p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        FATAL("cuda backend: cannot allocate %zu MiB of page-locked host memory on device %d: %s (host memory is "
+              "short: checkpoint.async needs the rank's checkpoint size, parallel.comm=mpi the largest message)",
+              bytes >> 20, CI(be)->device, cudaGetErrorString(e));
+    return p;
+}
+
+static void cu_host_free(Backend* be, void* p) {
+    if (!p) return;
+    CUDA_CK(cudaStreamSynchronize(ST(be)));  // no copy in flight may still read it
+    CUDA_CK(cudaFreeHost(p));
+}
+
 static void cu_to_host(Backend* be, void* dst, const void* src, size_t n) {
     if (!n) return;
     CUDA_CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ST(be)));
@@ -408,6 +425,8 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->to_host = cu_to_host;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
     be->to_device = cu_to_device;
     be->copy = cu_copy;
     be->zero = cu_zero;

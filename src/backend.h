@@ -257,6 +257,12 @@ struct Backend {
     // collective (every rank calls it). NULL with a message in e when it cannot be made.
     Comm* (*comm_create)(Backend*, const CommOpts*, Err* e);
 
+    // Host memory for staging device data (optional: NULL = malloc / free; use be_host_alloc):
+    // page-locked on CUDA, so to_host / to_device run at full link speed. to_device from it may
+    // return before the copy is done: sync before reusing the source.
+    void* (*host_alloc)(Backend*, size_t bytes);
+    void (*host_free)(Backend*, void* p);
+
     void (*destroy)(Backend*);
 };
 
@@ -266,3 +272,16 @@ Backend* cpu_backend_create(void);
 Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
 
 static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }
+
+#include <stdlib.h>
+static inline void* be_host_alloc(Backend* be, size_t bytes) {
+    if (be->host_alloc) return be->host_alloc(be, bytes);
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) abort();
+    return p;
+}
+static inline void be_host_free(Backend* be, void* p) {
+    if (!p) return;
+    if (be->host_free) be->host_free(be, p);
+    else free(p);
+}

@@ -21,7 +21,7 @@ static void crash_point(const char* point) {
 // What each rank reports at an agreement point (all-gathered, so every rank sees every verdict).
 typedef struct Report {
     int32_t status;  // 0 ok, -1 failed
-    uint32_t crc;    // of this rank's file (stage 2)
+    uint32_t crc;    // CRC-32C of this rank's file (stage 2)
     uint64_t bytes;
     char msg[496];
 } Report;
@@ -146,7 +146,7 @@ static void prune(const char* dir, const char* newest, int keep) {
 static int commit(const char* dir, const char* tmp, const char* fin, const char* step_name, int64_t step, int W,
                   const Report* all, const char* state, int keep, int* renamed, Err* e) {
     char p[CKPT_PATH], q[CKPT_PATH];
-    Manifest m = {.step = step, .world = W, .n = W + 1};
+    Manifest m = {.step = step, .world = W, .algo = CKSUM_CRC32C, .n = W + 1};
     m.f = xcalloc((size_t)m.n, sizeof *m.f);
     for (int r = 0; r < W; r++) {
         ckpt_rank_name(m.f[r].name, sizeof m.f[r].name, r);
@@ -209,6 +209,9 @@ struct CkptSave {
     StWriter* w;
     int failed;   // this rank's file failed; le says why (reported at ckpt_save_finish)
     Err le;
+    int ended;    // ckpt_save_end_local ran (info holds the file's size and checksum)
+    int appended; // tensors appended so far
+    StWriteInfo info;
 };
 
 static void save_free(CkptSave* s) {
@@ -297,7 +300,18 @@ int ckpt_save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step, c
 int ckpt_save_append(CkptSave* s, const float* data) {
     if (s->failed) return -1;
     if (st_writer_put(s->w, data, &s->le)) s->failed = 1;
+    if (++s->appended == 2) crash_point("append");  // mid-file, for the crash tests
     return s->failed ? -1 : 0;
+}
+
+void ckpt_save_end_local(CkptSave* s) {
+    if (s->ended) return;
+    s->ended = 1;
+    if (!s->failed && st_writer_end(s->w, &s->info, &s->le)) s->failed = 1;
+}
+
+void ckpt_save_abort(CkptSave* s) {
+    if (s) save_free(s);  // an unfinished file is removed; the temporary directory stays for the next save to clear
 }
 
 int ckpt_save_finish(CkptSave* s, Err* e) {
@@ -307,11 +321,10 @@ int ckpt_save_finish(CkptSave* s, Err* e) {
     memset(&me, 0, sizeof me);
 
     // Stage 2b: every rank fsyncs its file; sizes and crcs go to rank 0.
-    StWriteInfo info = {0};
-    if (!s->failed && st_writer_end(s->w, &info, &s->le)) s->failed = 1;
+    ckpt_save_end_local(s);
     if (s->failed) report_fail(&me, &s->le);
-    me.bytes = info.bytes;
-    me.crc = info.crc32;
+    me.bytes = s->info.bytes;
+    me.crc = s->info.crc32c;
     st_writer_free(s->w);
     s->w = NULL;
     Report* all = xmalloc(sizeof(Report) * (size_t)W);

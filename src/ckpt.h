@@ -5,7 +5,7 @@
 //   DIR/step_00001000/rank_00000.safetensors   the tensors rank 0 passed (F32, by global name)
 //   DIR/step_00001000/rank_00001.safetensors   ...one file per rank
 //   DIR/step_00001000/trainer_state.yaml       the text the trainer passed (trainer_state_format)
-//   DIR/step_00001000/manifest.txt             every file: name, bytes, crc32; self-checksummed
+//   DIR/step_00001000/manifest.txt             every file: name, bytes, crc32c; self-checksummed
 //   DIR/latest                                 "step_00001000\n" (written last, atomically)
 //   DIR/.tmp_step_XXXXXXXX/, DIR/.trash_*      in-progress save / prune (ignored; removed by
 //                                              the next save)
@@ -13,9 +13,11 @@
 // first save never finished). Tensors are found by name, whatever rank wrote them, so a run can
 // resume on another world size.
 //
-// Verification cost: ckpt_open reads every file once to check its crc32 (streamed, files in
-// parallel threads). For resume on many ranks use ckpt_open_comm: rank 0 verifies the crcs and
-// broadcasts the verdict; the other ranks check only sizes and headers.
+// Checksums: CRC-32C (crc32c.h: the CPU's crc32 instruction, ~10x zlib's crc32), named in the
+// manifest ("checksum crc32c"); manifests of version 1 (zlib crc32) are still read and verified.
+// Verification cost: ckpt_open reads every file once (streamed, files in parallel threads).
+// For resume on many ranks use ckpt_open_comm: each rank verifies its share of the files
+// (file i on rank i % world), in parallel, and the verdicts are shared.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +64,13 @@ int ckpt_save_begin(CkptSave** s, Comm* comm, const char* dir, int64_t step, con
                     const char* trainer_state_yaml, int keep, Err* e);
 int ckpt_save_append(CkptSave* s, const float* data);
 int ckpt_save_finish(CkptSave* s, Err* e);
+// For a background writer (checkpoint.async): the local part of ckpt_save_finish — check that
+// every tensor was appended, fsync and close this rank's file — callable from the thread that
+// appended; ckpt_save_finish then does only the collective part. A failure is kept for finish.
+void ckpt_save_end_local(CkptSave* s);
+// Drops a save without finishing it (local; the run is ending on an error): this rank's
+// unfinished file is removed, `latest` is untouched, the next save clears the temporary.
+void ckpt_save_abort(CkptSave* s);
 
 typedef struct Ckpt Ckpt;  // an opened, verified checkpoint (all rank files indexed by name)
 
@@ -71,9 +80,16 @@ typedef struct Ckpt Ckpt;  // an opened, verified checkpoint (all rank files ind
 int ckpt_open(Ckpt** out, const char* path, Err* e);
 // The same; verify_crc = 0 checks only sizes and headers (the crc was verified elsewhere).
 int ckpt_open_ex(Ckpt** out, const char* path, int verify_crc, Err* e);
-// Collective: rank 0 verifies crcs, every rank opens with sizes/headers checked; every rank
-// returns 0 or every rank returns -1 (with rank 0's message, or the failing rank's).
+// Collective: rank 0 resolves path; every rank verifies its share of the files (ckpt_verify_comm)
+// and opens the checkpoint with sizes/headers checked; every rank returns 0 or every rank
+// returns -1 (with the first failing rank's message). _ex with verified = 1 skips the checksums
+// (the caller has just run ckpt_verify_comm on the same directory).
 int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e);
+int ckpt_open_comm_ex(Comm* comm, Ckpt** out, const char* path, int verified, Err* e);
+// Collective: file i of step_dir's manifest is checked (size and checksum) by rank i % world;
+// 0 on every rank, or -1 on every rank with the first bad file's message ("rank R: " prefixed
+// when R > 0).
+int ckpt_verify_comm(Comm* comm, const char* step_dir, Err* e);
 
 // For resume=auto: the newest complete checkpoint under root. Tries `latest`; if it is missing
 // or fails verification, falls back to the newest step_* that verifies. What was skipped (and
@@ -81,6 +97,11 @@ int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e);
 // (step_dir = the directory), 0 when root has no checkpoint at all (or does not exist), -1 when
 // checkpoints exist but none verifies, or on error.
 int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, size_t note_n, Err* e);
+// The same with the verification of each candidate step directory done by fn (1 verified; 0 not,
+// with why[n] saying why): for a verification spread over ranks. fn NULL = ckpt_open's.
+typedef int (*CkptVerifyFn)(void* ctx, const char* step_dir, char* why, size_t n);
+int ckpt_find_resume_cb(const char* root, char* step_dir, size_t n, char* note, size_t note_n, CkptVerifyFn fn,
+                        void* ctx, Err* e);
 
 const char* ckpt_trainer_state(const Ckpt* ck);  // the YAML text
 const char* ckpt_dir(const Ckpt* ck);            // the step directory

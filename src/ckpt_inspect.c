@@ -57,9 +57,9 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
         char sz[32];
         human(sz, sizeof sz, (double)m.f[i].bytes);
         total += m.f[i].bytes;
-        int ok = ckpt_check_file(dir, &m.f[i], 1, &le) == 0;
+        int ok = ckpt_check_file(dir, &m.f[i], m.algo, 1, &le) == 0;
         bad += !ok;
-        fprintf(out, "  %-28s %10s  crc32 %08x  %s%s\n", m.f[i].name, sz, m.f[i].crc, ok ? "OK" : "BAD: ", ok ? "" : le.msg);
+        fprintf(out, "  %-28s %10s  %s %08x  %s%s\n", m.f[i].name, sz, cksum_name((CksumAlgo)m.algo), m.f[i].crc, ok ? "OK" : "BAD: ", ok ? "" : le.msg);
     }
     char tot[32];
     human(tot, sizeof tot, (double)total);

@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "ckpt.h"
+#include "crc32c.h"
 #include "safetensors.h"
 #include "strmap.h"
 
@@ -20,6 +21,7 @@ typedef struct ManEntry {
 typedef struct Manifest {
     int64_t step;
     int world;
+    int algo;     // CksumAlgo of the file checksums: crc32 (version 1 manifests), crc32c
     int n;
     ManEntry* f;  // [n]
 } Manifest;
@@ -57,14 +59,17 @@ void manifest_free(Manifest* m);
 // Formats the manifest text (with its trailing self-checksum line). Caller frees.
 char* manifest_format(const Manifest* m);
 
-// Checks a listed file: 0 ok; -1 with "PATH: what" (missing, size, crc when verify_crc).
-int ckpt_check_file(const char* dir, const ManEntry* f, int verify_crc, Err* e);
+// Checks a listed file: 0 ok; -1 with "PATH: what" (missing, size, checksum `algo` when verify_crc).
+int ckpt_check_file(const char* dir, const ManEntry* f, int algo, int verify_crc, Err* e);
+// Checks the files i of m with i % stride == part (every file: stride 1, part 0), files in
+// parallel threads when verifying. 0, or -1 with the first bad file's message.
+int ckpt_check_files(const char* dir, const Manifest* m, int verify_crc, int part, int stride, Err* e);
 // Resolves path (step dir / root / latest file) to the step directory. Returns 0 or -1.
 int ckpt_resolve(const char* path, char* dir, size_t n, Err* e);
 // Reads the `latest` file of root into name[n] (validated). 1 found, 0 absent, -1 bad.
 int ckpt_read_latest(const char* root, char* name, size_t n, Err* e);
 
-// Small file I/O with fsync; crc/bytes may be NULL.
+// Small file I/O with fsync; crc (CRC-32C of data) may be NULL.
 int ckpt_write_file(const char* path, const char* data, size_t len, uint32_t* crc, Err* e);
 char* ckpt_read_text(const char* path, size_t max, size_t* len, Err* e);  // NUL-terminated
 int ckpt_fsync_dir(const char* dir, Err* e);

@@ -21,20 +21,6 @@ void ckpt_close(Ckpt* ck) {
     free(ck);
 }
 
-// Checks every listed file (crc streamed, files in parallel threads when verifying).
-static int check_files(const char* dir, const Manifest* m, int verify_crc, Err* e) {
-    Err* fe = xcalloc((size_t)m->n, sizeof(Err));
-    int* bad = xcalloc((size_t)m->n, sizeof(int));
-#pragma omp parallel for schedule(dynamic, 1) if (verify_crc && m->n > 1)
-    for (int i = 0; i < m->n; i++) bad[i] = ckpt_check_file(dir, &m->f[i], verify_crc, &fe[i]);
-    int rc = 0;
-    for (int i = 0; i < m->n && !rc; i++)
-        if (bad[i]) rc = err_set(e, "%s", fe[i].msg);
-    free(fe);
-    free(bad);
-    return rc;
-}
-
 static int open_dir(Ckpt* ck, int verify_crc, Err* e) {
     const char* dir = ck->dir;
     if (manifest_read(&ck->man, dir, e)) return -1;
@@ -58,7 +44,7 @@ static int open_dir(Ckpt* ck, int verify_crc, Err* e) {
         if (seen[r] != 1) rc = err_set(e, "%s/%s: rank %d's file is listed %d times (world %d)", dir, CKPT_MANIFEST, r, seen[r], m->world);
     free(seen);
     if (!rc && !have_state) rc = err_set(e, "%s/%s: does not list %s", dir, CKPT_MANIFEST, CKPT_STATE);
-    if (rc || check_files(dir, m, verify_crc, e)) return -1;
+    if (rc || ckpt_check_files(dir, m, verify_crc, 0, 1, e)) return -1;
 
     char p[CKPT_PATH];
     ckpt_join(p, dir, CKPT_STATE);
@@ -108,23 +94,49 @@ typedef struct Verdict {
     char text[1020];  // rank 0: the resolved directory on success; else the message
 } Verdict;
 
-int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e) {
+// Every rank checks the files i with i % world == rank (sizes and checksums), in parallel threads;
+// the verdicts are all-gathered, so every rank returns the same.
+int ckpt_verify_comm(Comm* comm, const char* step_dir, Err* e) {
+    const int rank = comm->rank[GROUP_WORLD], W = comm->size[GROUP_WORLD];
+    Verdict mine;
+    memset(&mine, 0, sizeof mine);
+    Manifest m;
+    Err le = {{0}};
+    if (manifest_read(&m, step_dir, &le) == 0) {
+        if (ckpt_check_files(step_dir, &m, 1, rank, W, &le)) mine.status = -1;
+        manifest_free(&m);
+    } else {
+        mine.status = -1;
+    }
+    if (mine.status) ckpt_copy(mine.text, sizeof mine.text, le.msg);
+    Verdict* all = xmalloc(sizeof(Verdict) * (size_t)W);
+    comm->host_all_gather(comm, GROUP_WORLD, all, &mine, sizeof mine);
+    int bad = -1;
+    for (int r = 0; r < W && bad < 0; r++)
+        if (all[r].status) bad = r;
+    if (bad == 0) err_set(e, "%s", all[0].text);
+    else if (bad > 0) err_set(e, "rank %d: %s", bad, all[bad].text);
+    free(all);
+    return bad >= 0 ? -1 : 0;
+}
+
+int ckpt_open_comm_ex(Comm* comm, Ckpt** out, const char* path, int verified, Err* e) {
     *out = NULL;
     const int rank = comm->rank[GROUP_WORLD], W = comm->size[GROUP_WORLD];
     Verdict v;
     memset(&v, 0, sizeof v);
     Err le = {{0}};
     Ckpt* ck = NULL;
-    if (rank == 0) {
-        if (ckpt_open_ex(&ck, path, 1, &le)) v.status = -1, ckpt_copy(v.text, sizeof v.text, le.msg);
-        else ckpt_copy(v.text, sizeof v.text, ck->dir);
+    if (rank == 0) {  // one view of `latest`: rank 0 resolves the path, every rank uses its answer
+        if (ckpt_resolve(path, v.text, sizeof v.text, &le)) v.status = -1, ckpt_copy(v.text, sizeof v.text, le.msg);
     }
     comm->host_broadcast(comm, GROUP_WORLD, &v, sizeof v, 0);
     if (v.status) return err_set(e, "%s", v.text);
+    if (!verified && ckpt_verify_comm(comm, v.text, e)) return -1;
     memset(&le, 0, sizeof le);
     Verdict mine;
     memset(&mine, 0, sizeof mine);
-    if (rank != 0 && ckpt_open_ex(&ck, v.text, 0, &le)) mine.status = -1, ckpt_copy(mine.text, sizeof mine.text, le.msg);
+    if (ckpt_open_ex(&ck, v.text, 0, &le)) mine.status = -1, ckpt_copy(mine.text, sizeof mine.text, le.msg);
     Verdict* all = xmalloc(sizeof(Verdict) * (size_t)W);
     comm->host_all_gather(comm, GROUP_WORLD, all, &mine, sizeof mine);
     int bad = -1;
@@ -140,13 +152,14 @@ int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e) {
     return 0;
 }
 
+int ckpt_open_comm(Comm* comm, Ckpt** out, const char* path, Err* e) { return ckpt_open_comm_ex(comm, out, path, 0, e); }
+
 // ---- resume -----------------------------------------------------------------------------------
-static int verifies(const char* root, const char* name, char* why, size_t n) {
-    char p[CKPT_PATH];
-    ckpt_join(p, root, name);
+static int verify_local(void* ctx, const char* step_dir, char* why, size_t n) {
+    (void)ctx;
     Ckpt* ck;
     Err e = {{0}};
-    if (ckpt_open_ex(&ck, p, 1, &e) == 0) {
+    if (ckpt_open_ex(&ck, step_dir, 1, &e) == 0) {
         ckpt_close(ck);
         return 1;
     }
@@ -154,7 +167,24 @@ static int verifies(const char* root, const char* name, char* why, size_t n) {
     return 0;
 }
 
+typedef struct Verifier {
+    CkptVerifyFn fn;
+    void* ctx;
+} Verifier;
+
+static int verifies(const Verifier* v, const char* root, const char* name, char* why, size_t n) {
+    char p[CKPT_PATH];
+    ckpt_join(p, root, name);
+    return v->fn(v->ctx, p, why, n);
+}
+
 int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, size_t note_n, Err* e) {
+    return ckpt_find_resume_cb(root, step_dir, n, note, note_n, NULL, NULL, e);
+}
+
+int ckpt_find_resume_cb(const char* root, char* step_dir, size_t n, char* note, size_t note_n, CkptVerifyFn fn,
+                        void* ctx, Err* e) {
+    const Verifier vf = {fn ? fn : verify_local, ctx};
     if (note_n) note[0] = 0;
     struct stat st;
     if (stat(root, &st)) {
@@ -167,7 +197,7 @@ int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, siz
     Err le = {{0}};
     int lr = ckpt_read_latest(root, latest, sizeof latest, &le), found = 0, any = lr != 0;
     if (lr < 0) sb_printf(&nb, "%s (ignored); ", le.msg);
-    else if (lr > 0 && verifies(root, latest, why, sizeof why)) found = 1;
+    else if (lr > 0 && verifies(&vf, root, latest, why, sizeof why)) found = 1;
     else if (lr > 0) sb_printf(&nb, "skipped %s named by latest: %s; ", latest, why);
     StepDir* sd = NULL;
     int ns = 0;
@@ -190,7 +220,7 @@ int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, siz
         if (lr == 0 && ns > 0) sb_printf(&nb, "%s/%s is missing; ", root, CKPT_LATEST);
         for (int i = 0; i < ns && !found; i++) {
             if (lr > 0 && strcmp(sd[i].name, latest) == 0) continue;  // already tried
-            if (verifies(root, sd[i].name, why, sizeof why)) {
+            if (verifies(&vf, root, sd[i].name, why, sizeof why)) {
                 found = 1;
                 ckpt_copy(chosen, sizeof chosen, sd[i].name);
                 sb_printf(&nb, "resuming from %s, the newest complete checkpoint", sd[i].name);

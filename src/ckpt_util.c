@@ -78,7 +78,7 @@ int ckpt_write_file(const char* path, const char* data, size_t len, uint32_t* cr
         return err_set(e, "%s: fsync failed: %s", path, strerror(er));
     }
     if (close(fd)) return err_set(e, "%s: close failed: %s", path, strerror(errno));
-    if (crc) *crc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)data, len);
+    if (crc) *crc = crc32c(0, data, len);
     return 0;
 }
 
@@ -137,7 +137,9 @@ int ckpt_rm_rf(const char* path) {
 // ---- manifest ---------------------------------------------------------------------------------
 char* manifest_format(const Manifest* m) {
     Sb b = {0};
-    sb_printf(&b, "moetrain-checkpoint 1\nstep %lld\nworld %d\n", (long long)m->step, m->world);
+    // version 2 names the file checksum; version 1 (zlib crc32, no checksum line) is still read
+    sb_printf(&b, "moetrain-checkpoint 2\nstep %lld\nworld %d\nchecksum %s\n", (long long)m->step, m->world,
+              cksum_name((CksumAlgo)m->algo));
     for (int i = 0; i < m->n; i++)
         sb_printf(&b, "file %s %llu %08x\n", m->f[i].name, (unsigned long long)m->f[i].bytes, m->f[i].crc);
     uint32_t crc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)b.s, b.len);
@@ -173,7 +175,7 @@ int manifest_read(Manifest* m, const char* dir, Err* e) {
         goto done;
     }
     *last = 0;
-    int cap = 0, line_no = 0, have_step = 0, have_world = 0;
+    int cap = 0, line_no = 0, have_step = 0, have_world = 0, version = 0;
     for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         line_no++;
         long long v;
@@ -181,8 +183,16 @@ int manifest_read(Manifest* m, const char* dir, Err* e) {
         unsigned long long bytes;
         unsigned c;
         if (line_no == 1) {
-            if (strcmp(line, "moetrain-checkpoint 1") != 0) {
-                err_set(e, "%s: not a moetrain checkpoint manifest (version 1)", path);
+            version = !strcmp(line, "moetrain-checkpoint 1") ? 1 : !strcmp(line, "moetrain-checkpoint 2") ? 2 : 0;
+            if (!version) {
+                err_set(e, "%s: not a moetrain checkpoint manifest (version 1 or 2): '%.40s'", path, line);
+                goto done;
+            }
+            m->algo = version == 1 ? CKSUM_CRC32 : -1;
+        } else if (version >= 2 && sscanf(line, "checksum %127s", name) == 1) {
+            if ((m->algo = cksum_parse(name)) < 0) {
+                err_set(e, "%s: line %d: unknown checksum '%s' (crc32 and crc32c are known; a newer moetrain wrote it?)",
+                        path, line_no, name);
                 goto done;
             }
         } else if (sscanf(line, "step %lld", &v) == 1 && v >= 0) {
@@ -210,8 +220,8 @@ int manifest_read(Manifest* m, const char* dir, Err* e) {
             goto done;
         }
     }
-    if (!have_step || !have_world) {
-        err_set(e, "%s: missing step or world line", path);
+    if (!have_step || !have_world || m->algo < 0) {
+        err_set(e, "%s: missing step, world or checksum line", path);
         goto done;
     }
     rc = 0;
@@ -221,7 +231,7 @@ done:
     return rc;
 }
 
-int ckpt_check_file(const char* dir, const ManEntry* f, int verify_crc, Err* e) {
+int ckpt_check_file(const char* dir, const ManEntry* f, int algo, int verify_crc, Err* e) {
     char path[CKPT_PATH];
     ckpt_join(path, dir, f->name);
     struct stat st;
@@ -234,10 +244,25 @@ int ckpt_check_file(const char* dir, const ManEntry* f, int verify_crc, Err* e) 
     if (!verify_crc) return 0;
     uint32_t crc;
     uint64_t bytes;
-    if (file_crc32(path, &crc, &bytes, e)) return -1;
+    if (file_checksum(path, algo, &crc, &bytes, e)) return -1;
     if (crc != f->crc || bytes != f->bytes)
-        return err_set(e, "%s: crc32 %08x, the manifest says %08x (corrupt file)", path, crc, f->crc);
+        return err_set(e, "%s: %s %08x, the manifest says %08x (corrupt file)", path, cksum_name((CksumAlgo)algo), crc,
+                       f->crc);
     return 0;
+}
+
+int ckpt_check_files(const char* dir, const Manifest* m, int verify_crc, int part, int stride, Err* e) {
+    Err* fe = xcalloc((size_t)m->n, sizeof(Err));
+    int* bad = xcalloc((size_t)m->n, sizeof(int));
+#pragma omp parallel for schedule(dynamic, 1) if (verify_crc && m->n > stride)
+    for (int i = 0; i < m->n; i++)
+        if (i % stride == part) bad[i] = ckpt_check_file(dir, &m->f[i], m->algo, verify_crc, &fe[i]);
+    int rc = 0;
+    for (int i = 0; i < m->n && !rc; i++)
+        if (bad[i]) rc = err_set(e, "%s", fe[i].msg);
+    free(fe);
+    free(bad);
+    return rc;
 }
 
 // ---- directories ------------------------------------------------------------------------------

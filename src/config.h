@@ -14,6 +14,7 @@ typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
+typedef enum { COMM_AUTO = 0, COMM_NCCL, COMM_MPI } CommKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
 typedef enum { PROFILE_NONE = 0, PROFILE_SYNC, PROFILE_EVENTS } ProfileMode;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
@@ -39,6 +40,7 @@ typedef struct ModelConfig {
 typedef struct ParallelConfig {
     int ep;     // expert-parallel group size; world % ep == 0, experts % ep == 0
     int zero1;  // shard optimizer state (ZeRO-1)
+    int comm;   // CommKind: collectives on GPUs over NCCL, or MPI through page-locked host memory
 } ParallelConfig;
 
 typedef struct PrecisionConfig {
@@ -92,6 +94,7 @@ typedef struct CheckpointConfig {
     char init_from[CFG_STR];  // Hugging Face directory to start from ("" = random init)
     int required;             // refuse to start without dir
     int save_optimizer;       // save Adam m and v too (exact resume); 0 = fp32 masters only
+    int async;                // snapshot to host memory, write from a background thread
 } CheckpointConfig;
 
 typedef struct LogConfig {

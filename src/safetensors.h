@@ -13,7 +13,7 @@
 //
 // The writer collects descriptors (name, dtype, shape, fp32 source), computes every offset, writes
 // the header (padded with spaces so the data starts at a multiple of 8) and then streams the data,
-// converting fp32 to the stored dtype chunk by chunk. It computes the crc32 (zlib) of the whole
+// converting fp32 to the stored dtype chunk by chunk. It computes the CRC-32C of the whole
 // file while writing, and fsyncs the file before closing it. Tensors are laid out contiguously in
 // the order they were added, so the file passes the Rust safetensors validation that transformers
 // uses.
@@ -93,7 +93,7 @@ typedef struct StWriter StWriter;
 
 typedef struct StWriteInfo {
     uint64_t bytes;  // file size
-    uint32_t crc32;  // zlib crc32 of the whole file
+    uint32_t crc32c;  // CRC-32C of the whole file (crc32c.h)
 } StWriteInfo;
 
 StWriter* st_writer_new(void);
@@ -117,7 +117,7 @@ int st_writer_write(StWriter* w, const char* path, StWriteInfo* info, Err* e);
 // st_writer_begin creates path and writes the whole header (names, shapes and offsets are
 // known up front); st_writer_put writes the next tensor's values in the order the tensors were
 // added — data[numel] fp32 (converted to the tensor's dtype; the caller may reuse data at once),
-// or NULL for a tensor added with its own data / fill function — with the crc32 kept running;
+// or NULL for a tensor added with its own data / fill function — with the CRC-32C kept running;
 // st_writer_end checks that every tensor was put, fsyncs and closes (info as above). A failure
 // removes the partial file and every later call returns -1 at once; st_writer_free of a
 // writer begun and not ended removes the file too.
@@ -126,5 +126,6 @@ int st_writer_begin(StWriter* w, const char* path, Err* e);
 int st_writer_put(StWriter* w, const float* data, Err* e);
 int st_writer_end(StWriter* w, StWriteInfo* info, Err* e);
 
-// Streams the crc32 of a whole file (8 MB reads). Returns 0 or -1 with a message.
-int file_crc32(const char* path, uint32_t* crc, uint64_t* bytes, Err* e);
+// Streams the checksum of a whole file (8 MB reads): algo is a CksumAlgo (crc32c.h), CRC-32C
+// or zlib's CRC-32. Returns 0 or -1 with a message.
+int file_checksum(const char* path, int algo, uint32_t* crc, uint64_t* bytes, Err* e);

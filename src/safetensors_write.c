@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
-
+#include "crc32c.h"
 #include "minijson.h"
 #include "safetensors.h"
 
@@ -25,7 +24,7 @@ typedef struct Item {
 typedef struct Out {
     int fd;
     const char* path;
-    uLong crc;
+    uint32_t crc;  // CRC-32C, running
     uint64_t bytes;
 } Out;
 
@@ -181,7 +180,7 @@ uint64_t st_writer_size(const StWriter* w) {
 
 static int out_write(Out* o, const void* buf, size_t n, Err* e) {
     const unsigned char* p = buf;
-    o->crc = crc32_z(o->crc, p, n);
+    o->crc = crc32c(o->crc, p, n);
     o->bytes += n;
     while (n) {
         size_t chunk = n > (1u << 30) ? (1u << 30) : n;
@@ -224,7 +223,7 @@ static int fail(StWriter* w) {
 int st_writer_begin(StWriter* w, const char* path, Err* e) {
     if (w->state) return err_set(e, "%s: safetensors writer already begun", path);
     w->path = xstrdup(path);
-    w->o = (Out){.fd = -1, .path = w->path, .crc = crc32_z(0, NULL, 0)};
+    w->o = (Out){.fd = -1, .path = w->path, .crc = 0};
     w->next = 0;
     w->o.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->o.fd < 0) {
@@ -282,7 +281,7 @@ int st_writer_end(StWriter* w, StWriteInfo* info, Err* e) {
     }
     if (info) {
         info->bytes = w->o.bytes;
-        info->crc32 = (uint32_t)w->o.crc;
+        info->crc32c = w->o.crc;
     }
     w->state = 2;
     free(w->path);
@@ -297,12 +296,15 @@ int st_writer_write(StWriter* w, const char* path, StWriteInfo* info, Err* e) {
     return st_writer_end(w, info, e);
 }
 
-int file_crc32(const char* path, uint32_t* crc, uint64_t* bytes, Err* e) {
+int file_checksum(const char* path, int algo, uint32_t* crc, uint64_t* bytes, Err* e) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return err_set(e, "%s: cannot open: %s", path, strerror(errno));
+#ifdef POSIX_FADV_SEQUENTIAL
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
     const size_t CH = 8u << 20;
     unsigned char* buf = xmalloc(CH);
-    uLong c = crc32_z(0, NULL, 0);
+    uint32_t c = 0;
     uint64_t n = 0;
     int rc = 0;
     for (;;) {
@@ -310,13 +312,13 @@ int file_crc32(const char* path, uint32_t* crc, uint64_t* bytes, Err* e) {
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) { rc = err_set(e, "%s: read failed: %s", path, strerror(errno)); break; }
         if (k == 0) break;
-        c = crc32_z(c, buf, (size_t)k);
+        c = cksum_update((CksumAlgo)algo, c, buf, (size_t)k);
         n += (uint64_t)k;
     }
     free(buf);
     close(fd);
     if (!rc) {
-        *crc = (uint32_t)c;
+        *crc = c;
         if (bytes) *bytes = n;
     }
     return rc;

@@ -167,6 +167,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 }
 
 void trainer_free(Trainer* t) {
+    trainer_save_release(t);
     Err le = {{0}};
     if (logfile_close(&t->metrics, &le) && !t->log_failed)
         fprintf(stderr, "moetrain: error: %s (the metrics of the last steps may be lost)\n", le.msg);
@@ -319,7 +320,13 @@ int trainer_run(Trainer* t) {
         }
         if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
             log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);
+        // checkpoint.async: commit the save in flight once every rank has written its files
+        if (trainer_save_poll(t, &e)) {
+            if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
+            return EXIT_USAGE;
+        }
         if (t->bad_in_row >= tc->max_bad_steps) {
+            trainer_save_wait(t, &e);  // a save in flight is complete work: commit it
             if (t->rank == 0)
                 fprintf(stderr, "moetrain: error: %d non-finite steps in a row (last at step %d); stopping. "
                                 "The last checkpoint, if any, is intact; lower optim.lr or raise optim.warmup, then resume.\n",
@@ -347,6 +354,7 @@ int trainer_run(Trainer* t) {
         if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {
             t->step++;
             int r = trainer_save(t, &e);
+            if (!r && (last || sig)) r = trainer_save_wait(t, &e);  // checkpoint.async: written before exit
             t->step--;
             if (r) {
                 if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);

@@ -45,6 +45,7 @@ typedef struct Trainer {
     LogFile metrics;      // <log.dir>/metrics.jsonl (rank 0; fd -1 = none)
     int log_failed;       // a metrics write failed (rank 0): the run stops with exit 2
     Err log_err;          // why
+    struct AsyncSave* async;  // checkpoint.async: the save in flight and its snapshot (train_ckpt.c)
     double t_start;
 } Trainer;
 
@@ -80,3 +81,14 @@ void trainer_fill_batch(Trainer* t, int split, uint64_t first);
 // returns the same status.
 int trainer_save(Trainer* t, Err* e);
 int trainer_restore(Trainer* t, Err* e);
+// checkpoint.async=true: trainer_save takes the snapshot and returns while a background thread
+// writes (waiting first, with a log line, when a save is still in flight). Collective, every
+// rank at the same point: trainer_save_poll (each step) commits the save once every rank's
+// writer is done; trainer_save_wait waits for it and commits (the final save, a signal).
+// Both return 0 with nothing in flight. trainer_save_release (trainer_free) drops a save in
+// flight without committing it (the run is ending on an error) and frees the snapshot.
+int trainer_save_poll(Trainer* t, Err* e);
+int trainer_save_wait(Trainer* t, Err* e);
+void trainer_save_release(Trainer* t);
+// 1 while an async save is in flight (begun, not committed).
+int trainer_save_in_flight(const Trainer* t);

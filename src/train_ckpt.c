@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,68 +109,223 @@ static char* state_text(const Trainer* t) {
     return text;
 }
 
-// Streamed (ckpt_save_begin / _append / _finish): the file holds the tensors in the order
-// (which, arena, parameter); each (which, arena) is gathered once on every rank — collective,
-// whether or not the rank owns tensors of it — and each owned tensor goes device → one
-// reusable host buffer → the file. Host memory: the largest owned tensor, plus the names.
-// checkpoint.save_optimizer=false: `which` = master only (a third of the bytes); every rank has
-// the same config, so every rank makes the same optim_gather calls.
-int trainer_save(Trainer* t, Err* e) {
+// What this rank writes: the tensors it owns, in the order (which, arena, parameter).
+typedef struct SaveList {
+    CkptTensor* ct;
+    char (*names)[128];
+    int k, nwhich;
+    size_t largest;   // numel of the largest owned tensor
+    size_t total;     // numel of every entry
+} SaveList;
+
+static void save_list(Trainer* t, SaveList* L) {
     Model* m = &t->model;
-    Backend* be = m->be;
-    const int nwhich = t->cfg.checkpoint.save_optimizer ? 3 : 1;
+    memset(L, 0, sizeof *L);
+    L->nwhich = t->cfg.checkpoint.save_optimizer ? 3 : 1;
+    L->largest = 1;
     int n_own = 0;
-    size_t largest = 1;
     for (int i = 0; i < m->pl.n; i++)
         if (owns(t, &m->pl.p[i])) {
             n_own++;
-            if (m->pl.p[i].numel > largest) largest = m->pl.p[i].numel;
+            if (m->pl.p[i].numel > L->largest) L->largest = m->pl.p[i].numel;
         }
-    CkptTensor* ct = xcalloc((size_t)(nwhich * n_own) + 1, sizeof *ct);
-    char(*names)[128] = xcalloc((size_t)(nwhich * n_own) + 1, sizeof *names);
-    int k = 0;
-    for (int which = 0; which < nwhich; which++)
+    L->ct = xcalloc((size_t)(L->nwhich * n_own) + 1, sizeof *L->ct);
+    L->names = xcalloc((size_t)(L->nwhich * n_own) + 1, sizeof *L->names);
+    for (int which = 0; which < L->nwhich; which++)
         for (int a = 0; a < 2; a++)
             for (int i = 0; i < m->pl.n; i++) {
                 const ParamInfo* p = &m->pl.p[i];
                 if ((int)p->arena != a || !owns(t, p)) continue;
-                state_name(names[k], sizeof names[k], which, p->name);
-                ct[k] = (CkptTensor){.name = names[k], .ndim = p->ndim, .data = NULL};
-                for (int d = 0; d < p->ndim; d++) ct[k].shape[d] = p->shape[d];
-                k++;
+                state_name(L->names[L->k], sizeof L->names[L->k], which, p->name);
+                L->ct[L->k] = (CkptTensor){.name = L->names[L->k], .ndim = p->ndim, .data = NULL};
+                for (int d = 0; d < p->ndim; d++) L->ct[L->k].shape[d] = p->shape[d];
+                L->total += p->numel;
+                L->k++;
             }
+}
+
+static void save_list_free(SaveList* L) {
+    free(L->names);
+    free(L->ct);
+    memset(L, 0, sizeof *L);
+}
+
+// Each owned tensor's values, in save-list order, handed to put(ctx, values, numel): every
+// (which, arena) is gathered once on every rank (collective, whether or not the rank owns tensors
+// of it) into the gradient arena, then each owned tensor goes device → host[largest] (sync) or
+// straight into its place in the snapshot (async: host == NULL, put copies nothing).
+typedef int (*PutFn)(void* ctx, const float* values, size_t numel);
+
+static void gather_owned(Trainer* t, const SaveList* L, float* host, float* snap, PutFn put, void* ctx) {
+    Model* m = &t->model;
+    Backend* be = m->be;
+    int ok = 1;
+    size_t at = 0;
+    for (int which = 0; which < L->nwhich; which++)
+        for (int a = 0; a < 2; a++) {
+            optim_gather(&t->opt, m, a, which);  // collective over the arena's group: every rank, always
+            for (int i = 0; i < m->pl.n; i++) {
+                const ParamInfo* p = &m->pl.p[i];
+                if ((int)p->arena != a || !owns(t, p)) continue;
+                if (snap) {
+                    be->to_host(be, snap + at, m->grad[a] + p->offset, sizeof(float) * p->numel);
+                    at += p->numel;
+                } else if (ok) {
+                    be->to_host(be, host, m->grad[a] + p->offset, sizeof(float) * p->numel);
+                    ok = put(ctx, host, p->numel) == 0;  // a failure is reported by ckpt_save_finish
+                }
+            }
+        }
+    zero_grads(m);  // the staging held masters / moments (the trainer overwrites; other callers add)
+}
+
+static int put_append(void* ctx, const float* values, size_t numel) {
+    (void)numel;
+    return ckpt_save_append(ctx, values);
+}
+
+// Synchronous: streamed through one tensor of host memory (ckpt_save_begin / _append / _finish).
+// Host memory: the largest owned tensor, plus the names. checkpoint.save_optimizer=false: the
+// masters only (a third of the bytes); every rank has the same config, so every rank makes the
+// same optim_gather calls.
+static int save_sync(Trainer* t, Err* e) {
+    SaveList L;
+    save_list(t, &L);
     char* state = t->rank == 0 ? state_text(t) : NULL;
     double t0 = now_sec();
     CkptSave* cs = NULL;
-    int rc = ckpt_save_begin(&cs, t->comm, t->cfg.checkpoint.dir, t->step, ct, k, state, t->cfg.checkpoint.keep, e);
+    int rc = ckpt_save_begin(&cs, t->comm, t->cfg.checkpoint.dir, t->step, L.ct, L.k, state, t->cfg.checkpoint.keep, e);
     free(state);
     if (!rc) {
-        float* host = xmalloc(sizeof(float) * largest);
-        int ok = 1;
-        for (int which = 0; which < nwhich; which++)
-            for (int a = 0; a < 2; a++) {
-                optim_gather(&t->opt, m, a, which);  // collective over the arena's group: every rank, always
-                for (int i = 0; i < m->pl.n && ok; i++) {
-                    const ParamInfo* p = &m->pl.p[i];
-                    if ((int)p->arena != a || !owns(t, p)) continue;
-                    be->to_host(be, host, m->grad[a] + p->offset, sizeof(float) * p->numel);
-                    ok = ckpt_save_append(cs, host) == 0;  // a failure is reported by ckpt_save_finish
-                }
-            }
+        float* host = xmalloc(sizeof(float) * L.largest);
+        gather_owned(t, &L, host, NULL, put_append, cs);
         free(host);
-        zero_grads(m);  // the staging held masters / moments (the trainer overwrites; other callers add)
         rc = ckpt_save_finish(cs, e);
     }
-    if (!rc) {
-        char sn[64];
-        snprintf(sn, sizeof sn, "step_%08d", t->step);
-        log_info("checkpoint: saved %s/%s (%d tensors on rank 0%s, %.2f s)\n", t->cfg.checkpoint.dir, sn, k,
-                 nwhich == 3 ? "" : ", weights only: checkpoint.save_optimizer=false", now_sec() - t0);
-    }
-    free(names);
-    free(ct);
+    if (!rc)
+        log_info("checkpoint: saved %s/step_%08d (%d tensors on rank 0%s, %.2f s)\n", t->cfg.checkpoint.dir, t->step, L.k,
+                 L.nwhich == 3 ? "" : ", weights only: checkpoint.save_optimizer=false", now_sec() - t0);
+    save_list_free(&L);
     return rc;
 }
+
+// ---- checkpoint.async -------------------------------------------------------------------------
+// The save is cut in three: on the training thread, the snapshot (every owned tensor gathered
+// and copied to host memory that is kept for the run: page-locked on GPUs) and ckpt_save_begin
+// (collective: the temporary directory and every rank's file header); on a background thread,
+// the values appended from the snapshot and the file fsynced (ckpt_save_end_local: file I/O
+// only, no MPI); on the training thread again, once every rank's writer is done (one small
+// all-reduce per step while a save is in flight: trainer_save_poll), ckpt_save_finish
+// (collective: sizes and checksums agreed, manifest, rename, `latest`). So `latest` moves only
+// after a complete save, as with sync saves, and a crash while the thread writes leaves the
+// previous checkpoint in place. One save in flight: the next one waits for it.
+struct AsyncSave {
+    pthread_t th;
+    int running;    // a save is in flight (begun, not finished)
+    int done;       // the writer is done (atomic; written by the thread)
+    CkptSave* cs;
+    SaveList L;
+    float* snap;    // [cap] host snapshot, kept between saves
+    size_t cap;
+    int step;
+    double t0, stall;
+};
+
+static void* writer_main(void* arg) {
+    struct AsyncSave* as = arg;
+    size_t at = 0;
+    for (int i = 0; i < as->L.k; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < as->L.ct[i].ndim; d++) numel *= (size_t)as->L.ct[i].shape[d];
+        if (ckpt_save_append(as->cs, as->snap + at)) break;  // ckpt_save_finish reports it
+        at += numel;
+    }
+    ckpt_save_end_local(as->cs);
+    __atomic_store_n(&as->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+// Collective: joins the writer (waiting for it) and commits. Called by every rank at the same point.
+static int async_finish(Trainer* t, Err* e) {
+    struct AsyncSave* as = t->async;
+    pthread_join(as->th, NULL);
+    int rc = ckpt_save_finish(as->cs, e);
+    as->cs = NULL;
+    as->running = 0;
+    if (!rc)
+        log_info("checkpoint: saved %s/step_%08d in the background (%d tensors on rank 0, %.2f s; training stalled %.2f s "
+                 "for the snapshot)\n", t->cfg.checkpoint.dir, as->step, as->L.k, now_sec() - as->t0, as->stall);
+    save_list_free(&as->L);
+    return rc;
+}
+
+int trainer_save_poll(Trainer* t, Err* e) {
+    struct AsyncSave* as = t->async;
+    if (!as || !as->running) return 0;
+    int32_t busy = !__atomic_load_n(&as->done, __ATOMIC_ACQUIRE);
+    t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &busy, 1);
+    return busy ? 0 : async_finish(t, e);
+}
+
+int trainer_save_in_flight(const Trainer* t) { return t->async && t->async->running; }
+
+int trainer_save_wait(Trainer* t, Err* e) {
+    struct AsyncSave* as = t->async;
+    if (!as || !as->running) return 0;
+    return async_finish(t, e);
+}
+
+void trainer_save_release(Trainer* t) {
+    struct AsyncSave* as = t->async;
+    if (!as) return;
+    if (as->running) {  // the run ends on an error: the save in flight is dropped, latest stays
+        pthread_join(as->th, NULL);
+        ckpt_save_abort(as->cs);
+        save_list_free(&as->L);
+    }
+    be_host_free(t->be, as->snap);
+    free(as);
+    t->async = NULL;
+}
+
+static int save_async(Trainer* t, Err* e) {
+    if (!t->async) t->async = xcalloc(1, sizeof *t->async);
+    struct AsyncSave* as = t->async;
+    if (as->running) {
+        double w0 = now_sec();
+        log_info("checkpoint: step %d: waiting for the save of step %d to finish (checkpoint.async keeps one save in "
+                 "flight)\n", t->step, as->step);
+        if (async_finish(t, e)) return -1;
+        log_info("checkpoint: waited %.2f s\n", now_sec() - w0);
+    }
+    double t0 = now_sec();
+    save_list(t, &as->L);
+    if (as->L.total > as->cap) {
+        be_host_free(t->be, as->snap);
+        as->cap = as->L.total;
+        as->snap = be_host_alloc(t->be, sizeof(float) * as->cap);
+        log_info("checkpoint: checkpoint.async holds %.2f GiB of %shost memory per rank for the snapshot\n",
+                 (double)sizeof(float) * (double)as->cap / (1 << 30), t->be->host_alloc ? "page-locked " : "");
+    }
+    gather_owned(t, &as->L, NULL, as->snap, NULL, NULL);
+    char* state = t->rank == 0 ? state_text(t) : NULL;
+    int rc = ckpt_save_begin(&as->cs, t->comm, t->cfg.checkpoint.dir, t->step, as->L.ct, as->L.k, state,
+                             t->cfg.checkpoint.keep, e);
+    free(state);
+    if (rc) {
+        save_list_free(&as->L);
+        return -1;
+    }
+    as->step = t->step;
+    as->t0 = t0;
+    as->done = 0;
+    as->running = 1;
+    CHECK(pthread_create(&as->th, NULL, writer_main, as) == 0, "cannot start the checkpoint writer thread");
+    as->stall = now_sec() - t0;
+    return 0;
+}
+
+int trainer_save(Trainer* t, Err* e) { return t->cfg.checkpoint.async ? save_async(t, e) : save_sync(t, e); }
 
 // ---- restore ----------------------------------------------------------------------------------
 
@@ -250,10 +406,12 @@ static int same_data(const char* a, const char* b) {
     return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
 }
 
-static int load_ckpt(Trainer* t, const char* path, Err* e) {
+// verified: resume=auto has just verified path's checksums (find_auto)
+static int load_ckpt(Trainer* t, const char* path, int verified, Err* e) {
     Model* m = &t->model;
     Ckpt* ck = NULL;
-    if (ckpt_open_comm(t->comm, &ck, path, e)) return -1;
+    double t0 = now_sec();
+    if (ckpt_open_comm_ex(t->comm, &ck, path, verified, e)) return -1;
     const char* dir = ckpt_dir(ck);
     const char* text = ckpt_trainer_state(ck);
     char where[CFG_STR + 64];
@@ -320,8 +478,9 @@ static int load_ckpt(Trainer* t, const char* path, Err* e) {
         t->bad_in_row = (int)bad;
         t->last_loss = ts.loss_ema;
         snprintf(t->resumed_from, sizeof t->resumed_from, "%s", dir);
-        log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d)\n",
-                 dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep);
+        log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d) "
+                 "(%.2f s)\n", dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep,
+                 now_sec() - t0);
         if (!has_opt)
             log_info("checkpoint: %s has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments "
                      "restart from zero; the run is not an exact continuation (Adam's bias correction restarts with them: "
@@ -379,7 +538,26 @@ static int load_hf(Trainer* t, const char* dir, Err* e) {
     return 0;
 }
 
-// resume=auto: rank 0 looks (it reads every file once to verify); the verdict is broadcast.
+// resume=auto: rank 0 looks for the checkpoint (ckpt_find_resume) and has each candidate
+// verified by every rank, each its share of the files (ckpt_verify_comm): it broadcasts the
+// candidate, the others verify with it; an empty candidate ends the search. The verdict is
+// broadcast.
+typedef struct VerifyReq {
+    char dir[CFG_STR + 64];  // "" = the search is over
+} VerifyReq;
+
+static int verify_candidate(void* ctx, const char* step_dir, char* why, size_t n) {
+    Comm* comm = ctx;
+    VerifyReq q;
+    memset(&q, 0, sizeof q);
+    snprintf(q.dir, sizeof q.dir, "%s", step_dir);
+    comm->host_broadcast(comm, GROUP_WORLD, &q, sizeof q, 0);
+    Err e = {{0}};
+    if (ckpt_verify_comm(comm, q.dir, &e) == 0) return 1;
+    snprintf(why, n, "%s", e.msg);
+    return 0;
+}
+
 static int find_auto(Trainer* t, char* step_dir, size_t n, Err* e) {
     struct {
         int32_t rc;
@@ -388,10 +566,21 @@ static int find_auto(Trainer* t, char* step_dir, size_t n, Err* e) {
         char msg[sizeof e->msg];
     } r;
     memset(&r, 0, sizeof r);
+    VerifyReq q;
+    memset(&q, 0, sizeof q);
     if (t->rank == 0) {
         Err le = {{0}};
-        r.rc = ckpt_find_resume(t->cfg.checkpoint.dir, r.dir, sizeof r.dir, r.note, sizeof r.note, &le);
+        r.rc = ckpt_find_resume_cb(t->cfg.checkpoint.dir, r.dir, sizeof r.dir, r.note, sizeof r.note, verify_candidate,
+                                   t->comm, &le);
         snprintf(r.msg, sizeof r.msg, "%s", le.msg);
+        t->comm->host_broadcast(t->comm, GROUP_WORLD, &q, sizeof q, 0);  // the search is over
+    } else {
+        for (;;) {
+            t->comm->host_broadcast(t->comm, GROUP_WORLD, &q, sizeof q, 0);
+            if (!q.dir[0]) break;
+            Err le = {{0}};
+            ckpt_verify_comm(t->comm, q.dir, &le);
+        }
     }
     t->comm->host_broadcast(t->comm, GROUP_WORLD, &r, sizeof r, 0);
     if (r.rc < 0) return err_set(e, "checkpoint.resume=auto: %s", r.msg);
@@ -407,15 +596,16 @@ static int find_auto(Trainer* t, char* step_dir, size_t n, Err* e) {
 int trainer_restore(Trainer* t, Err* e) {
     const CheckpointConfig* c = &t->cfg.checkpoint;
     char path[CFG_STR + 64] = "";
-    int rc = 0;
+    int rc = 0, verified = 0;
     if (!strcmp(c->resume, "auto")) {
         int f = find_auto(t, path, sizeof path, e);
         if (f < 0) rc = -1;
+        verified = f > 0;
     } else if (strcmp(c->resume, "none") != 0) {
         snprintf(path, sizeof path, "%s", c->resume);
     }
     if (!rc) {
-        if (path[0]) rc = load_ckpt(t, path, e);
+        if (path[0]) rc = load_ckpt(t, path, verified, e);
         else if (c->init_from[0]) rc = load_hf(t, c->init_from, e);
         else init_random(t);
     }

@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "ckpt.h"
 #include "failpoint.h"
 #include "test.h"
@@ -179,8 +181,8 @@ static void test_trainer_state(void) {
 static void test_corruption(void) {
     typedef struct { const char* file; int kind; const char* msg; } Case;  // kind 0 flip, 1 truncate, 2 delete
     const Case cases[] = {
-        {"rank_00000.safetensors", 0, "crc32"},     {"rank_00000.safetensors", 1, "the manifest says"},
-        {"rank_00000.safetensors", 2, "missing"},   {"trainer_state.yaml", 0, "crc32"},
+        {"rank_00000.safetensors", 0, "crc32c"},    {"rank_00000.safetensors", 1, "the manifest says"},
+        {"rank_00000.safetensors", 2, "missing"},   {"trainer_state.yaml", 0, "crc32c"},
         {"manifest.txt", 0, "manifest"},            {"manifest.txt", 1, "manifest"},
     };
     Set s;
@@ -207,6 +209,85 @@ static void test_corruption(void) {
         fclose(f);
         EXPECT(strstr(out, "BAD"), "inspect output lacks BAD:\n%s", out);
     }
+    free_set(&s);
+}
+
+static uint32_t zlib_file_crc(const char* p) {
+    FILE* f = fopen(p, "rb");
+    uLong c = crc32_z(0, NULL, 0);
+    unsigned char buf[4096];
+    size_t k;
+    while (f && (k = fread(buf, 1, sizeof buf, f)) > 0) c = crc32_z(c, buf, k);
+    if (f) fclose(f);
+    return (uint32_t)c;
+}
+
+// A checkpoint written before CRC-32C: manifest version 1, zlib crc32 per file, no checksum
+// line. It opens and verifies; a damaged file is still caught (by zlib's crc32).
+static void test_v1_manifest(void) {
+    char root[1024], dir[1024], p[1024];
+    path(root, g_dir, "v1");
+    Set s;
+    make_set(&s, 5, 3);
+    Err e = {{0}};
+    EXPECT(save(root, 4, &s, 0, &e) == 0, "save: %s", e.msg);
+    path(dir, root, "step_00000004");
+    path(p, dir, "manifest.txt");
+    char* text = NULL;
+    {
+        FILE* f = fopen(p, "r");
+        char line[512];
+        size_t cap = 0;
+        FILE* o = open_memstream(&text, &cap);
+        while (f && fgets(line, sizeof line, f)) {
+            EXPECT(strncmp(line, "moetrain-checkpoint", 19) != 0 || strcmp(line, "moetrain-checkpoint 2\n") == 0,
+                   "written manifest version: %s", line);
+            EXPECT(strncmp(line, "checksum", 8) != 0 || strcmp(line, "checksum crc32c\n") == 0, "checksum line: %s", line);
+            char name[128], fp[1024];
+            unsigned long long bytes;
+            unsigned c;
+            if (!strcmp(line, "moetrain-checkpoint 2\n")) fputs("moetrain-checkpoint 1\n", o);
+            else if (!strncmp(line, "checksum ", 9) || !strncmp(line, "crc32 ", 6)) continue;
+            else if (sscanf(line, "file %127s %llu %8x", name, &bytes, &c) == 3) {
+                path(fp, dir, name);
+                fprintf(o, "file %s %llu %08x\n", name, bytes, zlib_file_crc(fp));
+            } else fputs(line, o);
+        }
+        if (f) fclose(f);
+        fclose(o);
+        uint32_t mc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)text, strlen(text));
+        f = fopen(p, "w");
+        fprintf(f, "%scrc32 %08x\n", text, mc);
+        fclose(f);
+        free(text);
+    }
+    Ckpt* ck = NULL;
+    EXPECT(ckpt_open(&ck, root, &e) == 0, "version 1 manifest: %s", e.msg);
+    if (ck) {
+        float* y = xmalloc(sizeof(float) * 13 * 3 * 7);
+        EXPECT(ckpt_read(ck, s.t[0].name, y, s.t[0].ndim, s.t[0].shape, &e) == 0 &&
+                   memcmp(y, s.buf[0], sizeof(float) * 13 * 3 * 7) == 0, "read: %s", e.msg);
+        free(y);
+        ckpt_close(ck);
+    }
+    char out[8192] = "";
+    FILE* f = fmemopen(out, sizeof out, "w");
+    EXPECT(ckpt_inspect(root, f, &e) == 0, "inspect: %s", e.msg);
+    fclose(f);
+    EXPECT(strstr(out, "crc32 ") && strstr(out, "OK") && !strstr(out, "crc32c"), "inspect of a v1 checkpoint:\n%s", out);
+    path(p, dir, "rank_00000.safetensors");
+    flip_byte(p, 200);
+    EXPECT(ckpt_open(&ck, root, &e) == -1 && strstr(e.msg, "rank_00000.safetensors: crc32 "), "damaged v1: %s", e.msg);
+    // A checksum this build does not know is refused, not skipped.
+    path(p, dir, "manifest.txt");
+    {
+        const char* t2 = "moetrain-checkpoint 2\nstep 4\nworld 1\nchecksum sha9\n";
+        uint32_t mc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)t2, strlen(t2));
+        FILE* g = fopen(p, "w");
+        fprintf(g, "%scrc32 %08x\n", t2, mc);
+        fclose(g);
+    }
+    EXPECT(ckpt_open(&ck, root, &e) == -1 && strstr(e.msg, "unknown checksum 'sha9'"), "unknown checksum: %s", e.msg);
     free_set(&s);
 }
 
@@ -378,6 +459,7 @@ int main(void) {
     RUN(test_roundtrip);
     RUN(test_trainer_state);
     RUN(test_corruption);
+    RUN(test_v1_manifest);
     RUN(test_auto_fallback);
     RUN(test_keep);
     RUN(test_inspect_ok);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "crc32c.h"
 #include "safetensors.h"
 #include "test.h"
 #include "util.h"
@@ -91,11 +92,11 @@ static void test_writer_stream(void) {
     EXPECT(st_writer_end(w, &i2, &e) == 0, "end: %s", e.msg);
     st_writer_free(w);
     EXPECT(same_file(p1, p2), "streamed file differs from the whole one");
-    EXPECT(i1.bytes == i2.bytes && i1.crc32 == i2.crc32 && i1.bytes > 0, "info %llu/%08x vs %llu/%08x",
-           (unsigned long long)i1.bytes, i1.crc32, (unsigned long long)i2.bytes, i2.crc32);
+    EXPECT(i1.bytes == i2.bytes && i1.crc32c == i2.crc32c && i1.bytes > 0, "info %llu/%08x vs %llu/%08x",
+           (unsigned long long)i1.bytes, i1.crc32c, (unsigned long long)i2.bytes, i2.crc32c);
     uint32_t crc;
     uint64_t n;
-    EXPECT(file_crc32(p2, &crc, &n, &e) == 0 && crc == i2.crc32 && n == i2.bytes, "running crc = file crc");
+    EXPECT(file_checksum(p2, CKSUM_CRC32C, &crc, &n, &e) == 0 && crc == i2.crc32c && n == i2.bytes, "running crc = file crc");
 
     // A later tensor without values, too few puts, or a writer freed unfinished: no file is left.
     w = st_writer_new();

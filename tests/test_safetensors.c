@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "minijson.h"
+#include "crc32c.h"
 #include "safetensors.h"
 #include "test.h"
 #include "util.h"
@@ -64,7 +65,7 @@ static void test_roundtrip_f32(void) {
     stat(p, &st);
     EXPECT((uint64_t)st.st_size == expect && info.bytes == expect, "size %lld, predicted %llu", (long long)st.st_size, (unsigned long long)expect);
     uint32_t crc = 0;
-    EXPECT(file_crc32(p, &crc, NULL, &e) == 0 && crc == info.crc32, "crc %08x vs %08x", crc, info.crc32);
+    EXPECT(file_checksum(p, CKSUM_CRC32C, &crc, NULL, &e) == 0 && crc == info.crc32c, "crc %08x vs %08x", crc, info.crc32c);
 
     StFile* f;
     EXPECT(st_open(&f, p, &e) == 0, "%s", e.msg);
