@@ -12,8 +12,8 @@ extern "C" {
 #include "comm.h"
 }
 
-enum { LT_WS_BYTES = 32 << 20 };     // cuBLASLt workspace
-enum { SCRATCH_BYTES = 64 << 20 };   // op workspace (see CudaImpl.scratch)
+enum { LT_WS_BYTES = CUDA_LT_WS_BYTES };     // cuBLASLt workspace (backend.h: plan counts it)
+enum { SCRATCH_BYTES = CUDA_SCRATCH_BYTES };   // op workspace (see CudaImpl.scratch)
 enum { RED_BLOCKS = 1024 };          // fixed partition of sumsq: deterministic on any GPU
 
 // ---- checks ----------------------------------------------------------------------------------
@@ -368,11 +368,21 @@ static double cu_event_elapsed(Backend* be, BackendEvent* a, BackendEvent* b) {
 }
 static void cu_event_destroy(Backend* be, BackendEvent* ev) { CUDA_CK(cudaEventDestroy((cudaEvent_t)ev)); }
 
-// NCCL on the backend's stream (cuda/comm_nccl.cu).
+// NCCL on the backend's stream (cuda/comm_nccl.cu), or MPI through page-locked host memory.
 static Comm* cu_comm_create(Backend* be, const CommOpts* o, Err* e) {
+    if (o->staged) return comm_staged_create(o->ep, be);  // parallel.comm=mpi (src/comm_staged.c)
     Comm* c = comm_nccl_create(o->ep, (void*)CI(be)->stream);
     if (!c) err_set(e, "cuda backend: no NCCL communicator in this build; set train.device=cpu or rebuild with NCCL");
     return c;
+}
+
+extern "C" int cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
 }
 
 extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
@@ -386,7 +396,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     }
     if (device < 0 || device >= count) {
         err_set(e, "GPU %d requested but only %d visible (one rank per GPU: launch at most %d ranks per node, "
-                   "or check CUDA_VISIBLE_DEVICES)", device, count, count);
+                   "check CUDA_VISIBLE_DEVICES, or set parallel.comm=mpi to let ranks share GPUs)", device, count, count);
         return NULL;
     }
     if (act_dtype != DTYPE_BF16 && act_dtype != DTYPE_F32) {

@@ -2,7 +2,7 @@
 # gpu_check.sh — every GPU check, on any machine with an NVIDIA GPU, logs under $OUT and a summary
 # table at the end.
 #
-#   scripts/gpu_check.sh                 every step: tests san ckpt l0
+#   scripts/gpu_check.sh                 every step: tests san ckpt l0 comm
 #   scripts/gpu_check.sh tests ckpt      the steps named, in that order (or STEPS="tests ckpt")
 #
 # Steps:
@@ -16,6 +16,9 @@
 #          Face export scored by moetrain eval and by transformers (SKIP lines without torch)
 #   l0     L0_sanity three ways, the CPU at EP=2 (mpirun) and the GPU in bf16 and fp32 at EP=1 with
 #          the same global batch; scripts/l0_compare.py checks the GPU curves follow the CPU's
+#   comm   parallel.comm=mpi, two ranks on one GPU (scripts/gpu_comm_mpi.sh): L0_sanity at EP=2
+#          against the GPU at EP=1 and the CPU at EP=2, a save at EP=2 resumed at EP=1 on the GPU
+#          and on the CPU, memcheck on both ranks, probe_gpu_mem against `moetrain plan`
 #   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all
 #
 # Environment: OUT (logs; default build/gpu_logs), BUILD (binaries; default build: moetrain,
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 OUT=${OUT:-build/gpu_logs}
 STEP_TIMEOUT=${STEP_TIMEOUT:-900}
-if [ $# -gt 0 ]; then STEPS="$*"; else STEPS=${STEPS:-tests san ckpt l0}; fi
+if [ $# -gt 0 ]; then STEPS="$*"; else STEPS=${STEPS:-tests san ckpt l0 comm}; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PATH=$PATH:${CUDA_HOME:-/usr/local/cuda}/bin  # compute-sanitizer
@@ -115,6 +118,12 @@ step_l0() {
   cat "$OUT/l0.compare.log"
 }
 
+# ---- parallel.comm=mpi: EP=2 with both ranks on one GPU ----------------------------------------
+step_comm() {
+  check comm env OUT="$OUT" scripts/gpu_comm_mpi.sh "$BUILD"
+  cat "$OUT/comm_mpi/summary.txt"
+}
+
 step_timings() {
   [ -x "$BUILD/dev/gpu_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
@@ -123,8 +132,8 @@ step_timings() {
 for s in $STEPS; do
   echo "== $s"
   case $s in
-    tests | san | ckpt | l0 | timings) "step_$s" ;;
-    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, timings)" | tee -a "$SUM"; fail=1 ;;
+    tests | san | ckpt | l0 | comm | timings) "step_$s" ;;
+    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, timings)" | tee -a "$SUM"; fail=1 ;;
   esac
 done
 

@@ -266,10 +266,16 @@ struct Backend {
     void (*destroy)(Backend*);
 };
 
+// Device memory the CUDA backend allocates for itself at creation (plan.c counts it):
+#define CUDA_LT_WS_BYTES (32u << 20)     // cuBLASLt workspace
+#define CUDA_SCRATCH_BYTES (64u << 20)   // op workspace
+
 // Constructors. cuda_backend_create returns NULL (with a message) when built without CUDA or
 // when no GPU is visible.
 Backend* cpu_backend_create(void);
 Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
+// GPUs visible to this process (0 without CUDA or without a GPU).
+int cuda_device_count(void);
 
 static inline size_t dtype_size(DType d) { return d == DTYPE_BF16 ? 2 : 4; }
 

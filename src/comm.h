@@ -4,8 +4,9 @@
 // is consecutive ranks (one node's GPUs when ep ≤ 8) and holds experts
 // [ep_rank·E/ep, (ep_rank+1)·E/ep). Ranks with the same ep_rank form the edp group.
 //
-// Two implementations: MPI on host memory (CPU backend) and NCCL on device memory (CUDA
-// backend; MPI launches and bootstraps it). Buffers are in the memory of the backend the Comm
+// Three implementations: MPI on host memory (CPU backend), NCCL on device memory (CUDA backend;
+// MPI launches and bootstraps it), and MPI with device buffers staged through host memory
+// (parallel.comm=mpi). Buffers are in the memory of the backend the Comm
 // was made for. All calls are collective over the group and blocking for the host in MPI;
 // in NCCL they are enqueued on the backend stream.
 #pragma once
@@ -49,11 +50,17 @@ struct Comm {
 // its memory (cpu: MPI on host memory; cuda: NCCL on its stream); a user's choice of transport,
 // where there is one, is a field here that the backend's comm_create reads.
 typedef struct CommOpts {
-    int ep;  // expert-parallel size (parallel.ep); must divide the world size
+    int ep;      // expert-parallel size (parallel.ep); must divide the world size
+    int staged;  // parallel.comm=mpi: MPI, device buffers staged through host memory (comm_staged.c)
 } CommOpts;
 
 // MPI: call after MPI_Init (dist_init). ep must divide the world size.
 Comm* comm_mpi_create(int ep);
+// parallel.comm=mpi on a device backend (comm_staged.c): the MPI Comm, with device buffers staged
+// through the backend's host memory (page-locked on CUDA). No NCCL; ranks may share a GPU. On
+// the CPU backend the staging is a host copy. be must outlive the Comm.
+typedef struct Backend Backend;
+Comm* comm_staged_create(int ep, Backend* be);
 // NCCL over the same layout; built only with CUDA (returns NULL otherwise). `stream` is the
 // CUDA backend's stream (cudaStream_t passed as void*). Call it after cudaSetDevice(local
 // rank); collective over the world (builds world, ep, edp NCCL communicators). Its barrier

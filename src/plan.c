@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "backend.h"
 #include "model.h"
 #include "params.h"
 
@@ -93,7 +94,19 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
     m->logits = (double)(int64_t)chunk * V * a;
-    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits;
+    // GPU runs: the CUDA context, cuBLASLt's workspace and the op scratch, NCCL's buffers
+    if (c->train.device != DEVICE_CPU) {
+        m->cuda_context = PLAN_CUDA_CONTEXT_BYTES;
+        m->lib_workspace = (double)CUDA_LT_WS_BYTES + (double)CUDA_SCRATCH_BYTES;
+        if (c->parallel.comm != COMM_MPI) {
+            // comm_nccl.c: one communicator per group of > 1 rank; a group with the world's
+            // members (ep = world, or edp when ep = 1) shares the world's
+            m->nccl_comms = (world > 1) + (m->ep > 1 && m->ep < world) + (m->edp > 1 && m->edp < world);
+            m->nccl = m->nccl_comms * PLAN_NCCL_COMM_BYTES;
+        }
+    }
+    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits +
+               m->cuda_context + m->lib_workspace + m->nccl;
     return 0;
 }
 
@@ -137,14 +150,31 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
         {"activations saved for backward", m.act_saved},
         {"activation scratch (one layer)", m.act_scratch},
         {"lm_head logits chunk", m.logits},
+        {"CUDA context + kernels (estimate)", m.cuda_context},
+        {"cuBLASLt workspace + op scratch", m.lib_workspace},
+        {"NCCL buffers (estimate)", m.nccl},
     };
-    const int mib = gib(m.total) < 1;  // small models in MiB
+    const int mib = gib(m.total - m.cuda_context - m.lib_workspace - m.nccl) < 1;  // small models in MiB
     const double scale = mib ? 1024 : 1;
     const char* unit = mib ? "MiB" : "GiB";
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        fprintf(f, "  %-34s %9.2f %s\n", rows[i].what, gib(rows[i].bytes) * scale, unit);
-    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB; not counted: CUDA context, cuBLASLt/NCCL buffers%s)\n",
-            "total", gib(m.total) * scale, unit, gpu_gib, m.ep > 1 ? ", routing imbalance beyond 25%" : "");
+    const int on_gpu = c->train.device != DEVICE_CPU;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (i >= 7 && !on_gpu) break;  // the CUDA rows: GPU runs only
+        if (i == 9 && m.nccl == 0) continue;
+        fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
+        if (i == 9) fprintf(f, "   (%d communicator%s of > 1 rank)", m.nccl_comms, m.nccl_comms == 1 ? "" : "s");
+        fprintf(f, "\n");
+    }
+    if (on_gpu && c->parallel.comm == COMM_MPI)
+        fprintf(f, "  %-34s %9s       (parallel.comm=mpi: staging in page-locked host memory, the largest message)\n",
+                "NCCL buffers", "none");
+    if (on_gpu && c->checkpoint.async)
+        fprintf(f, "  (checkpoint.async: plus %.2f GiB of page-locked host memory per rank for the snapshot)\n",
+                gib(4.0 * (c->checkpoint.save_optimizer ? 3 : 1) *
+                    ((c->parallel.zero1 && world > 1 ? (double)m.dense / world : (double)m.dense) +
+                     (c->parallel.zero1 && m.edp > 1 ? (double)m.expert / m.edp : (double)m.expert))));
+    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m.total) * scale, unit, gpu_gib,
+            m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
     if (m.kept_swiglu > 0)
         fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
                 "layer)\n", gib(m.kept_swiglu) * scale, unit, gib(m.kept_swiglu / mc->layers) * scale, unit);

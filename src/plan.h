@@ -23,8 +23,23 @@ typedef struct PlanMemory {
     double kept_swiglu;       // of act_saved: the SwiGLU output h kept by train.keep_swiglu (0 when off)
     double act_scratch;       // per-layer scratch (reused by every layer)
     double logits;            // lm_head logits chunk
+    // GPU runs only (0 on the CPU): what the CUDA runtime and libraries hold besides our buffers
+    double cuda_context;      // CUDA context and loaded kernels: PLAN_CUDA_CONTEXT_BYTES (an estimate)
+    double lib_workspace;     // cuBLASLt workspace + the backend's op scratch (exact: backend.h)
+    double nccl;              // NCCL buffers: PLAN_NCCL_COMM_BYTES per communicator of > 1 rank
+                              // (parallel.comm=mpi: none; its staging is page-locked host memory)
+    int nccl_comms;           // communicators of > 1 rank (world, ep, edp)
     double total;
 } PlanMemory;
+
+// Estimates for the GPU-side memory the CUDA runtime and NCCL hold (checked on a GPU by
+// build/tests/gpu/probe_gpu_mem, which measures each with cudaMemGetInfo and fails when a
+// measurement exceeds its estimate):
+//   context: the primary context, this binary's kernels and cuBLASLt's, loaded lazily (CUDA 12+)
+//   NCCL: per communicator of more than one rank, 32 channels × send + recv × NCCL_BUFFSIZE
+//   (4 MiB, NCCL's documented default), for the ring collectives and the all-to-all's peers
+#define PLAN_CUDA_CONTEXT_BYTES (768.0 * (1 << 20))
+#define PLAN_NCCL_COMM_BYTES (32.0 * 2 * 4 * (1 << 20))
 
 // Validates c for `world` ranks (world <= 0: parallel.ep) and fills m. Returns 0 or -1.
 int plan_memory(const Config* c, int world, PlanMemory* m, Err* e);

@@ -73,7 +73,11 @@ static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
     DeviceKind dev = cfg->train.device;
     if (dev == DEVICE_CUDA || dev == DEVICE_AUTO) {
         Err ce = {{0}};
-        Backend* be = cuda_backend_create(cfg->precision.dtype, dist_local_rank(), &ce);
+        // one GPU per rank (node-local rank); parallel.comm=mpi lets ranks share GPUs (local rank mod count)
+        int gpu = dist_local_rank();
+        const int ngpu = cfg->parallel.comm == COMM_MPI ? cuda_device_count() : 0;
+        if (ngpu > 0) gpu %= ngpu;
+        Backend* be = cuda_backend_create(cfg->precision.dtype, gpu, &ce);
         if (be) return be;
         if (dev == DEVICE_CUDA) {
             err_set(e, "train.device=cuda, but no CUDA backend: %s", ce.msg);
@@ -117,10 +121,21 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     if (!on_gpu && cfg->precision.dtype != DTYPE_F32)
         log_info("device: the CPU backend computes in fp32 (precision.dtype=%s applies on GPUs)\n",
                  dtype_name(cfg->precision.dtype));
-    const CommOpts co = {.ep = cfg->parallel.ep};
+    // parallel.comm: NCCL (auto on GPUs) or MPI; device buffers go through host memory for MPI
+    if (dist_agree_error(!on_gpu && cfg->parallel.comm == COMM_NCCL
+                             ? err_set(e, "parallel.comm=nccl needs the CUDA backend (this rank runs on the CPU); "
+                                          "use parallel.comm=auto or mpi")
+                             : 0,
+                         e)) {
+        t->be->destroy(t->be), t->be = NULL;
+        return -1;
+    }
+    const CommOpts co = {.ep = cfg->parallel.ep, .staged = cfg->parallel.comm == COMM_MPI};
     Err ce = {{0}};
     t->comm = t->be->comm_create(t->be, &co, &ce);
     CHECK(t->comm, "could not create the communicator: %s", ce.msg);
+    if (co.staged && on_gpu)
+        log_info("comm: parallel.comm=mpi: collectives over MPI, device buffers staged through page-locked host memory\n");
     t->world = t->comm->size[GROUP_WORLD];
     t->rank = t->comm->rank[GROUP_WORLD];
     t->n_micro = tc->global_batch / (tc->micro_batch * t->world);

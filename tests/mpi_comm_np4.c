@@ -1,5 +1,6 @@
 // mpi_comm_np4.c — the MPI Comm on 4 ranks: group layout for ep = 1, 2, 4 and every collective
-// on every group with rank-dependent known values. Runs under mpirun -np 4 (also correct on any
+// on every group with rank-dependent known values; then the same for the staged Comm
+// (parallel.comm=mpi: comm_staged.c) over the CPU backend, whose "device" memory is host memory. Runs under mpirun -np 4 (also correct on any
 // world size; the ep values that do not divide it are skipped). Failures on any rank are
 // reduced into rank 0, which alone prints the ok/FAIL lines and the summary.
 #define _POSIX_C_SOURCE 200809L
@@ -7,6 +8,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "mpi_test.h"
 
@@ -203,11 +205,13 @@ int main(int argc, char** argv) {
     mpi_test_init(&argc, &argv, "mpi_comm");
     CHECK(mt_world <= 64, "this test supports up to 64 ranks");
     int eps[] = {1, 2, 4};
-    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
-        g_ep = eps[i];
+    Backend* cpu = cpu_backend_create();
+    for (size_t i = 0; i < 2 * sizeof eps / sizeof eps[0]; i++) {
+        g_ep = eps[i % 3];
         if (mt_world % g_ep) continue;
-        mpi_test_note("(ep=%d)", g_ep);
-        g_c = comm_mpi_create(g_ep);
+        const int staged = i >= 3;
+        mpi_test_note("(%s, ep=%d)", staged ? "staged" : "mpi", g_ep);
+        g_c = staged ? comm_staged_create(g_ep, cpu) : comm_mpi_create(g_ep);
         MRUN(test_layout);
         MRUN(test_all_reduce);
         MRUN(test_reduce_scatter);
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
         MRUN(test_barrier);
         g_c->destroy(g_c);
     }
+    cpu->destroy(cpu);
     g_ep = 1;
     mpi_test_note("(ep=%d)", g_ep);
     MRUN(test_agree);

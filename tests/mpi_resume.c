@@ -2,7 +2,10 @@
 // of accumulation), at EP=2 (experts split, dense ZeRO-1 over the world) and at EP=1 × EDP=2
 // (experts ZeRO-1-sharded over edp): 6 steps straight == 3 steps, stop (exit 3), resume=auto,
 // 3 more — the metrics trace, the last loss, every rank's masters / Adam m / v / compute weights
-// and the final checkpoint files bit for bit.
+// and the final checkpoint files bit for bit. Then EP=2 again with parallel.comm=mpi (every
+// device collective staged through host memory: comm_staged.c) and checkpoint.async=true (the
+// background writer on two ranks): exact resume as above, and the final checkpoint bit for bit
+// equal to the plain MPI run's.
 #define _GNU_SOURCE
 #include <mpi.h>
 
@@ -86,10 +89,23 @@ static void test_exact_ep1_edp2(void) {
     exact("edp2", l, 2);
 }
 
+static void test_exact_ep2_staged_async(void) {
+    const char* l[] = {"parallel.ep=2", "train.micro_batch=2", "parallel.comm=mpi", "checkpoint.async=true"};
+    exact("ep2mpi", l, 4);
+    if (mt_rank == 0) {
+        char da[300], db[300], msg[1100];
+        snprintf(da, sizeof da, "%s/ep2_a/step_00000006", mt_dir);
+        snprintf(db, sizeof db, "%s/ep2mpi_a/step_00000006", mt_dir);
+        int k = ckpt_diff(da, db, msg, sizeof msg);
+        EXPECT(k == 0, "staged comm + async vs plain MPI + sync: final checkpoints differ: %d (%s)", k, msg);
+    }
+}
+
 int main(int argc, char** argv) {
     mpi_test_init(&argc, &argv, "mpi_resume");
     mpi_test_dir();
     MRUN(test_exact_ep2);
     MRUN(test_exact_ep1_edp2);
+    MRUN(test_exact_ep2_staged_async);
     MPI_TEST_END();
 }

@@ -187,6 +187,46 @@ static void test_report(void) {
     free(t);
 }
 
+// GPU runs count the CUDA context, cuBLASLt workspace + op scratch and NCCL's buffers (one per
+// communicator of > 1 rank; groups with the world's members share the world's); the CPU none;
+// parallel.comm=mpi no NCCL. L1_8x7B_ep still fits an H200.
+static void test_gpu_rows(void) {
+    const double GiB = 1024.0 * 1024 * 1024;
+    Config c = load("L1_8x7B_ep", NULL);
+    PlanMemory m, mc, mm, m16;
+    Err e = {{0}};
+    EXPECT(plan_memory(&c, 8, &m, &e) == 0, "plan: %s", e.msg);
+    EXPECT(m.cuda_context == PLAN_CUDA_CONTEXT_BYTES && m.lib_workspace == 96.0 * (1 << 20) && m.nccl_comms == 1 &&
+               m.nccl == PLAN_NCCL_COMM_BYTES,
+           "L1 at EP=8: context %.0f, workspace %.0f, %d NCCL comm(s)", m.cuda_context, m.lib_workspace, m.nccl_comms);
+    EXPECT(plan_memory(&c, 16, &m16, &e) == 0 && m16.nccl_comms == 3, "world 16 = ep 8 x edp 2: world, ep, edp (%d)",
+           m16.nccl_comms);
+    Config cpu = load("L1_8x7B_ep", (const char*[]){"train.device=cpu", NULL});
+    EXPECT(plan_memory(&cpu, 8, &mc, &e) == 0 && mc.cuda_context == 0 && mc.lib_workspace == 0 && mc.nccl == 0,
+           "the CPU counts no CUDA rows");
+    Config mpi = load("L1_8x7B_ep", (const char*[]){"parallel.comm=mpi", NULL});
+    EXPECT(plan_memory(&mpi, 8, &mm, &e) == 0 && mm.nccl == 0 && mm.cuda_context > 0 && mm.total == m.total - m.nccl,
+           "parallel.comm=mpi: no NCCL buffers");
+    EXPECT(m.total < 136 * GiB, "L1_8x7B_ep with the CUDA rows still fits an H200 with >= 4 GiB spare: %.2f GiB",
+           m.total / GiB);
+    char* t = report(&c, 8, 141);
+    EXPECT(strstr(t, "CUDA context + kernels (estimate)") && strstr(t, "cuBLASLt workspace + op scratch") &&
+               strstr(t, "NCCL buffers (estimate)") && strstr(t, "(1 communicator of > 1 rank)"),
+           "the GPU rows: %s", t);
+    free(t);
+    t = report(&mpi, 8, 141);
+    EXPECT(strstr(t, "parallel.comm=mpi: staging in page-locked host memory") && !strstr(t, "NCCL buffers (estimate)"),
+           "comm=mpi row: %s", t);
+    free(t);
+    Config as = load("L1_8x7B_ep", (const char*[]){"checkpoint.async=true", NULL});
+    t = report(&as, 8, 141);
+    EXPECT(strstr(t, "checkpoint.async: plus 65.") || strstr(t, "checkpoint.async: plus 64."), "async snapshot size: %s", t);
+    free(t);
+    t = report(&cpu, 8, 141);
+    EXPECT(!strstr(t, "CUDA context") && !strstr(t, "NCCL"), "CPU report: %s", t);
+    free(t);
+}
+
 // Runs cmd_plan with stdout and stderr captured into out.
 static int run_plan(char* out, size_t n, int argc, const char** argv) {
     char path[] = "/tmp/moetrain_test_plan_XXXXXX";
@@ -275,6 +315,7 @@ int main(void) {
     RUN(test_memory_keep_swiglu);
     RUN(test_memory_attn_ds);
     RUN(test_report);
+    RUN(test_gpu_rows);
     RUN(test_cmd_plan);
     TEST_END();
 }

@@ -116,7 +116,11 @@ static void cpu_event_record(Backend* be, BackendEvent* ev) { ev->t = now_sec();
 static double cpu_event_elapsed(Backend* be, BackendEvent* a, BackendEvent* b) { return b->t - a->t; }
 static void cpu_event_destroy(Backend* be, BackendEvent* ev) { free(ev); }
 
-static Comm* cpu_comm_create(Backend* be, const CommOpts* o, Err* e) { return comm_mpi_create(o->ep); }
+// MPI on host memory; staged (parallel.comm=mpi): the same through a host copy, the path GPU
+// ranks without NCCL take, so the CPU tests run it.
+static Comm* cpu_comm_create(Backend* be, const CommOpts* o, Err* e) {
+    return o->staged ? comm_staged_create(o->ep, be) : comm_mpi_create(o->ep);
+}
 
 // ---- the table -------------------------------------------------------------------------------
 
