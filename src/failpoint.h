@@ -8,7 +8,9 @@
 //
 //   name                env                        value and effect
 //   ckpt.crash_at       MOETRAIN_CKPT_CRASH_AT     a point of the checkpoint protocol (written,
-//                                                  manifest, renamed, latest_tmp, latest; ckpt.c):
+//                                                  manifest, renamed, latest_tmp, latest; append:
+//                                                  after a rank file's second tensor, in the
+//                                                  background writer with checkpoint.async; ckpt.c):
 //                                                  the saving process is SIGKILLed there
 //   train.fail_rank     MOETRAIN_FAIL_RANK         rank r: FATAL at its second step
 //   moe.force_exchange  MOETRAIN_FORCE_EXCHANGE    1: the MoE dispatcher takes the exchange path
