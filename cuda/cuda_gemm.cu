@@ -455,13 +455,8 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
 }
 
 void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
-    const int M = d->M, N = d->N, K = d->K;
-    CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%d N=%d K=%d", M, N, K);
-    const int lda = d->lda ? d->lda : (d->trans_a ? M : K);
-    const int ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
-    const int ldc = d->ldc ? d->ldc : N;
-    CHECK(lda >= (d->trans_a ? M : K) && ldb >= (d->trans_b ? K : N) && ldc >= N,
-          "gemm: row stride smaller than the row (lda=%d ldb=%d ldc=%d, M=%d N=%d K=%d)", lda, ldb, ldc, M, N, K);
+    int lda, ldb, ldc;
+    gemm_desc_check(d, &lda, &ldb, &ldc);
     // cuBLASLt needs leading dimensions ≥ 1 even for empty dims
     gemm_run(be, d, lda > 0 ? lda : 1, ldb > 0 ? ldb : 1, ldc > 0 ? ldc : 1, A, B, C, 0);
 }
@@ -469,15 +464,12 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
 // One cuBLASLt call per non-empty group: C = A·B_gᵀ (trans_b, the forward) or C = A·B_g (the
 // backward's data gradients).
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
-    CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
-    CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
-    CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
+    gemm_grouped_check("gemm_grouped", d, g);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     const size_t ea = dtype_size(be->act_dtype), ec = d->c_f32 ? 4 : ea;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) continue;
         GemmDesc x = *d;
         x.M = rows;
@@ -498,13 +490,11 @@ void cuda_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g
 // dB fp32, or act dtype with g->db_act (cuBLASLt rounds its fp32 sum once on output).
 void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
                              void* dB, float beta) {
-    CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
-    CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
+    gemm_grouped_wgrad_check(g, beta);
     const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
     char* db = (char*)dB;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) {  // += 0, or = 0
             if (beta == 0.f) be->zero(be, db + g->b_stride * i * eb, eb * N * K);
             continue;

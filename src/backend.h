@@ -49,6 +49,16 @@ typedef struct GroupDesc {
                            // to nearest even; what PyTorch autocast gives) instead of fp32
 } GroupDesc;
 
+// The contract checks on those descriptors, the same for every backend (src/backend_check.c);
+// a violation is a caller error: FATAL, naming the op.
+// gemm: sizes ≥ 0, row strides ≥ the rows they hold; *lda, *ldb, *ldc get the strides with
+// 0 (packed) resolved.
+void gemm_desc_check(const GemmDesc* d, int* lda, int* ldb, int* ldc);
+// gemm_grouped (op names the caller): trans_a 0, no c_in, offsets from 0 and non-decreasing.
+void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g);
+// gemm_grouped_wgrad: beta 0 or 1, offsets from 0 and non-decreasing.
+void gemm_grouped_wgrad_check(const GroupDesc* g, float beta);
+
 // One AdamW update's settings (the adamw and adamw_split ops below).
 typedef struct AdamWDesc {
     float lr;          // already includes the schedule

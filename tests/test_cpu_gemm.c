@@ -1,9 +1,14 @@
 // test_cpu_gemm.c — the CPU GEMMs against double-precision triple loops and finite
 // differences: gemm with every trans combination, padded strides, alpha/beta (beta = 0 ignores a
 // NaN-filled C), K = 0, sizes that cross every blocking boundary; grouped GEMM and grouped
-// weight gradient with an empty group. Method and tolerances: tests/cpu_fd.h.
+// weight gradient with an empty group; the descriptor checks (src/backend_check.c) refusing bad
+// descriptors. Shapes: tests/op_cases.h. Method and tolerances: tests/cpu_fd.h.
+#include <sys/wait.h>
+
 #include "cpu_fd.h"
 #include "op_cases.h"
+
+pid_t fork(void);  // (unistd.h would declare dup(), which cpu_fd.h defines for floats)
 
 // op(X)(i, j) of a row-major matrix with row stride ld
 static inline double opx(const float* X, int ld, int trans, int i, int j) {
@@ -243,6 +248,63 @@ static void test_gemm_trans(void) {
         }
 }
 
+// The descriptor checks (src/backend_check.c): a caller error ends the process (FATAL) before
+// the op writes anything; a valid descriptor passes. Each bad call runs in a child.
+static int dies(void (*call)(void)) {
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) exit(99);
+        call();
+        exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+static float g_buf[64];
+static int g_off_bad[3] = {0, 5, 3}, g_off_ok[3] = {0, 3, 3};
+static void bad_stride(void) {
+    GemmDesc d = {.M = 2, .N = 4, .K = 3, .ldc = 3, .alpha = 1};
+    be->gemm(be, &d, g_buf, g_buf, g_buf + 32);
+}
+static void bad_size(void) {
+    GemmDesc d = {.M = -1, .N = 4, .K = 3, .alpha = 1};
+    be->gemm(be, &d, g_buf, g_buf, g_buf + 32);
+}
+static void bad_offsets(void) {
+    GemmDesc d = {.N = 2, .K = 2, .trans_b = 1, .alpha = 1};
+    GroupDesc g = {.groups = 2, .host_off = g_off_bad, .b_stride = 4};
+    be->gemm_grouped(be, &d, &g, g_buf, g_buf, g_buf + 32);
+}
+static void bad_trans_a(void) {
+    GemmDesc d = {.N = 2, .K = 2, .trans_a = 1, .alpha = 1};
+    GroupDesc g = {.groups = 2, .host_off = g_off_ok, .b_stride = 4};
+    be->gemm_grouped(be, &d, &g, g_buf, g_buf, g_buf + 32);
+}
+static void bad_wgrad_beta(void) {
+    GroupDesc g = {.groups = 2, .host_off = g_off_ok, .b_stride = 4};
+    be->gemm_grouped_wgrad(be, &g, 2, 2, g_buf, g_buf, g_buf + 32, 0.5f);
+}
+static void good_calls(void) {
+    GemmDesc d = {.M = 2, .N = 4, .K = 3, .ldc = 5, .alpha = 1};
+    be->gemm(be, &d, g_buf, g_buf, g_buf + 32);
+    GemmDesc dg = {.N = 2, .K = 2, .trans_b = 1, .alpha = 1};
+    GroupDesc g = {.groups = 2, .host_off = g_off_ok, .b_stride = 4};
+    be->gemm_grouped(be, &dg, &g, g_buf, g_buf, g_buf + 32);
+    be->gemm_grouped_wgrad(be, &g, 2, 2, g_buf, g_buf, g_buf + 32, 1.0f);
+}
+
+static void test_desc_checks(void) {
+    for (int i = 0; i < 64; i++) g_buf[i] = rng_normal(&rng);
+    EXPECT(dies(bad_stride), "gemm: ldc < N is refused");
+    EXPECT(dies(bad_size), "gemm: a negative size is refused");
+    EXPECT(dies(bad_offsets), "gemm_grouped: decreasing offsets are refused");
+    EXPECT(dies(bad_trans_a), "gemm_grouped: trans_a is refused");
+    EXPECT(dies(bad_wgrad_beta), "gemm_grouped_wgrad: beta 0.5 is refused");
+    EXPECT(!dies(good_calls), "valid descriptors pass");
+}
+
 int main(void) {
     be = cpu_backend_create();
     rng_seed(&rng, 77);
@@ -252,6 +314,7 @@ int main(void) {
     RUN(test_grouped_reference);
     RUN(test_grouped_grad);
     RUN(test_gemm_trans);
+    RUN(test_desc_checks);
     be->destroy(be);
     TEST_END();
 }

@@ -108,12 +108,8 @@ static void scale_c(float* C, int ldc, int M, int N, float beta) {
 
 static void gemm_f32(CpuImpl* impl, const GemmDesc* d, const float* A, const float* B, float* C) {
     const int M = d->M, N = d->N, K = d->K;
-    CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%d N=%d K=%d", M, N, K);
-    const int lda = d->lda ? d->lda : (d->trans_a ? M : K);
-    const int ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
-    const int ldc = d->ldc ? d->ldc : N;
-    CHECK(lda >= (d->trans_a ? M : K) && ldb >= (d->trans_b ? K : N) && ldc >= N,
-          "gemm: row stride smaller than the row (lda=%d ldb=%d ldc=%d, M=%d N=%d K=%d)", lda, ldb, ldc, M, N, K);
+    int lda, ldb, ldc;
+    gemm_desc_check(d, &lda, &ldb, &ldc);
     const float alpha = d->alpha, beta = d->beta;
     if (M == 0 || N == 0) return;
     if (d->c_in && d->c_in != (const void*)C && beta != 0)  // the addend from c_in: copy it in first
@@ -166,13 +162,10 @@ void cpu_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void
 // Per group g: C[rows g] = alpha · A[rows g] · op(B_g) + beta · C[rows g]. lda/ldc (0 = packed)
 // are the row strides of A and C, shared by all groups; empty groups are skipped.
 void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
-    CHECK(!d->trans_a, "gemm_grouped: trans_a is not supported (weight gradients use gemm_grouped_wgrad)");
-    CHECK(!d->c_in, "gemm_grouped: c_in is not supported (gemm only)");
+    gemm_grouped_check("gemm_grouped", d, g);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
-    CHECK(g->host_off[0] == 0, "gemm_grouped: host_off[0] must be 0, got %d", g->host_off[0]);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        CHECK(rows >= 0, "gemm_grouped: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) continue;
         GemmDesc x = *d;
         x.M = rows;
@@ -188,11 +181,9 @@ void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const 
 void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, void* dB_,
                             float beta) {
     float* dB = dB_;
-    CHECK(g->host_off[0] == 0, "gemm_grouped_wgrad: host_off[0] must be 0, got %d", g->host_off[0]);
-    CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
+    gemm_grouped_wgrad_check(g, beta);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        CHECK(rows >= 0, "gemm_grouped_wgrad: offsets decrease at group %d (%d > %d)", i, r0, g->host_off[i + 1]);
         if (rows == 0) {  // += 0, or = 0
             if (beta == 0.f) memset(dB + (size_t)i * g->b_stride, 0, sizeof(float) * (size_t)N * K);
             continue;

@@ -1,0 +1,31 @@
+// backend_check.c — the descriptor checks every backend runs (backend.h), written once.
+#include "backend.h"
+#include "util.h"
+
+void gemm_desc_check(const GemmDesc* d, int* lda, int* ldb, int* ldc) {
+    const int M = d->M, N = d->N, K = d->K;
+    CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%d N=%d K=%d", M, N, K);
+    *lda = d->lda ? d->lda : (d->trans_a ? M : K);
+    *ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
+    *ldc = d->ldc ? d->ldc : N;
+    CHECK(*lda >= (d->trans_a ? M : K) && *ldb >= (d->trans_b ? K : N) && *ldc >= N,
+          "gemm: row stride smaller than the row (lda=%d ldb=%d ldc=%d, M=%d N=%d K=%d)", *lda, *ldb, *ldc, M, N, K);
+}
+
+static void offsets_check(const char* op, const GroupDesc* g) {
+    CHECK(g->host_off[0] == 0, "%s: host_off[0] must be 0, got %d", op, g->host_off[0]);
+    for (int i = 0; i < g->groups; i++)
+        CHECK(g->host_off[i + 1] >= g->host_off[i], "%s: offsets decrease at group %d (%d > %d)", op, i, g->host_off[i],
+              g->host_off[i + 1]);
+}
+
+void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g) {
+    CHECK(!d->trans_a, "%s: trans_a is not supported (weight gradients use gemm_grouped_wgrad)", op);
+    CHECK(!d->c_in, "%s: c_in is not supported (gemm only)", op);
+    offsets_check(op, g);
+}
+
+void gemm_grouped_wgrad_check(const GroupDesc* g, float beta) {
+    CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
+    offsets_check("gemm_grouped_wgrad", g);
+}
