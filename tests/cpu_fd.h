@@ -68,6 +68,17 @@
 static Backend* be;
 static Rng rng;
 
+// A CPU op test's main: cpu_test_begin(seed); RUN(...); ... CPU_TEST_END();
+static inline void cpu_test_begin(uint64_t seed) {
+    be = cpu_backend_create();
+    rng_seed(&rng, seed);
+}
+#define CPU_TEST_END()       \
+    do {                     \
+        be->destroy(be);     \
+        TEST_END();          \
+    } while (0)
+
 // normal(0, s) values; never all zero
 static inline float* rnd(size_t n, float s) {
     float* p = xmalloc(sizeof(float) * (n ? n : 1));

@@ -232,12 +232,10 @@ static void test_attention_grad(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 20240917);
+    cpu_test_begin(20240917);
     RUN(test_rope);
     RUN(test_rope_inverse);
     RUN(test_attention);
     RUN(test_attention_grad);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

@@ -141,11 +141,9 @@ static void test_thread_independence(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 20240917);
+    cpu_test_begin(20240917);
     RUN(test_memory);
     RUN(test_elementwise);
     RUN(test_thread_independence);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

@@ -306,8 +306,7 @@ static void test_desc_checks(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 77);
+    cpu_test_begin(77);
     RUN(test_gemm_reference);
     RUN(test_gemm_edges);
     RUN(test_gemm_grad);
@@ -315,6 +314,5 @@ int main(void) {
     RUN(test_grouped_grad);
     RUN(test_gemm_trans);
     RUN(test_desc_checks);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

@@ -88,10 +88,8 @@ static void test_cross_entropy_grad(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 20240917);
+    cpu_test_begin(20240917);
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_grad);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

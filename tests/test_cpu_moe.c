@@ -415,8 +415,7 @@ static void test_permute_adjoint(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 4242);
+    cpu_test_begin(4242);
     RUN(test_router_fwd);
     RUN(test_router_ties);
     RUN(test_router_bwd);
@@ -427,6 +426,5 @@ int main(void) {
     RUN(test_swiglu_grad);
     RUN(test_router_grad);
     RUN(test_permute_adjoint);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

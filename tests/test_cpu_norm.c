@@ -150,12 +150,10 @@ static void test_fd_checker_fails_on_wrong_gradient(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 20240917);
+    cpu_test_begin(20240917);
     RUN(test_embedding);
     RUN(test_rmsnorm);
     RUN(test_rmsnorm_grad);
     RUN(test_fd_checker_fails_on_wrong_gradient);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

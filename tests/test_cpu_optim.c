@@ -186,12 +186,10 @@ static void test_adamw_step(void) {
 }
 
 int main(void) {
-    be = cpu_backend_create();
-    rng_seed(&rng, 20240917);
+    cpu_test_begin(20240917);
     RUN(test_adamw);
     RUN(test_adamw_step);
     RUN(test_split_pack);
     RUN(test_adamw_split);
-    be->destroy(be);
-    TEST_END();
+    CPU_TEST_END();
 }

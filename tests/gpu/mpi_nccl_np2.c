@@ -3,14 +3,15 @@
 // in-place forms, all_to_all_v with uneven and zero counts, a large all_reduce, the host helpers
 // through the NCCL comm. Needs one GPU per rank: with fewer than 2 GPUs it says so and counts
 // nothing. Failures on any rank are reduced into rank 0, which prints the summary.
+#define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <stdint.h>
 
 #include "comm.h"
-#include "test.h"
+#include "mpi_test.h"
 
-static int g_rank, g_world, g_ep;
+static int g_ep;
 static Comm* g_c;
 static cudaStream_t g_s;
 static const char* gname[GROUP_COUNT] = {"world", "ep", "edp"};
@@ -19,20 +20,9 @@ static const char* gname[GROUP_COUNT] = {"world", "ep", "edp"};
 
 static int member(GroupId g, int j) {
     if (g == GROUP_WORLD) return j;
-    if (g == GROUP_EP) return (g_rank / g_ep) * g_ep + j;
-    return g_rank % g_ep + j * g_ep;
+    if (g == GROUP_EP) return (mt_rank / g_ep) * g_ep + j;
+    return mt_rank % g_ep + j * g_ep;
 }
-
-#define MRUN(fn)                                                                    \
-    do {                                                                            \
-        t_cur = #fn;                                                                \
-        t_cur_failed = 0;                                                           \
-        fn();                                                                       \
-        int any_ = 0;                                                               \
-        MPI_Allreduce(&t_cur_failed, &any_, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);   \
-        if (any_) t_failed++; else t_passed++;                                      \
-        if (g_rank == 0) { printf("%s %s (ep=%d)\n", any_ ? "FAIL" : "ok  ", #fn, g_ep); fflush(stdout); } \
-    } while (0)
 
 static void* dev(size_t bytes) {
     void* p = NULL;
@@ -54,7 +44,7 @@ static void test_all_reduce(void) {
         for (int k = 0; k < 2; k++) {
             size_t n = sizes[k];
             float* h = xmalloc(n * sizeof *h);
-            for (size_t i = 0; i < n; i++) h[i] = val(g_rank, i);
+            for (size_t i = 0; i < n; i++) h[i] = val(mt_rank, i);
             float* d = dev(n * sizeof *d);
             up(d, h, n * sizeof *h);
             g_c->all_reduce_sum(g_c, g, d, n);
@@ -64,7 +54,7 @@ static void test_all_reduce(void) {
                 float want = 0;
                 for (int j = 0; j < g_c->size[g]; j++) want += val(member(g, j), i);
                 if (h[i] != want && bad++ < 3)
-                    EXPECT(0, "rank %d: %s all_reduce n=%zu [%zu] = %g, want %g", g_rank, gname[g], n, i, h[i], want);
+                    EXPECT(0, "rank %d: %s all_reduce n=%zu [%zu] = %g, want %g", mt_rank, gname[g], n, i, h[i], want);
             }
             CU(cudaFree(d));
             free(h);
@@ -78,7 +68,7 @@ static void test_reduce_scatter(void) {
         for (int inplace = 0; inplace < 2; inplace++) {
             size_t tot = (size_t)N * size;
             float* h = xmalloc(tot * sizeof *h);
-            for (size_t k = 0; k < tot; k++) h[k] = val(g_rank, k);
+            for (size_t k = 0; k < tot; k++) h[k] = val(mt_rank, k);
             float* din = dev(tot * sizeof *din);
             up(din, h, tot * sizeof *h);
             float* dout = inplace ? din + (size_t)me * N : dev(N * sizeof *dout);
@@ -88,7 +78,7 @@ static void test_reduce_scatter(void) {
                 float want = 0;
                 for (int j = 0; j < size; j++) want += val(member(g, j), (size_t)me * N + i);
                 if (h[i] != want) {
-                    EXPECT(0, "rank %d: %s reduce_scatter%s [%zu] = %g, want %g", g_rank, gname[g], inplace ? " in place" : "", i, h[i], want);
+                    EXPECT(0, "rank %d: %s reduce_scatter%s [%zu] = %g, want %g", mt_rank, gname[g], inplace ? " in place" : "", i, h[i], want);
                     break;
                 }
             }
@@ -107,7 +97,7 @@ static void test_all_gather(void) {
         int size = g_c->size[g], me = g_c->rank[g];
         for (int inplace = 0; inplace < 2; inplace++) {
             uint8_t h[NB * 8];
-            for (size_t i = 0; i < NB; i++) h[i] = ag_byte(g_rank, i);
+            for (size_t i = 0; i < NB; i++) h[i] = ag_byte(mt_rank, i);
             uint8_t* dout = dev((size_t)NB * size);
             uint8_t* din = inplace ? dout + (size_t)me * NB : dev(NB);
             up(din, h, NB);
@@ -116,7 +106,7 @@ static void test_all_gather(void) {
             for (int j = 0; j < size; j++)
                 for (size_t i = 0; i < NB; i++)
                     if (h[j * NB + i] != ag_byte(member(g, j), i)) {
-                        EXPECT(0, "rank %d: %s all_gather%s chunk %d byte %zu", g_rank, gname[g], inplace ? " in place" : "", j, i);
+                        EXPECT(0, "rank %d: %s all_gather%s chunk %d byte %zu", mt_rank, gname[g], inplace ? " in place" : "", j, i);
                         j = size;
                         break;
                     }
@@ -141,7 +131,7 @@ static void test_all_to_all_v(void) {
         uint8_t* hs = xmalloc(so + 1);
         uint8_t* hr = xmalloc(ro + 1);
         for (int p = 0; p < size; p++)
-            for (size_t i = 0; i < sc[p]; i++) hs[sd[p] + i] = a2a_byte(g_rank, p, i);
+            for (size_t i = 0; i < sc[p]; i++) hs[sd[p] + i] = a2a_byte(mt_rank, p, i);
         uint8_t* ds = dev(so + 1);
         uint8_t* dr = dev(ro + 1);
         up(ds, hs, so + 1);
@@ -150,10 +140,10 @@ static void test_all_to_all_v(void) {
         for (int p = 0; p < size; p++) {
             for (size_t i = 0; i < rc[p]; i++)
                 if (hr[rd[p] + i] != a2a_byte(member(g, p), me, i)) {
-                    EXPECT(0, "rank %d: %s a2a from %d byte %zu", g_rank, gname[g], p, i);
+                    EXPECT(0, "rank %d: %s a2a from %d byte %zu", mt_rank, gname[g], p, i);
                     break;
                 }
-            EXPECT(hr[rd[p] + rc[p]] == 0xFF, "rank %d: %s a2a gap after peer %d overwritten", g_rank, gname[g], p);
+            EXPECT(hr[rd[p] + rc[p]] == 0xFF, "rank %d: %s a2a gap after peer %d overwritten", mt_rank, gname[g], p);
         }
         CU(cudaFree(ds)); CU(cudaFree(dr));
         free(hs); free(hr);
@@ -162,36 +152,37 @@ static void test_all_to_all_v(void) {
 
 static void test_host_helpers_and_barrier(void) {
     for (int g = 0; g < GROUP_COUNT; g++) {
-        double d = g_rank + 0.25, want = 0;
+        double d = mt_rank + 0.25, want = 0;
         for (int j = 0; j < g_c->size[g]; j++) want += member(g, j) + 0.25;
         g_c->host_all_reduce_f64(g_c, g, &d, 1);
-        EXPECT(d == want, "rank %d: %s host_all_reduce_f64 %g, want %g", g_rank, gname[g], d, want);
-        int32_t all[8], me = g_rank;
+        EXPECT(d == want, "rank %d: %s host_all_reduce_f64 %g, want %g", mt_rank, gname[g], d, want);
+        int32_t all[8], me = mt_rank;
         g_c->host_all_gather(g_c, g, all, &me, sizeof me);
-        for (int j = 0; j < g_c->size[g]; j++) EXPECT(all[j] == member(g, j), "rank %d: %s host_all_gather", g_rank, gname[g]);
+        for (int j = 0; j < g_c->size[g]; j++) EXPECT(all[j] == member(g, j), "rank %d: %s host_all_gather", mt_rank, gname[g]);
         g_c->barrier(g_c, g);
     }
 }
 
 int main(int argc, char** argv) {
-    g_rank = dist_init(&argc, &argv, &g_world);
+    mpi_test_init(&argc, &argv, "mpi_nccl");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    int enough = ndev >= 2 && g_world >= 2 && g_world <= 8, all_enough = 0;
+    int enough = ndev >= 2 && mt_world >= 2 && mt_world <= 8, all_enough = 0;
     MPI_Allreduce(&enough, &all_enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all_enough) {
-        if (g_rank == 0) printf("skip: needs 2..8 ranks with one GPU each (%d GPUs, %d ranks)\n0 passed, 0 failed\n", ndev, g_world);
+        if (mt_rank == 0) printf("skip: needs 2..8 ranks with one GPU each (%d GPUs, %d ranks)\n0 passed, 0 failed\n", ndev, mt_world);
         dist_finalize();
         return 0;
     }
     int device = dist_local_rank() % ndev;
     CU(cudaSetDevice(device));
-    util_set_rank(g_rank, device);
+    util_set_rank(mt_rank, device);
     CU(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
     int eps[] = {1, 2};
     for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
         g_ep = eps[i];
-        if (g_world % g_ep) continue;
+        if (mt_world % g_ep) continue;
+        mpi_test_note("(ep=%d)", g_ep);
         g_c = comm_nccl_create(g_ep, g_s);
         CHECK(g_c, "comm_nccl_create returned NULL (a build without NCCL?)");
         MRUN(test_all_reduce);
@@ -201,10 +192,6 @@ int main(int argc, char** argv) {
         MRUN(test_host_helpers_and_barrier);
         g_c->destroy(g_c);
     }
-    int failed = t_failed;
-    if (g_rank == 0) printf("%d passed, %d failed\n", t_passed, t_failed);
-    fflush(stdout);
     CU(cudaStreamDestroy(g_s));
-    dist_finalize();
-    return failed ? 1 : 0;
+    MPI_TEST_END();
 }
