@@ -254,7 +254,7 @@ def _proto_fields(buf):
 
 
 def spm_tokenizer_json(sp):
-    """A Hugging Face tokenizer.json equivalent to a SentencePiece model, or (None, why) when the
+    """A Hugging Face tokenizer.json that encodes as a SentencePiece model does, or (None, why) when the
     model uses what it cannot express here (a normalization rule other than identity, or removal
     of extra whitespace). BPE models (Llama, Mistral, Mixtral) and unigram models."""
     model_type, byte_fallback = 1, False

@@ -1,7 +1,7 @@
 // config.h — the resolved run configuration: YAML file(s) + command-line overrides.
 //
 // Every key is `section.key`; the table of keys (name, type, default, range, doc) lives in
-// config.c and is the single source for parsing, validation, printing and README.md.
+// config_keys.h and is the single source for parsing, validation, printing and docs/config.md.
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
@@ -151,7 +151,7 @@ int config_validate_run(const Config* c, Err* e);
 // Prints the resolved config as YAML (loadable again by config_load_file).
 void config_print(const Config* c, FILE* f);
 
-// Prints the table of keys as Markdown (for README.md and `--help`).
+// Prints the table of keys as Markdown (docs/config.md, `moetrain --keys`).
 void config_print_keys(FILE* f);
 
 // 1 when every key has the same value in a and b (source is not compared); otherwise 0, and
