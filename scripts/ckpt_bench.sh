@@ -17,7 +17,7 @@ BIN=${BIN:-build/moetrain}
 MPI=${MPI:-}
 MODEL="model.vocab_size=32000 model.hidden=2048 model.ffn=4608 model.layers=3 model.heads=16 model.kv_heads=4
   model.experts=8 model.top_k=2 parallel.ep=1 train.seq_len=16 train.micro_batch=1 train.global_batch=1
-  data.format=random optim.warmup=1 train.eval_every=0 train.eval_batches=1 log.every=1 checkpoint.keep=1"
+  data.format=random optim.warmup=1 train.eval_every=0 train.eval_batches=1 log.every=1 log.dir= checkpoint.keep=1"
 run() {  # run NAME overrides...
   local name=$1; shift
   rm -rf "$DIR/$name"
