@@ -6,11 +6,8 @@
 // 64-key tiles up to the diagonal: S = Q·Kᵀ (mma.sync m16n8k16, fp32 accumulate), online softmax
 // in the log2 domain in registers, P packed to bf16 straight into the A fragments of O += P·V.
 // Heavy (late) query tiles are scheduled first. On Hopper (sm_90a build) D = 64 and 128 take the
-// wgmma kernel in cuda_attn_fwd_wg.cu instead (MOETRAIN_ATTN=mma keeps this one). fp32 act, or other head dims: a simple kernel,
+// wgmma kernels instead (cuda_attn_fwd_wg.cu; gpu.attention = mma keeps this one). fp32 act, or other head dims: a simple kernel,
 // one warp per query row, fp32 math, same online softmax — correct, not fast.
-#include <stdlib.h>
-#include <string.h>
-
 #include "cuda_attn.cuh"
 
 enum { FA_BR = 64, FA_BC = 64, FA_WARPS = 4, FA_THREADS = 32 * FA_WARPS };
@@ -229,18 +226,11 @@ void attn_check(const char* op, int Hq, int Hkv, int D) {
     CHECK(D > 0 && D <= 256, "%s: the CUDA backend supports head dims 1..256 (got %d)", op, D);
 }
 
-// MOETRAIN_ATTN: auto (or unset) = the wgmma kernels where they apply, wgmma, or mma. Read per
-// call: the tests switch paths with setenv.
+// The wgmma kernels run where they can (an sm_90a build on compute capability 9) unless
+// gpu.attention = mma.
 int cuda_wgmma_ok(CudaImpl* c) {
 #if defined(MOETRAIN_SM90A)
-    const char* a = getenv("MOETRAIN_ATTN");
-    int want = 1;
-    if (a && a[0] && strcmp(a, "auto") != 0) {
-        CHECK(strcmp(a, "wgmma") == 0 || strcmp(a, "mma") == 0,
-              "MOETRAIN_ATTN=%s: expected auto, wgmma or mma", a);
-        want = strcmp(a, "wgmma") == 0;
-    }
-    return want && c->cc_major == 9;
+    return c->opt.attention == GPU_ATTN_AUTO && c->cc_major == 9;
 #else
     (void)c;
     return 0;

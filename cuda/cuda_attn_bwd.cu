@@ -9,8 +9,8 @@
 //
 // bf16, D ∈ {16, 32, 64, 128}: tensor cores (mma.sync m16n8k16), as in cuda_attn.cu; the dS and
 // P fragments are packed to bf16 and fed to the next product from registers. On Hopper (sm_90a
-// build) D = 64 and 128 take the wgmma kernels in cuda_attn_bwd_wg.cu instead (MOETRAIN_ATTN=mma
-// keeps these). Otherwise simple warp-per-row kernels in fp32.
+// build) D = 64 and 128 take the wgmma kernels in cuda_attn_bwd_wg.cu instead (gpu.attention =
+// mma keeps these). Otherwise simple warp-per-row kernels in fp32.
 #include "cuda_attn.cuh"
 
 enum { BW_THREADS = 128, DQ_BR = 64, DQ_BC = 64, KV_BC = 64, KV_BQ = 32 };

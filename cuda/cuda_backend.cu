@@ -170,7 +170,7 @@ static void cu_sync(Backend* be) {
     CUDA_CK(cudaStreamSynchronize(ST(be)));
     const int f = cuda_attn_fwd_ws_stalled(), b = cuda_attn_bwd_ws_stalled();
     CHECK(!f && !b, "a warp-specialised attention kernel (%s) gave up waiting on a pipeline stage: a bug; "
-          "MOETRAIN_ATTN=mma runs the mma.sync kernels instead", f ? "forward" : "backward");
+          "gpu.attention=mma runs the mma.sync kernels instead", f ? "forward" : "backward");
 }
 
 // Tests: the device's compute capability (major version; 9 on Hopper).
@@ -385,7 +385,7 @@ extern "C" int cuda_device_count(void) {
     return count;
 }
 
-extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
+extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuConfig* gpu, Err* e) {
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || count == 0) {
@@ -418,6 +418,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
     c->device = device;
     c->sms = prop.multiProcessorCount;
     c->cc_major = prop.major;
+    if (gpu) c->opt = *gpu;  // else zeros: the defaults
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
     c->debug_sync = dbg && dbg[0] == '1';
     CUDA_CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -54,6 +54,7 @@ typedef struct CudaImpl {
     int cc_major;            // compute capability (9 on Hopper)
     int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
     int attn_ds_force;       // tests: the stored-dS attention backward whenever one pair fits
+    GpuConfig opt;           // config section gpu (attention kernels, GEMM tiles, plan log)
     cudaStream_t stream;     // the one stream every op runs on
     cublasLtHandle_t lt;
     void* lt_ws;             // cuBLASLt workspace [lt_ws_bytes]

@@ -13,32 +13,15 @@
 // changes every step, so their plans are keyed by that dimension rounded up (the heuristic runs at
 // the rounded size; each call sets the exact rows/cols on the cached layouts, which is a
 // host-side attribute write). Should cuBLASLt refuse the cached algorithm at the exact size, an
-// exact-size plan is built and cached instead. The rounding (MOETRAIN_GEMM_ROWS):
-//   oct (default)  above 1,024 rows up to a multiple of 1/32 of the power of two below (8,193..16,384
-//                  → multiples of 256, 4,097..8,192 → of 128): the heuristic sees the real size within
-//                  3%, and offers tiles sized to the rows there (docs/performance.md, change 55); at
-//                  most 32 plans per octave and shape, the same plan for a row count in every run
-//   pow2           up to a power of two (sessions 1-12)
-//   R              up to a multiple of R (a multiple of 8; experiments)
-// Once half the plan cache is used, new plans go back to powers of two, which bounds the count.
+// exact-size plan is built and cached instead. The rounding: above 1,024 rows up to a multiple of
+// 1/32 of the power of two below (8,193..16,384 → multiples of 256, 4,097..8,192 → of 128), so the
+// heuristic sees the real size within 3% and offers tiles sized to the rows there; at most 32 plans
+// per octave and shape, the same plan for a row count in every run. Up to 1,024 rows, and once half
+// the plan cache is used, up to a power of two (which bounds the count).
 //
-// Autotuning (MOETRAIN_GEMM_TUNE=1; off by default): cuBLASLt's heuristic ranks up to
-// GEMM_TUNE_MAX algorithms per plan, and its first pick is not always the fastest when each
-// candidate is timed alone (the bench_8x7B_L2 survey on an H200 at 8,192 rows per expert: the
-// w13 dgrad 689 → 745 TFLOP/s, the w2 forward 626 → 686 with another candidate). Timed inside
-// the training step, though, the first pick was the fastest or within 3% for nearly every plan,
-// and the step did not get faster (docs/performance.md, change 21), so it is a tool for other
-// GPUs and shapes, not the default.
-// A plan's first calls each run the next candidate — real work on real data, every candidate
-// computes the same product — between two events; the elapsed times are read without blocking
-// (cudaEventQuery) on later calls of the plan, normalized by the call's FLOPs (the dynamic
-// dimension varies), and once every candidate has a time the plan keeps the fastest, unless it
-// beats the heuristic's first pick by less than GEMM_TUNE_MARGIN (timing noise must not flip the
-// choice). No host synchronization and no extra GEMM. The pick can differ between runs (timing),
-// so runs compared bit for bit (the resume checks) keep it off.
-// MOETRAIN_GEMM_TUNE_LOG=1 prints each plan's candidates and pick.
-// The surveys of cuBLASLt's candidates are in dev/cuda/cuda_gemm_survey.cu (`make dev`);
-// gemm_shape_plan (at the end) builds their plans.
+// Each plan runs on the heuristic's first pick, or on the tile table's tile (below; gpu.gemm_tiles).
+// gpu.gemm_log prints every plan as it is built. The surveys of cuBLASLt's candidates are in
+// dev/cuda/cuda_gemm_survey.cu (`make dev`); gemm_shape_plan (at the end) builds their plans.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,9 +31,7 @@
 #include "cuda_gemm.cuh"
 
 enum { CACHE_CAP = 2048 };  // plans; a run uses a few dozen to a few hundred (the expert GEMMs' row counts)
-enum { GEMM_TUNE_MAX = 8 };   // candidates timed per plan
-enum { GEMM_TUNE_ROUNDS = 2 };  // timings per candidate (the least counts: a first call may include a module load)
-static const double GEMM_TUNE_MARGIN = 0.97;  // a candidate replaces the first pick below 97% of its time
+enum { GEMM_CANDIDATES = 8 };  // candidates asked of the heuristic when a tile is preferred
 
 typedef struct GemmKey {
     int M, N, K;          // the plan's dims (a dynamic one rounded up)
@@ -68,33 +49,20 @@ typedef struct GemmPlan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;  // cuBLASLt's A (our B), B (our A), C/D
     cublasLtMatmulAlgo_t algo;          // the one in use
-    // autotuning: the heuristic's candidates [n_cand]; timed calls so far (call j times candidate
-    // j % n_cand); per timed call its events, GFLOPs and ms per GFLOP (< 0 pending, inf refused)
-    int tuned, n_cand, next;
-    cublasLtMatmulAlgo_t cand[GEMM_TUNE_MAX];
-    cudaEvent_t ev[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS][2];
-    double gflop[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS], rate[GEMM_TUNE_MAX * GEMM_TUNE_ROUNDS];
 } GemmPlan;
 
 // Tile preferences: a plan with trans_a ta and trans_b tb whose fixed dims (X, Y) — (N, K) for
 // ta = 0, (M, N) for ta = 1: the dims an expert GEMM does not vary — match takes the heuristic's
 // first candidate with that cuBLASLt tile id (cublasLtMatmulTile_t), where there is one; else
-// the first pick. The built-in table (bf16 on compute capability 9.0) holds what the hot survey
-// (MOETRAIN_GEMM_SURVEY=hot / hotdense: each candidate back to back at the card's power limit)
-// found and the step confirmed for Mixtral-8x7B on the H200 (docs/performance.md):
-//   - change 48: the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at
-//     8,192 rows), its weight gradient on 128 × 160 (688 against 678); the step −1.3 ms.
-//   - change 54: the q/o forward and data gradient and k/v's data gradient take 128 × 160 (the
-//     hot survey: +4 to +13%). The step −2.2 ms at micro-batch 8, with two entries for the w13
-//     data gradient and the w2 forward (256 × 128) that change 55 made unnecessary: plans keyed by
-//     rows near the real count, where the heuristic's own pick is the better one. Since change 63
-//     q, k and v are one GEMM; o keeps its entries, and the fused shapes take the heuristic's
-//     first pick (the survey's better tiles for them changed nothing in the step).
-// The lm_head's better candidates in the survey did not carry over to the step, and are left out.
-// MOETRAIN_GEMM_TILE replaces the table: "ta,tb,X,Y=tile;..." or "none"; MOETRAIN_GEMM_TUNE_LOG=1
-// prints every plan's tile and first pick.
-enum { TILE_PREF_MAX = 16 };
-enum { ROWS_OCT = 0, ROWS_POW2 = -1 };  // GemmCache.rows_round besides a multiple R
+// the first pick. The table (bf16 on compute capability 9.0; gpu.gemm_tiles = heuristic turns it
+// off) holds what the hot survey (dev/gpu_bench survey hot / hotdense: each candidate back to back
+// at the card's power limit) found and the training step confirmed for Mixtral-8x7B on the H200
+// (docs/performance.md):
+//   - the w13 forward on 176 × 128 tiles (697 against the first pick's 674 TFLOP/s at 8,192 rows),
+//     its weight gradient on 128 × 160 (688 against 678);
+//   - the o projection's forward and data gradient on 128 × 160 (the hot survey: +4 to +13%).
+// The fused q/k/v GEMM and the lm_head take the heuristic's first pick: the survey's better tiles
+// for them changed nothing in the step.
 typedef struct TilePref { int ta, tb, x, y, tile; } TilePref;
 static const TilePref k_tile_pref_sm90[] = {
     {0, 1, 28672, 4096, 201},  // w13 forward x·w13ᵀ, 2F = 28,672, H = 4,096: CUBLASLT_MATMUL_TILE_176x128
@@ -106,66 +74,15 @@ static const TilePref k_tile_pref_sm90[] = {
 struct GemmCache {
     GemmPlan slot[CACHE_CAP];
     int used;
-    TilePref pref[TILE_PREF_MAX];  // the tile preferences in force (the table or MOETRAIN_GEMM_TILE)
-    int n_pref;
-    int pref_env;                  // MOETRAIN_GEMM_TILE was given (it applies on any GPU)
-    int tune, tune_log;  // MOETRAIN_GEMM_TUNE (default 0), MOETRAIN_GEMM_TUNE_LOG
-    int rows_round;      // MOETRAIN_GEMM_ROWS: dynamic dims round up to a multiple of this; ROWS_OCT, ROWS_POW2
 };
 
-static int env_flag(const char* name, int dflt) {
-    const char* e = getenv(name);
-    if (!e || !e[0]) return dflt;
-    CHECK(!strcmp(e, "0") || !strcmp(e, "1"), "%s=%s: expected 0 or 1", name, e);
-    return e[0] == '1';
-}
-
-struct GemmCache* gemm_cache_create(void) {
-    struct GemmCache* g = (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache));
-    g->tune = env_flag("MOETRAIN_GEMM_TUNE", 0);
-    g->tune_log = env_flag("MOETRAIN_GEMM_TUNE_LOG", 0);
-    const char* rows = getenv("MOETRAIN_GEMM_ROWS");
-    g->rows_round = ROWS_OCT;
-    if (rows && rows[0] && strcmp(rows, "oct") != 0) {
-        char* end = NULL;
-        const long r = strtol(rows, &end, 10);
-        CHECK(!strcmp(rows, "pow2") || (end && !*end && r >= 8 && r <= 65536 && r % 8 == 0),
-              "MOETRAIN_GEMM_ROWS=%s: expected oct, pow2 or a multiple of 8 from 8 to 65536", rows);
-        g->rows_round = strcmp(rows, "pow2") ? (int)r : ROWS_POW2;
-    }
-    const char* e = getenv("MOETRAIN_GEMM_TILE");
-    g->pref_env = e && e[0];
-    if (!g->pref_env) {
-        g->n_pref = (int)(sizeof k_tile_pref_sm90 / sizeof k_tile_pref_sm90[0]);
-        memcpy(g->pref, k_tile_pref_sm90, sizeof k_tile_pref_sm90);
-    } else if (strcmp(e, "none") != 0) {
-        for (const char* q = e; *q;) {
-            CHECK(g->n_pref < TILE_PREF_MAX, "MOETRAIN_GEMM_TILE=%s: more than %d entries", e, TILE_PREF_MAX);
-            TilePref* t = &g->pref[g->n_pref];
-            int used = 0;
-            CHECK(sscanf(q, "%d,%d,%d,%d=%d%n", &t->ta, &t->tb, &t->x, &t->y, &t->tile, &used) == 5 && used > 0,
-                  "MOETRAIN_GEMM_TILE=%s: expected none or ta,tb,X,Y=tile;... (docs/gpu.md)", e);
-            g->n_pref++;
-            q += used;
-            CHECK(*q == ';' || !*q, "MOETRAIN_GEMM_TILE=%s: expected ';' between entries", e);
-            while (*q == ';') q++;
-        }
-    }
-    return g;
-}
-
-static void tune_release(GemmPlan* p) {  // the events of the candidates that got them
-    for (int i = 0; i < p->next; i++)
-        for (int e = 0; e < 2; e++)
-            if (p->ev[i][e]) cudaEventDestroy(p->ev[i][e]), p->ev[i][e] = NULL;
-}
+struct GemmCache* gemm_cache_create(void) { return (struct GemmCache*)xcalloc(1, sizeof(struct GemmCache)); }
 
 void gemm_cache_destroy(struct GemmCache* g) {
     if (!g) return;
     for (int i = 0; i < CACHE_CAP; i++) {
         GemmPlan* p = &g->slot[i];
         if (!p->used) continue;
-        tune_release(p);
         cublasLtMatrixLayoutDestroy(p->la);
         cublasLtMatrixLayoutDestroy(p->lb);
         cublasLtMatrixLayoutDestroy(p->lc);
@@ -210,19 +127,19 @@ static void set_dims(GemmPlan* p, int M, int K) {
     p->cur_K = K;
 }
 
-// The preferred tile for the plan's key, or -1 (the built-in table: bf16 on compute capability 9.0).
+// The preferred tile for the plan's key, or -1 (the table: bf16 on compute capability 9.0, unless
+// gpu.gemm_tiles = heuristic).
 static int tile_pref(const CudaImpl* c, const GemmKey* k) {
-    const struct GemmCache* g = c->gemm;
-    if (!g || (!g->pref_env && !(k->bf16 && c->cc_major == 9))) return -1;
-    for (int i = 0; i < g->n_pref; i++) {
-        const TilePref* t = &g->pref[i];
+    if (c->opt.gemm_tiles != GPU_TILES_TUNED || !(k->bf16 && c->cc_major == 9)) return -1;
+    for (size_t i = 0; i < sizeof k_tile_pref_sm90 / sizeof k_tile_pref_sm90[0]; i++) {
+        const TilePref* t = &k_tile_pref_sm90[i];
         if (t->ta == k->ta && t->tb == k->tb && t->x == (k->ta ? k->M : k->N) && t->y == (k->ta ? k->N : k->K))
             return t->tile;
     }
     return -1;
 }
 
-static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
+static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     p->used = 1;
@@ -249,13 +166,13 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
     CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
-    cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_MAX];
+    cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
     int nres = 0;
     const int want = tile_pref(c, k);
     struct timespec h0, h1;  // the heuristic's host time, for the plan log
     clock_gettime(CLOCK_MONOTONIC, &h0);
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
-                                                      tune || want >= 0 ? GEMM_TUNE_MAX : 1, res, &nres);
+                                                      want >= 0 ? GEMM_CANDIDATES : 1, res, &nres);
     clock_gettime(CLOCK_MONOTONIC, &h1);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0)
@@ -273,7 +190,7 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
             break;
         }
     }
-    if (c->gemm && c->gemm->tune_log) {  // every plan: the tile it runs on, and the heuristic's first pick
+    if (c->opt.gemm_log) {  // every plan: the tile it runs on, and the heuristic's first pick
         int t0 = -1, t = -1;
         size_t w;
         cublasLtMatmulAlgoConfigGetAttribute(&res[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t0, sizeof t0, &w);
@@ -281,50 +198,6 @@ static void plan_build(CudaImpl* c, GemmPlan* p, const GemmKey* k, int tune) {
         const double us = (h1.tv_sec - h0.tv_sec) * 1e6 + (h1.tv_nsec - h0.tv_nsec) * 1e-3;
         fprintf(stderr, "gemm plan M=%d N=%d K=%d ta=%d tb=%d dyn=%d: tile %d (first pick %d), heuristic %.0f us\n", k->M,
                 k->N, k->K, k->ta, k->tb, k->dyn, t, t0, us);
-    }
-    if (!tune) nres = 1;  // the preference asked for more candidates than the first pick
-    p->n_cand = 0;
-    for (int i = 0; i < nres; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
-    p->tuned = p->n_cand <= 1;  // nothing to choose from
-}
-
-// Reads the finished timings without blocking; once every candidate has one, keeps the fastest
-// (GEMM_TUNE_MARGIN against the first pick) and releases the events.
-static void tune_poll(struct GemmCache* g, GemmPlan* p) {
-    const int calls = p->n_cand * GEMM_TUNE_ROUNDS;
-    int pending = p->next < calls;
-    for (int i = 0; i < p->next; i++) {
-        if (p->rate[i] >= 0) continue;
-        const cudaError_t e = cudaEventQuery(p->ev[i][1]);
-        if (e == cudaErrorNotReady) {
-            if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // a status, not an error
-            pending = 1;
-            continue;
-        }
-        CUDA_CK(e);
-        float ms = 0;
-        CUDA_CK(cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]));
-        p->rate[i] = ms / p->gflop[i];
-    }
-    if (pending) return;
-    double r[GEMM_TUNE_MAX];  // per candidate, its best timing
-    for (int i = 0; i < p->n_cand; i++) r[i] = INFINITY;
-    for (int j = 0; j < calls; j++) r[j % p->n_cand] = fmin(r[j % p->n_cand], p->rate[j]);
-    int best = 0;
-    for (int i = 1; i < p->n_cand; i++)
-        if (r[i] < r[best]) best = i;
-    if (best != 0 && !(r[best] < GEMM_TUNE_MARGIN * r[0])) best = 0;
-    p->algo = p->cand[best];
-    p->tuned = 1;
-    tune_release(p);
-    if (g->tune_log) {
-        const GemmKey* k = &p->key;
-        printf("gemm_tune M%d N%d K%d ta%d tb%d c_f32 %d dyn %d: pick #%d of %d;", k->M, k->N, k->K, k->ta, k->tb,
-               k->c_f32, k->dyn, best, p->n_cand);
-        for (int i = 0; i < p->n_cand; i++) printf(" %.0f", isfinite(r[i]) && r[i] > 0 ? 1e3 / r[i] : 0.0);  // TFLOP/s
-        printf(" TFLOP/s\n");
-        fflush(stdout);
     }
 }
 
@@ -335,7 +208,7 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
         GemmPlan* p = &g->slot[(h + probe) % CACHE_CAP];
         if (!p->used) {
             CHECK(g->used < CACHE_CAP * 3 / 4, "cuda gemm: more than %d distinct GEMM shapes", CACHE_CAP * 3 / 4);
-            plan_build(c, p, k, g->tune);
+            plan_build(c, p, k);
             g->used++;
             return p;
         }
@@ -344,16 +217,11 @@ static GemmPlan* plan_get(CudaImpl* c, const GemmKey* k) {
     FATAL("cuda gemm: plan cache full");
 }
 
-// A dynamic dim's plan size (MOETRAIN_GEMM_ROWS: the header): while the cache is less than half
-// full, up to a multiple of 1/32 of the power of two below x (oct; powers of two up to 1,024) or of
-// R; else, and for pow2, up to a power of two.
+// A dynamic dim's plan size (the header): while the cache is less than half full, up to a multiple
+// of 1/32 of the power of two below x (powers of two up to 1,024 rows); else up to a power of two.
 static int round_dyn(const struct GemmCache* g, int x) {
-    if (!g || x <= 0 || g->rows_round == ROWS_POW2 || g->used >= CACHE_CAP / 2) return round_pow2(x);
-    int step = g->rows_round;
-    if (step == ROWS_OCT) {
-        if (x <= 1024) return round_pow2(x);
-        step = round_pow2(x) / 64;  // (the power of two at or above x) / 64 = (the one below) / 32
-    }
+    if (!g || x <= 1024 || g->used >= CACHE_CAP / 2) return round_pow2(x);
+    const int step = round_pow2(x) / 64;  // (the power of two at or above x) / 64 = (the one below) / 32
     return (x + step - 1) / step * step;
 }
 
@@ -378,16 +246,8 @@ static GemmKey key_of(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc,
     return k;
 }
 
-// Tests: MOETRAIN_GEMM_ROWS from now (ROWS_OCT = 0, ROWS_POW2 = -1, or R); returns the previous
-// value. And the size a plan's dynamic dim of x (an expert's rows: M, or K of a weight gradient)
-// is keyed at.
-extern "C" int cuda_gemm_rows_round(Backend* be, int r) {
-    struct GemmCache* g = CI(be)->gemm;
-    const int was = g->rows_round;
-    CHECK(r == ROWS_OCT || r == ROWS_POW2 || (r >= 8 && r % 8 == 0), "cuda_gemm_rows_round: %d", r);
-    g->rows_round = r;
-    return was;
-}
+// Tests: the size a plan's dynamic dim of x (an expert's rows: M, or K of a weight gradient) is
+// keyed at.
 extern "C" int cuda_gemm_plan_dim(Backend* be, int x) { return round_dyn(CI(be)->gemm, x); }
 
 // The cuBLASLt tile id (cublasLtMatmulTile_t) of the algorithm the plan for d uses (16-byte
@@ -425,21 +285,8 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
     GemmPlan* p = plan_get(c, &k);
     if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);
     const float alpha = d->alpha, beta = d->beta;
-    cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (!p->tuned) tune_poll(c->gemm, p);
-    if (!p->tuned && p->next < p->n_cand * GEMM_TUNE_ROUNDS) {  // time a candidate on this call
-        const int j = p->next++;
-        for (int e = 0; e < 2; e++) CUDA_CK(cudaEventCreate(&p->ev[j][e]));
-        CUDA_CK(cudaEventRecord(p->ev[j][0], c->stream));
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc,
-                           &p->cand[j % p->n_cand], c->lt_ws, c->lt_ws_bytes, c->stream);
-        CUDA_CK(cudaEventRecord(p->ev[j][1], c->stream));
-        p->gflop[j] = 2e-9 * M * N * (double)K;
-        p->rate[j] = s == CUBLAS_STATUS_SUCCESS ? -1.0 : INFINITY;  // refused at this size: never picked
-    }
-    if (s != CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc, &p->algo, c->lt_ws,
-                           c->lt_ws_bytes, c->stream);
+    cublasStatus_t s = cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, C, p->lc, &p->algo,
+                                      c->lt_ws, c->lt_ws_bytes, c->stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && dyn) {  // the rounded plan's algorithm refused this size
         k.M = M;
         k.K = K;
@@ -523,7 +370,7 @@ void gemm_shape_plan(Backend* be, const GemmDesc* d, GemmShapePlan* sp) {
     k.ldc = d->ldc ? d->ldc : d->N;
     k.bf16 = is_bf16(be), k.c_f32 = k.bf16 ? d->c_f32 != 0 : 1, k.align = 16;
     GemmPlan p;
-    plan_build(CI(be), &p, &k, 0);  // no tuning: no events to release
+    plan_build(CI(be), &p, &k);
     sp->op = p.op, sp->la = p.la, sp->lb = p.lb, sp->lc = p.lc, sp->algo = p.algo;
 }
 

@@ -106,7 +106,7 @@ __global__ void k_adamw(float* master, P* param, float* m, float* v, const G* gr
 
 // The AdamW kernels' grid: one item (4 or 8 elements) per thread, no grid-stride loop. A grid
 // capped at 32 blocks per SM (grid_for) moved 3.95 TB/s at one layer's w13 (26 B per parameter) on
-// the H200, this one 4.12–4.16 (docs/performance.md change 47): blocks that end and are replaced
+// the H200, this one 4.12–4.16: blocks that end and are replaced
 // keep more loads in flight than threads that loop.
 static unsigned grid_flat(size_t items, int threads) {
     const size_t b = (items + threads - 1) / threads;

@@ -233,5 +233,5 @@ __device__ __forceinline__ void wg_rs<128, 1>(float* d, const uint32_t* a, uint6
 }
 
 // Host (cuda_attn.cu): whether the wgmma kernels can run here (an sm_90a build and a
-// compute-capability-9.0 device) and are wanted (MOETRAIN_ATTN=mma forces the mma.sync kernels).
+// compute-capability-9.0 device) and are wanted (gpu.attention = mma forces the mma.sync kernels).
 int cuda_wgmma_ok(CudaImpl* c);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "dev_bench.h"
 
 // ---- timings (a measurement, not a test) --------------------------------
 
@@ -197,29 +197,33 @@ static void bench_attn(Backend* be, int B) {
     c.o = dev_alloc(be, 2 * nq), c.dq = dev_alloc(be, 2 * nq), c.dk = dev_alloc(be, 2 * nk);
     c.dv = dev_alloc(be, 2 * nk), c.lse = dev_alloc(be, 4 * (size_t)c.B * c.Hq * c.T);
     const double fl_attn = 4.0 * c.B * c.Hq * (double)c.T * c.T * c.D / 2;  // causal: half the square
-    printf("\nbench (bf16, H200 as found)                       ms     TFLOP/s or GB/s\n");
+    printf("\nbench (bf16)                                      ms     TFLOP/s or GB/s\n");
     double t = 0;
     // the stored-dS backward's workspace: every (batch row, kv head) pair's causal 64 × 64 tiles
     const size_t nt = (size_t)c.T / 64, ds_bytes = (size_t)c.B * c.Hq * (nt * (nt + 1) / 2) * 64 * 64 * 2;
     void* ds = dev_alloc(be, ds_bytes);
-    for (int path = 0; path < 2; path++) {  // wgmma (on an H200), then mma.sync
-        setenv("MOETRAIN_ATTN", path ? "mma" : "wgmma", 1);
+    const GpuConfig mma = {.attention = GPU_ATTN_MMA};
+    Err err = {{0}};
+    Backend* be_mma = cuda_backend_create(DTYPE_BF16, 0, &mma, &err);
+    CHECK(be_mma, "cuda_backend_create: %s", err.msg);
+    for (int path = 0; path < 2; path++) {  // the default kernels (wgmma on an H200), then mma.sync
+        c.be = path ? be_mma : be;
         const char* pn = path ? "mma  " : "wgmma";
-        t = time_ms(be, b_attn_fwd, &c, 10);
+        t = time_ms(c.be, b_attn_fwd, &c, 10);
         printf("attn_fwd %s B%d T4096 Hq32 Hkv8 D128    %9.3f   %7.1f TFLOP/s\n", pn, B, t, fl_attn / t / 1e9);
         c.ws = NULL, c.ws_bytes = 0;
-        t = time_ms(be, b_attn_bwd, &c, 5);
+        t = time_ms(c.be, b_attn_bwd, &c, 5);
         printf("attn_bwd %s (same)                     %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", pn, t,
                2.5 * fl_attn / t / 1e9);
         if (path == 0) {
             c.ws = ds, c.ws_bytes = ds_bytes;
-            t = time_ms(be, b_attn_bwd, &c, 5);
+            t = time_ms(c.be, b_attn_bwd, &c, 5);
             printf("attn_bwd wgmma stored dS (%4.0f MB)         %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n",
                    ds_bytes / 1e6, t, 2.5 * fl_attn / t / 1e9);
             if (B > 1) {  // a workspace for half the pairs: two chunks, as in the step at micro-batch 8
                 const int was = cuda_attn_ds_force(be, 1);
                 c.ws_bytes = ds_bytes / 2;
-                t = time_ms(be, b_attn_bwd, &c, 5);
+                t = time_ms(c.be, b_attn_bwd, &c, 5);
                 printf("attn_bwd wgmma stored dS, 2 chunks          %9.3f   %7.1f TFLOP/s (2.5x fwd flops)\n", t,
                        2.5 * fl_attn / t / 1e9);
                 cuda_attn_ds_force(be, was);
@@ -227,7 +231,7 @@ static void bench_attn(Backend* be, int B) {
             c.ws = NULL, c.ws_bytes = 0;
         }
     }
-    unsetenv("MOETRAIN_ATTN");
+    be_mma->destroy(be_mma);
     free(r);
     dev_free_all();
 }

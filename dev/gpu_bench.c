@@ -9,7 +9,6 @@
 //   gpu_bench adamw          adamw and adamw_split at one layer's w13
 //   gpu_bench survey KIND    cuBLASLt's candidates per GEMM shape (dev/cuda/cuda_gemm_survey.cu):
 //                            KIND = cool, hot, hotdense, hotskew, hotvar or fp8 (gemm_attn_bench.h)
-#define _POSIX_C_SOURCE 200809L  // setenv
 #include <stdlib.h>
 #include <string.h>
 

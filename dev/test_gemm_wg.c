@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "dev_bench.h"
 
 // The grouped expert GEMM of our own (cuda_gemm_wg.cu; bf16): the forward's x·w13ᵀ / h·w2ᵀ
 // (K-major weights, trans_b) and the backward's dy·w2 / d(gate|up)·w13 (MN-major weights) in

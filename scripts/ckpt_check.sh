@@ -39,9 +39,6 @@
 # failed, N skipped"; details (every command's log, the comparisons) under LOGDIR (default
 # $CKPT_WORK/logs). Exit 1 when a check failed, else 0.
 cd "$(dirname "$0")/.." || exit 1
-# GEMM autotuning picks its algorithms by timing, so two runs may pick differently: off here,
-# where runs are compared bit for bit (cuda/cuda_gemm.cu)
-export MOETRAIN_GEMM_TUNE=0
 BIN=${MOETRAIN:-build/moetrain}; DEV=${CKPT_DEVICE:-cuda}; DTYPES=${CKPT_DTYPES:-bf16 fp32}
 DL=${CKPT_DL:-900}; WK=${CKPT_WORK:-/tmp/ckpt_check}; PY=${PYTHON:-python3}
 LG=${1:-$WK/logs}

@@ -283,7 +283,8 @@ struct Backend {
 // Constructors. cuda_backend_create returns NULL (with a message) when built without CUDA or
 // when no GPU is visible.
 Backend* cpu_backend_create(void);
-Backend* cuda_backend_create(DType act_dtype, int device, Err* e);
+// gpu: the options of config section gpu (NULL = the defaults).
+Backend* cuda_backend_create(DType act_dtype, int device, const GpuConfig* gpu, Err* e);
 // GPUs visible to this process (0 without CUDA or without a GPU).
 int cuda_device_count(void);
 

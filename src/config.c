@@ -83,10 +83,13 @@ static const ConfigKey KEYS[] = {
     STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),
     KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps"),
     ENUM(log, profile, "none", "none|sync|events", "print where a step's time goes, stage by stage, after the run: events = backend events, no syncs (the plain step's timeline); sync = a sync and a clock read after every stage (a slightly slower step)"),
+    ENUM(gpu, attention, "auto", "auto|mma", "attention kernels of the CUDA backend: auto = the Hopper ones (wgmma; warp-specialised at head dim 128) where they apply (sm_90a build, compute capability 9, bf16, head dim 64 or 128), else the portable mma.sync ones; mma = the mma.sync kernels everywhere (debugging: docs/gpu.md)"),
+    ENUM(gpu, gemm_tiles, "tuned", "tuned|heuristic", "cuBLASLt tiles of the CUDA backend: tuned = the table measured for Mixtral-8x7B's expert and attention-projection GEMMs on Hopper in bf16 (every other GEMM: the heuristic's first pick); heuristic = the heuristic's first pick for every GEMM"),
+    BOOL(gpu, gemm_log, "false", "print every cuBLASLt GEMM plan as it is built: its (rounded) dims, the tile it runs on, the heuristic's first pick and the host time of its query (stderr)"),
 };
 #define NKEYS (int)(sizeof KEYS / sizeof KEYS[0])
 
-static const char* const SECTIONS[] = {"model", "parallel", "precision", "train", "optim", "data", "checkpoint", "log"};
+static const char* const SECTIONS[] = {"model", "parallel", "precision", "train", "optim", "data", "checkpoint", "log", "gpu"};
 #define NSECTIONS (int)(sizeof SECTIONS / sizeof SECTIONS[0])
 
 const ConfigKey* config_keys(int* n) {
@@ -107,7 +110,7 @@ int config_is_section(const char* s) {
 }
 
 const char* config_section_list(void) {
-    return "model, parallel, precision, train, optim, data, checkpoint, log";
+    return "model, parallel, precision, train, optim, data, checkpoint, log, gpu";
 }
 
 // ---- enums -----------------------------------------------------------------------------------

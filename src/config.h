@@ -17,6 +17,8 @@ typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { COMM_AUTO = 0, COMM_NCCL, COMM_MPI } CommKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
 typedef enum { PROFILE_NONE = 0, PROFILE_SYNC, PROFILE_EVENTS } ProfileMode;
+typedef enum { GPU_ATTN_AUTO = 0, GPU_ATTN_MMA } GpuAttention;
+typedef enum { GPU_TILES_TUNED = 0, GPU_TILES_HEURISTIC } GpuGemmTiles;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
 
 typedef struct ModelConfig {
@@ -103,6 +105,13 @@ typedef struct LogConfig {
     ProfileMode profile;  // the per-stage time table after the run (src/prof.h)
 } LogConfig;
 
+// The CUDA backend's options (section gpu), handed to cuda_backend_create; all zeros = the defaults.
+typedef struct GpuConfig {
+    GpuAttention attention;   // auto: the Hopper kernels where they apply; mma: mma.sync everywhere
+    GpuGemmTiles gemm_tiles;  // tuned: cuda_gemm.cu's tile table (bf16, Hopper); heuristic: cuBLASLt's pick
+    int gemm_log;             // print every cuBLASLt plan as it is built (stderr)
+} GpuConfig;
+
 typedef struct Config {
     ModelConfig model;
     ParallelConfig parallel;
@@ -112,6 +121,7 @@ typedef struct Config {
     DataConfig data;
     CheckpointConfig checkpoint;
     LogConfig log;
+    GpuConfig gpu;
     char source[CFG_STR];  // the config file that was loaded (resolved path)
 } Config;
 

@@ -70,7 +70,7 @@ void moe_plan_bumps(Model* m) {
     // (cuda_attn_bwd_wg.cu), in as few chunks as it holds. Grown to hold all of it (one chunk:
     // two cost ~0.9 ms more per layer at micro-batch 8 × 4096 on an H200, docs/performance.md)
     // when that at most doubles it; dS grows with T², so long sequences keep the
-    // chunks. GPUs without those kernels (or MOETRAIN_ATTN=mma) leave the extra room unused.
+    // chunks. GPUs without those kernels (or gpu.attention=mma) leave the extra room unused.
     if (m->be->act_dtype == DTYPE_BF16) {
         const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
         if (ds > tmp && ds <= 2 * tmp) tmp = ds;

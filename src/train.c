@@ -77,7 +77,7 @@ static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
         int gpu = dist_local_rank();
         const int ngpu = cfg->parallel.comm == COMM_MPI ? cuda_device_count() : 0;
         if (ngpu > 0) gpu %= ngpu;
-        Backend* be = cuda_backend_create(cfg->precision.dtype, gpu, &ce);
+        Backend* be = cuda_backend_create(cfg->precision.dtype, gpu, &cfg->gpu, &ce);
         if (be) return be;
         if (dev == DEVICE_CUDA) {
             err_set(e, "train.device=cuda, but no CUDA backend: %s", ce.msg);

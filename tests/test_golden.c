@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
 #endif
     if (on_gpu) {
         Err e = {{0}};
-        be = cuda_backend_create(DTYPE_F32, 0, &e);
+        be = cuda_backend_create(DTYPE_F32, 0, NULL, &e);
         if (!be) {
             printf("CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;

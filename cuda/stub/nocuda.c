@@ -4,8 +4,8 @@
 #include "backend.h"
 #include "comm.h"
 
-Backend* cuda_backend_create(DType act_dtype, int device, Err* e) {
-    (void)act_dtype; (void)device;
+Backend* cuda_backend_create(DType act_dtype, int device, const GpuConfig* gpu, Err* e) {
+    (void)act_dtype; (void)device; (void)gpu;
     err_set(e, "this moetrain was built without CUDA (no nvcc at build time); rebuild on a "
                "machine with the CUDA toolkit, or set train.device=cpu");
     return NULL;

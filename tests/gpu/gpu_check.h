@@ -172,18 +172,6 @@ static inline void record(const char* label, int bf16, double err, double tol) {
     g_rec[i].seen[bf16] = 1;
 }
 
-// ---- timings (MOETRAIN_GPU_BENCH modes: measurements, not tests) ------------------------------
-
-// Milliseconds per call of fn(ctx) over reps calls, after one warm-up call (plans, attributes, caches).
-static inline double time_ms(Backend* be, void (*fn)(void*), void* ctx, int reps) {
-    fn(ctx);
-    be->sync(be);
-    const double t0 = now_sec();
-    for (int i = 0; i < reps; i++) fn(ctx);
-    be->sync(be);
-    return (now_sec() - t0) * 1e3 / reps;
-}
-
 // A device buffer of n act (bf16) elements filled with random values: the nr values of r tiled.
 static inline void* rand_act(Backend* be, const float* r, size_t nr, size_t n) {
     void* d = dev_alloc(be, 2 * n);
@@ -240,14 +228,31 @@ static inline int gpu_setup(const char* prog) {
     rng_seed(&g_rng, 20240611);
     g_cpu = cpu_backend_create();
     Err e32 = {{0}}, e16 = {{0}};
-    g_modes[0] = (Mode){cuda_backend_create(DTYPE_F32, 0, &e32), 0, "fp32"};
-    g_modes[1] = (Mode){cuda_backend_create(DTYPE_BF16, 0, &e16), 1, "bf16"};
+    g_modes[0] = (Mode){cuda_backend_create(DTYPE_F32, 0, NULL, &e32), 0, "fp32"};
+    g_modes[1] = (Mode){cuda_backend_create(DTYPE_BF16, 0, NULL, &e16), 1, "bf16"};
     if (!g_modes[0].gpu || !g_modes[1].gpu) {
         fprintf(stderr, "%s needs a GPU: %s\n", prog, e32.msg[0] ? e32.msg : e16.msg);
         printf("0 passed, 1 failed\n");
         return 1;
     }
     return 0;
+}
+
+// Both CUDA modes on new backends made with the gpu.* options o (tests of an option's path); the
+// current ones go to saved, for gpu_modes_restore. Call dev_free_all before either.
+static inline void gpu_modes_with(const GpuConfig* o, Mode saved[2]) {
+    for (int i = 0; i < 2; i++) {
+        saved[i] = g_modes[i];
+        Err e = {{0}};
+        g_modes[i].gpu = cuda_backend_create(i ? DTYPE_BF16 : DTYPE_F32, 0, o, &e);
+        CHECK(g_modes[i].gpu, "cuda_backend_create: %s", e.msg);
+    }
+}
+static inline void gpu_modes_restore(Mode saved[2]) {
+    for (int i = 0; i < 2; i++) {
+        g_modes[i].gpu->destroy(g_modes[i].gpu);
+        g_modes[i] = saved[i];
+    }
 }
 
 static inline void gpu_teardown(void) {

@@ -37,7 +37,7 @@ static void test_measure(void) {
     CU(cudaFree(0));  // the context
     g_ctx = used_mib(0);
     Err e = {{0}};
-    Backend* be = cuda_backend_create(DTYPE_BF16, 0, &e);
+    Backend* be = cuda_backend_create(DTYPE_BF16, 0, NULL, &e);
     EXPECT(be, "cuda backend: %s", e.msg);
     if (!be) return;
     be->sync(be);

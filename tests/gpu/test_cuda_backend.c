@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
     Err e = {{0}};
-    be = cuda_backend_create(DTYPE_F32, 0, &e);
+    be = cuda_backend_create(DTYPE_F32, 0, NULL, &e);
     if (!be) {
         printf("no CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
         return 1;

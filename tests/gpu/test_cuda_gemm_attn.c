@@ -61,14 +61,12 @@ static void pref_product(const Mode* m, const char* label, const GemmDesc* d, in
 // attention projections at 32,768 rows use the table's tiles, and two such GEMMs are right (the
 // forward layout, and the data-gradient layout with B as stored): their first 16 rows against the
 // CPU. A cuBLASLt whose candidates no longer hold the table's tiles fails here: the table is then
-// stale.
+// stale. (gpu.gemm_tiles = tuned, the default.)
 static void test_gemm_tile_pref(void) {
     const Mode* m = &g_modes[1];
     Backend* be = m->gpu;
-    const char* rows = getenv("MOETRAIN_GEMM_ROWS");
-    const int env = getenv("MOETRAIN_GEMM_TILE") || (rows && rows[0] && strcmp(rows, "oct"));
-    if (env || cuda_compute_capability(be) != 9) {  // the table applies on Hopper
-        printf("skip test_gemm_tile_pref: %s\n", env ? "MOETRAIN_GEMM_TILE or MOETRAIN_GEMM_ROWS is set" : "not Hopper");
+    if (cuda_compute_capability(be) != 9) {  // the table applies on Hopper
+        printf("skip test_gemm_tile_pref: not Hopper\n");
         return;
     }
     const int F2 = 28672, H = 4096, R = 8192;
@@ -192,11 +190,10 @@ static void test_gemm_grouped(void) {
     }
 }
 
-// MOETRAIN_GEMM_ROWS (cuda_gemm.cu): the size a plan's dynamic dim is keyed at under oct (the
-// default: 1/32 of an octave above 1,024 rows), a multiple R and pow2; then the grouped GEMMs and weight gradients on plans built at
-// sizes that are neither a power of two nor the call's own (rows 300 and 1,100 at R = 64: plans
-// at 320 and 1,152), against the CPU.
-int cuda_gemm_rows_round(Backend* be, int r);
+// The size a plan's dynamic dim is keyed at (cuda_gemm.cu: 1/32 of an octave above 1,024 rows,
+// powers of two up to there); then the grouped GEMMs and weight gradients on plans built at sizes
+// other than the call's own (rows 300 and 1,100: plans at 512 and 1,120, the latter not a power of
+// two), against the CPU.
 int cuda_gemm_plan_dim(Backend* be, int x);
 
 static void test_gemm_rows_round(void) {
@@ -204,20 +201,14 @@ static void test_gemm_rows_round(void) {
     const int G = 2, N = 256, K = 320, R = off[G];
     FOR_MODES {
         Backend* be = m->gpu;
-        const int was = cuda_gemm_rows_round(be, 0);  // oct, the default
         const int x[] = {1, 1000, 1025, 5000, 8192, 8193, 9500, 16384, 20000};
         const int want[] = {1, 1024, 1056, 5120, 8192, 8448, 9728, 16384, 20480};
         for (int i = 0; i < (int)(sizeof x / sizeof x[0]); i++)
-            EXPECT(cuda_gemm_plan_dim(be, x[i]) == want[i], "oct: %d rows keyed at %d, want %d", x[i],
+            EXPECT(cuda_gemm_plan_dim(be, x[i]) == want[i], "%d rows keyed at %d, want %d", x[i],
                    cuda_gemm_plan_dim(be, x[i]), want[i]);
-        cuda_gemm_rows_round(be, 256);
-        EXPECT(cuda_gemm_plan_dim(be, 9500) == 9728 && cuda_gemm_plan_dim(be, 8192) == 8192 &&
-                   cuda_gemm_plan_dim(be, 1) == 256,
-               "rows rounded to 256: %d %d %d", cuda_gemm_plan_dim(be, 9500), cuda_gemm_plan_dim(be, 8192),
-               cuda_gemm_plan_dim(be, 1));
-        cuda_gemm_rows_round(be, -1);
-        EXPECT(cuda_gemm_plan_dim(be, 9500) == 16384, "powers of two: %d", cuda_gemm_plan_dim(be, 9500));
-        cuda_gemm_rows_round(be, 64);
+        EXPECT(cuda_gemm_plan_dim(be, 300) == 512 && cuda_gemm_plan_dim(be, 1100) == 1120,
+               "the case's groups keyed at %d and %d, want 512 and 1120", cuda_gemm_plan_dim(be, 300),
+               cuda_gemm_plan_dim(be, 1100));
         const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
         float* A = act_in(m, randn(na, 1.f), na);
         float* B = act_in(m, randn(nb, 1.f), nb);
@@ -231,7 +222,7 @@ static void test_gemm_rows_round(void) {
             g_cpu->gemm_grouped(g_cpu, &d, &gd, tb ? A : dY, B, ref);
             void* c = poison_act(be, nc);
             be->gemm_grouped(be, &d, &gd, tb ? dA : ddY, dB, c);
-            cmp(m, tb ? "gemm_grouped, rows rounded to 64" : "gemm_grouped dgrad, rows rounded to 64", down_act(be, c, nc),
+            cmp(m, tb ? "gemm_grouped, rows rounded up" : "gemm_grouped dgrad, rows rounded up", down_act(be, c, nc),
                 ref, nc, TOL(TOL_F32, TOL_BF16_SUM));
             free(ref);
         }
@@ -239,8 +230,7 @@ static void test_gemm_rows_round(void) {
         g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, ref, 0.f);
         float* ddB = poison(be, sizeof(float) * nb);
         be->gemm_grouped_wgrad(be, &gd, N, K, ddY, dA, ddB, 0.f);
-        cmp(m, "gemm_grouped_wgrad, rows rounded to 64", down_f32(be, ddB, nb), ref, nb, TOL(TOL_F32, TOL_FP32_OUT));
-        cuda_gemm_rows_round(be, was);
+        cmp(m, "gemm_grouped_wgrad, rows rounded up", down_f32(be, ddB, nb), ref, nb, TOL(TOL_F32, TOL_FP32_OUT));
         free(ref), free(A), free(B), free(dY);
         dev_free_all();
     }
@@ -248,9 +238,9 @@ static void test_gemm_rows_round(void) {
 
 // ---- attention -------------------------------------------------------------------------------
 
-// Each case runs on the wgmma kernels (MOETRAIN_ATTN=wgmma: an H200 with the sm_90a build; elsewhere
-// the op falls back to mma.sync and the case runs there) and on the mma.sync kernels
-// (MOETRAIN_ATTN=mma); the labels say which.
+// Each case runs on the default kernels (gpu.attention = auto: the wgmma ones on an H200 with the
+// sm_90a build; elsewhere the op falls back to mma.sync and the case runs there) and on the
+// mma.sync kernels (gpu.attention = mma); the labels say which.
 static void attention_cases(const char* path) {
     const struct { int B, T, Hq, Hkv, D; float qs; } cs[] = {
         {2, 100, 4, 2, 64, 1.f},   // T not a multiple of 64, GQA 2:1
@@ -336,16 +326,14 @@ static void attention_cases(const char* path) {
     }
 }
 
-static void test_attention(void) {
-    setenv("MOETRAIN_ATTN", "wgmma", 1);
-    attention_cases("wgmma");
-    unsetenv("MOETRAIN_ATTN");
-}
+static void test_attention(void) { attention_cases("wgmma"); }
 
 static void test_attention_mma(void) {
-    setenv("MOETRAIN_ATTN", "mma", 1);
+    const GpuConfig mma = {.attention = GPU_ATTN_MMA};
+    Mode saved[2];
+    gpu_modes_with(&mma, saved);
     attention_cases("mma");
-    unsetenv("MOETRAIN_ATTN");
+    gpu_modes_restore(saved);
 }
 
 int main(void) {

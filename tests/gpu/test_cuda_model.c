@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
     cpu.comm = comm_mpi_create(1);
     for (int d = 0; d < 2; d++) {
         Err e = {{0}};
-        g_gpu[d] = cuda_backend_create(d ? DTYPE_BF16 : DTYPE_F32, 0, &e);
+        g_gpu[d] = cuda_backend_create(d ? DTYPE_BF16 : DTYPE_F32, 0, NULL, &e);
         if (!g_gpu[d]) {
             printf("no CUDA backend: %s\n0 passed, 1 failed\n", e.msg);
             return 1;

@@ -3,8 +3,7 @@
 // attention tile, widths that are not multiples of the block sizes), in fp32 and bf16 modes.
 // The optimizer ops (adamw, the split-master ops) are in test_cuda_optim.c.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
-// the worst error per check is printed at the end. MOETRAIN_GPU_BENCH set: cross_entropy and
-// swiglu_bwd timed at the step's shapes. Needs a GPU: without one it fails.
+// the worst error per check is printed at the end. Needs a GPU: without one it fails.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,7 @@
 // test_cuda_optim.c — the CUDA optimizer ops against the CPU spec: adamw (fp32 masters, the act
 // copy, unaligned pointers), and the split fp32 masters: split_pack / split_unpack on every low
 // half, adamw_split bit for bit against the CUDA adamw (the same arithmetic), the compute weight
-// the tie-away rounding of the master. MOETRAIN_GPU_BENCH set: the three AdamW variants timed at
-// one layer's w13 size (bytes per parameter → GB/s).
+// the tie-away rounding of the master.
 // Needs a GPU: without one it fails.
 #include <math.h>
 #include <stdlib.h>
