@@ -7,7 +7,7 @@
 // (finite differences re-run the forward a few times per variable; the attention reference is
 // O(T²) in double); CASE_GPU rows are what the kernels must handle: tails after vector widths,
 // odd sizes, one tile and many, the model's own widths. CASE_GPU_LONG rows are GPU rows that
-// only MOETRAIN_GPU_LONG=1 runs (slow under the sanitizers). A row may carry several bits.
+// only `test_cuda_attn --long` runs (slow under the sanitizers). A row may carry several bits.
 #pragma once
 #include <stddef.h>
 

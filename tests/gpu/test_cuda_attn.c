@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // ATTN_CASES: the GPU rows run here, CASE_GPU_LONG ones with --long
 
 // cuda_attn_fwd_ws.cu, cuda_attn_bwd_ws.cu: a wait of the kernel gave up (and clears the flag)
 int cuda_attn_fwd_ws_stalled(void);
@@ -15,34 +16,19 @@ int cuda_attn_bwd_ws_stalled(void);
 // cuda_attn_bwd_wg.cu: the stored-dS backward whenever one pair fits (returns the previous setting)
 int cuda_attn_ds_force(Backend* be, int on);
 
-// The attention cases: shapes and the scale of q (a larger one sharpens the softmax).
-typedef struct AttnCase { int B, T, Hq, Hkv, D; float qs; } AttnCase;
-static const AttnCase k_attn_cases[] = {
-    {2, 100, 4, 2, 64, 1.f},   // T not a multiple of 64, GQA 2:1
-    {1, 130, 4, 1, 128, 1.5f}, // Mixtral's head dim, multi-query
-    {1, 77, 2, 2, 16, 1.f},    // L0_sanity's head dim
-    {1, 50, 3, 1, 40, 1.f},    // a head dim without a tensor-core kernel: the simple path
-    {1, 520, 2, 1, 128, 1.f},  // many key tiles: the online softmax across tiles
-    {1, 64, 8, 8, 32, 2.f},    // exactly one tile, sharp softmax
-    {2, 200, 8, 2, 128, 1.f},  // Mixtral's GQA 4:1, two sequences, a ragged last tile
-    {1, 192, 4, 2, 64, 2.f},   // D = 64, T a multiple of 64, sharp softmax
-    {1, 300, 2, 2, 128, 2.f},  // D = 128 without GQA (one query head per kv head), 300 = 2·128 + 44
-    {1, 2048, 4, 1, 128, 1.f}, // long: --long only (the last case; slow under the sanitizers)
-};
-
-static int g_long;  // --long: the last case too
+static int g_long;  // --long: the CASE_GPU_LONG rows too
 
 // Each case runs on the default kernels (gpu.attention = auto: the wgmma ones on an H200 with the
 // sm_90a build; elsewhere the op falls back to mma.sync and the case runs there) and on the
 // mma.sync kernels (gpu.attention = mma); the labels say which.
 static void attention_cases(const char* path) {
-    const int nc = (int)(sizeof k_attn_cases / sizeof k_attn_cases[0]) - !g_long;
-    FOR_MODES for (int c = 0; c < nc; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(ATTN_CASES); c++) {
         Backend* be = m->gpu;
-        const AttnCase* ac = &k_attn_cases[c];
+        const AttnCase* ac = &ATTN_CASES[c];
+        if (!(ac->where & CASE_GPU) && !(g_long && (ac->where & CASE_GPU_LONG))) continue;
         const int B = ac->B, T = ac->T, Hq = ac->Hq, Hkv = ac->Hkv, D = ac->D;
         const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
-        float* q = act_in(m, randn(nq, ac->qs), nq);
+        float* q = act_in(m, randn(nq, ac->scale), nq);  // the scale on q alone (k stays N(0, 1))
         float* k = act_in(m, randn(nk, 1.f), nk);
         float* v = act_in(m, randn(nk, 1.f), nk);
         float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);

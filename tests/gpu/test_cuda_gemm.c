@@ -7,29 +7,7 @@
 #include <string.h>
 
 #include "gpu_check.h"
-
-typedef struct GemmCase {
-    int M, N, K, ta, tb, lda, ldb, ldc;
-    float alpha, beta;
-    int c_f32;
-    int cin;  // the addend from a separate buffer (GemmDesc.c_in); C itself poisoned
-} GemmCase;
-
-// The plain GEMM cases, against the CPU in both modes.
-static const GemmCase k_gemm_cases[] = {
-    {37, 53, 70, 0, 0, 0, 0, 0, 1.f, 0.f, 0, 0},      // odd sizes, every transpose
-    {37, 53, 70, 0, 1, 0, 0, 0, 1.f, 0.f, 0, 0},
-    {37, 53, 70, 1, 0, 0, 0, 0, 1.f, 0.5f, 0, 0},
-    {37, 53, 70, 1, 1, 0, 0, 0, 0.7f, 1.f, 0, 0},
-    {64, 96, 128, 0, 1, 136, 136, 104, 1.f, 0.f, 1, 0},  // padded strides, fp32 C
-    {128, 64, 256, 1, 0, 0, 0, 0, 1.f, 1.f, 1, 0},   // a weight gradient: C += Aᵀ B
-    {300, 8, 64, 0, 1, 0, 0, 0, 1.f, 0.f, 1, 0},     // router logits: N = experts
-    {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0, 0},     // K = 0: C = beta·C
-    {256, 512, 384, 0, 1, 0, 0, 0, 1.f, 0.f, 0, 0},  // a tensor-core sized one
-    {64, 96, 128, 0, 1, 0, 0, 0, 1.f, 1.f, 0, 1},  // a residual read from c_in (the o projection)
-    {37, 53, 70, 1, 0, 0, 0, 60, 0.7f, 0.5f, 1, 1},  // c_in with fp32 C, padded ldc
-    {40, 24, 0, 0, 1, 0, 0, 0, 1.f, 0.5f, 0, 1},    // K = 0 with c_in: C = beta · c_in
-};
+#include "op_cases.h"  // GEMM_CASES: the GPU rows run here
 
 // The [rows, cols] block of a matrix with row stride ld.
 static float* block_of(const float* x, int rows, int cols, int ld) {
@@ -103,10 +81,10 @@ static void test_gemm_tile_pref(void) {
 }
 
 static void test_gemm(void) {
-    const int nc = (int)(sizeof k_gemm_cases / sizeof k_gemm_cases[0]);
-    FOR_MODES for (int c = 0; c < nc; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(GEMM_CASES); c++) {
         Backend* be = m->gpu;
-        GemmCase g = k_gemm_cases[c];
+        const GemmOpCase g = GEMM_CASES[c];
+        if (!(g.where & CASE_GPU)) continue;
         const int ar = g.ta ? g.K : g.M, ac = g.ta ? g.M : g.K, br = g.tb ? g.N : g.K, bc = g.tb ? g.K : g.N;
         const int lda = g.lda ? g.lda : ac, ldb = g.ldb ? g.ldb : bc, ldc = g.ldc ? g.ldc : g.N;
         const size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, ncc = (size_t)g.M * ldc;
