@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
         for (int s = 0; s < GG_ST; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
         // the staging tile is written and read with plain shared stores and loads: every thread
         // arrives on staged and drained itself (racecheck follows that, not lane 0 after
-        // __syncwarp: tests/gpu/racecheck_probe.cu)
+        // __syncwarp: dev/racecheck_probe.cu)
         mbar_init(staged, 256);
         mbar_init(drained, GG_EPI_WARPS * 32);
         mbar_init_fence();
