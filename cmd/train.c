@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "prof.h"
 #include "comm.h"
+#include "stop.h"
 #include "train.h"
 
 int cmd_train(int argc, char** argv) {
@@ -17,6 +18,7 @@ int cmd_train(int argc, char** argv) {
                    "  Every key and its default: docs/config.md, or moetrain --keys.\n");
             return 0;
         }
+    stop_install();  // before anything slow: a signal during start-up exits 3 at once (stop.h)
     int world = 1;
     int rank = dist_init(&argc, &argv, &world);
     Config c;

@@ -97,6 +97,7 @@ typedef struct CheckpointConfig {
     int required;             // refuse to start without dir
     int save_optimizer;       // save Adam m and v too (exact resume); 0 = fp32 masters only
     int async;                // snapshot to host memory, write from a background thread
+    int grace_s;              // seconds a preemption signal leaves for a step and a save (0 = no check)
 } CheckpointConfig;
 
 typedef struct LogConfig {

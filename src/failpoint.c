@@ -17,6 +17,7 @@ static struct {
     {"train.fail_rank", "MOETRAIN_FAIL_RANK", NULL},
     {"moe.force_exchange", "MOETRAIN_FORCE_EXCHANGE", NULL},
     {"log.metrics_fail_after", "MOETRAIN_METRICS_FAIL_AFTER", NULL},
+    {"train.startup_sleep", "MOETRAIN_STARTUP_SLEEP", NULL},
 };
 enum { N_FP = sizeof FP / sizeof FP[0] };
 

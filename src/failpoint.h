@@ -18,6 +18,8 @@
 //   log.metrics_fail_after  MOETRAIN_METRICS_FAIL_AFTER  N: writes to metrics.jsonl fail with
 //                                                  ENOSPC once N bytes went through the handle
 //                                                  (a full disk; logfile.c)
+//   train.startup_sleep MOETRAIN_STARTUP_SLEEP     S: start-up sleeps S seconds after opening
+//                                                  the data (signals during start-up; train.c)
 //
 // To add one: a row in failpoint.c's table, a line above, and a check at the place it fails.
 #pragma once

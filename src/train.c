@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "failpoint.h"
 #include "logfile.h"
+#include "stop.h"
 #include "util.h"
 
-static volatile sig_atomic_t g_stop_signal = 0;
-static void on_signal(int sig) { g_stop_signal = sig; }
 
 static int mkdir_p(const char* path) {
     char buf[CFG_STR];
@@ -144,6 +144,8 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     char desc[512];
     data_describe(t->data, desc, sizeof desc);
     log_info("data: %s\n", desc);
+    const long slow = failpoint_int("train.startup_sleep", 0);  // tests: a slow start-up (signals during it)
+    if (slow > 0) sleep((unsigned)slow);
 
     const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world)};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
@@ -154,6 +156,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
 
+    if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
     if (trainer_restore(t, e)) return -1;
 
     t->metrics.fd = -1;
@@ -176,8 +179,6 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
             return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
         if (logfile_open(&t->metrics, p, t->step > 0, &le)) return err_set(e, "log.dir: %s", le.msg);
     }
-    signal(SIGTERM, on_signal);
-    signal(SIGUSR1, on_signal);
     return 0;
 }
 
@@ -284,6 +285,7 @@ int trainer_run(Trainer* t) {
     const int bf16_egrad = t->model.grad_act[ARENA_EXPERT] && t->be->act_dtype == DTYPE_BF16;
     const char* notes = t->opt.split ? (bf16_egrad ? " (split fp32 masters, bf16 expert gradients)" : " (split fp32 masters)")
                                      : (bf16_egrad ? " (bf16 expert gradients)" : "");
+    stop_running();  // a signal from here on saves a checkpoint (start-up signals exit 3 at once)
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
@@ -351,7 +353,7 @@ int trainer_run(Trainer* t) {
         }
         // preemption: every rank agrees on the signal, saves, and stops
         // (and a failed metrics write on rank 0 stops every rank: no step goes unrecorded)
-        int32_t flags[2] = {g_stop_signal, t->log_failed};
+        int32_t flags[2] = {stop_signal(), t->log_failed};
         if (t->stop_at > 0 && s + 1 == t->stop_at) flags[0] = SIGTERM;  // tests
         t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, flags, 2);
         const int32_t sig = flags[0];

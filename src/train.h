@@ -47,6 +47,10 @@ typedef struct Trainer {
     Err log_err;          // why
     struct AsyncSave* async;  // checkpoint.async: the save in flight and its snapshot (train_ckpt.c)
     double t_start;
+    double ckpt_bytes;       // one checkpoint, all ranks (preflight)
+    double ckpt_rank_bytes;  // the largest rank file
+    double write_rate;       // bytes/s into checkpoint.dir: measured at preflight, then by each save
+    int grace_warned;
 } Trainer;
 
 // Sets up everything for `cfg` (already validated for this world size). Recoverable errors
@@ -80,6 +84,11 @@ void trainer_fill_batch(Trainer* t, int split, uint64_t first);
 // init. Loading goes by name, so any layout loads any other. Errors name the file; every rank
 // returns the same status.
 int trainer_save(Trainer* t, Err* e);
+// Collective, before the first step: every rank can create a file in checkpoint.dir; rank 0
+// measures the write rate there (a short fsynced write), checks the free space against the
+// checkpoint's size × (checkpoint.keep + 1, less this directory's complete checkpoints) and
+// warns when a save would not fit in checkpoint.grace_s. Every rank returns the same status.
+int trainer_preflight(Trainer* t, Err* e);
 int trainer_restore(Trainer* t, Err* e);
 // checkpoint.async=true: trainer_save takes the snapshot and returns while a background thread
 // writes (waiting first, with a log line, when a save is still in flight). Collective, every

@@ -211,6 +211,147 @@ static void test_resume_other_data(void) {
     EXPECT(rc == 0 && !strstr(out, "warning: saved with data.path="), "no warning on the same data: rc %d, %s", rc, out);
 }
 
+
+// A checkpoint.dir that cannot be created (here under a regular file) is refused at start-up,
+// before the first step, not at the first save.
+static void test_preflight_checkpoint_dir(void) {
+    char out[65536], f[400];
+    snprintf(f, sizeof f, "%s/plainfile", g_dir);
+    FILE* fp = fopen(f, "w");
+    fclose(fp);
+    int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s/ck", g_bin, f);
+    EXPECT(rc == 2 && strstr(out, "checkpoint.dir") && strstr(out, "cannot create it (Not a directory)") &&
+               !strstr(out, "step     1/"),
+           "refused before the first step: rc %d, %s", rc, out);
+}
+
+// ---- 4. signals -------------------------------------------------------------------------------
+
+// Starts `cmd` through sh in its own process group (stdin /dev/null, output to log), with the
+// signals a test may send at their default disposition. Returns the pid (= the group).
+static pid_t spawn(const char* log, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static pid_t spawn(const char* log, const char* fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || out < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char*)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    return pid;
+}
+
+// Waits for pid at most `limit` seconds; past that, kills its whole process group. Returns the
+// exit code (128 + signal when killed; -1 on timeout); *secs the time waited.
+static int reap(pid_t pid, double limit, double* secs) {
+    double t0 = now_sec();
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(pid, &st, WNOHANG)) == 0 && now_sec() - t0 < limit) usleep(20000);
+    if (secs) *secs = now_sec() - t0;
+    if (r == 0) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        usleep(200000);
+        kill(-pid, SIGKILL);  // anything of the group still there
+        return -1;
+    }
+    kill(-pid, SIGKILL);  // nothing of the job may outlive the test
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_lines(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+// Waits until `path` holds `needle` (at most limit seconds).
+static int wait_for(const char* path, const char* needle, double limit) {
+    double t0 = now_sec();
+    char buf[65536];
+    while (now_sec() - t0 < limit) {
+        FILE* f = fopen(path, "r");
+        size_t k = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[k] = 0;
+        if (strstr(buf, needle)) return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+#define TINY2                                                                                                  \
+    "--config L0_sanity train.device=cpu data.format=random model.hidden=32 model.ffn=48 model.vocab_size=64 " \
+    "train.seq_len=16 train.micro_batch=2 train.global_batch=4 optim.warmup=1 train.eval_batches=1 log.every=1"
+
+// SIGTERM or SIGINT to the launcher (scripts/mpirun.sh -np 2, as a user or a batch script sends
+// it): the ranks finish the step, save, and the job exits 3 with `latest` at the step it stopped.
+static void signal_to_launcher(int sig) {
+    char ck[400], lg[400], log[400], metrics[500];
+    snprintf(ck, sizeof ck, "%s/sig%d_ck", g_dir, sig);
+    snprintf(lg, sizeof lg, "%s/sig%d_log", g_dir, sig);
+    snprintf(log, sizeof log, "%s/sig%d.out", g_dir, sig);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", lg);
+    pid_t pid = spawn(log, "exec scripts/mpirun.sh -np 2 %s " TINY2 " train.steps=100000 checkpoint.dir=%s log.dir=%s",
+                      g_bin, ck, lg);
+    double t0 = now_sec();
+    while (count_lines(metrics) < 3 && now_sec() - t0 < 60) usleep(20000);
+    kill(pid, sig);
+    double secs;
+    int rc = reap(pid, 60, &secs);
+    EXPECT(rc == 3, "signal %d to mpirun.sh: exit code 3 (got %d; see %s)", sig, rc, log);
+    EXPECT(secs < 30, "it stopped within seconds (%.1f s)", secs);
+    int stopped = count_lines(metrics);
+    char p[600], latest[64] = "", want[64];
+    snprintf(p, sizeof p, "%s/latest", ck);
+    FILE* f = fopen(p, "r");
+    if (f) {
+        if (!fgets(latest, sizeof latest, f)) latest[0] = 0;
+        fclose(f);
+    }
+    snprintf(want, sizeof want, "step_%08d\n", stopped);
+    EXPECT(stopped >= 3 && !strcmp(latest, want), "a checkpoint at the step it stopped after (%d, latest '%s')", stopped,
+           latest);
+    EXPECT(wait_for(log, "checkpoint written at step", 1), "the log says so (%s)", log);
+}
+
+static void test_sigterm_to_mpirun(void) { signal_to_launcher(SIGTERM); }
+static void test_sigint_to_mpirun(void) { signal_to_launcher(SIGINT); }
+
+// A signal during start-up (here: while the data loads, made slow by a failpoint): nothing to
+// save, exit 3 at once, nothing written under checkpoint.dir.
+static void test_signal_during_startup(void) {
+    char ck[400], log[400];
+    snprintf(ck, sizeof ck, "%s/start_ck", g_dir);
+    snprintf(log, sizeof log, "%s/start.out", g_dir);
+    pid_t pid = spawn(log, "MOETRAIN_STARTUP_SLEEP=60 exec scripts/mpirun.sh -np 2 -x MOETRAIN_STARTUP_SLEEP %s " TINY2
+                      " train.steps=5 checkpoint.dir=%s log.dir=", g_bin, ck);
+    EXPECT(wait_for(log, "data: random tokens", 60), "start-up reached the data (%s)", log);
+    usleep(300000);
+    kill(pid, SIGTERM);
+    double secs;
+    int rc = reap(pid, 60, &secs);
+    EXPECT(rc == 3, "exit code 3 (got %d; see %s)", rc, log);
+    EXPECT(secs < 15, "at once, not after the slow start-up (%.1f s)", secs);
+    EXPECT(wait_for(log, "during start-up: nothing to save; exiting with code 3", 1), "the message (%s)", log);
+    char p[600];
+    snprintf(p, sizeof p, "%s/latest", ck);
+    EXPECT(access(p, F_OK) != 0, "nothing saved");
+}
+
 int main(int argc, char** argv) {
     if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
     snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_robust_XXXXXX");
@@ -221,6 +362,10 @@ int main(int argc, char** argv) {
     RUN(test_inspect_unreadable_header);
     RUN(test_init_from_nan);
     RUN(test_resume_other_data);
+    RUN(test_preflight_checkpoint_dir);
+    RUN(test_sigterm_to_mpirun);
+    RUN(test_sigint_to_mpirun);
+    RUN(test_signal_during_startup);
     if (!t_failed) sh("rm -rf %s", g_dir);
     TEST_END();
 }
