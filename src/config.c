@@ -51,6 +51,7 @@ static const ConfigKey KEYS[] = {
     KEY(train, max_bad_steps, K_INT, "5", 1, IMAX, NULL, "non-finite steps in a row (skipped) before the run stops"),
     KEY(train, eval_every, K_INT, "0", 0, IMAX, NULL, "validation every N steps (0 = at the end only)"),
     KEY(train, eval_batches, K_INT, "4", 0, IMAX, NULL, "validation micro-batches per rank (0 = the whole split)"),
+    KEY(train, timeout_s, K_INT, "300", 0, IMAX, NULL, "watchdog: a rank that waits longer than this in one stage of a step (a collective, the optimizer, validation, a save) ends the job with exit 1, naming the stage and the ranks that did not arrive; raised to 10 x the slowest step so far (and to the plan's estimate for the first), and to 4 x the estimated save for saves (0 = off)"),
     BOOL(train, keep_swiglu, "false", "keep the experts' SwiGLU output h from the forward for the backward instead of recomputing it: one SwiGLU pass less per layer for micro_batch × seq_len × top_k × model.ffn × dtype bytes more saved activations per layer (1.25× that with parallel.ep > 1; `plan` counts it)"),
     KEY(optim, lr, K_FLOAT, "3e-4", 0, 10, NULL, "peak learning rate (AdamW)"),
     KEY(optim, min_lr_ratio, K_FLOAT, "0.1", 0, 1, NULL, "final learning rate as a fraction of optim.lr"),

@@ -62,6 +62,7 @@ typedef struct TrainConfig {
     int max_bad_steps;  // consecutive non-finite steps before the run stops
     int eval_every;     // validation every N steps (0 = only at the end)
     int eval_batches;   // micro-batches per validation
+    int timeout_s;      // watchdog: a rank waiting longer in one stage ends the job (0 = off)
     int keep_swiglu;    // keep the experts' SwiGLU output h from the forward for the backward
                         // (+ R·F·dtype bytes per layer) instead of recomputing it
 } TrainConfig;

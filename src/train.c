@@ -13,6 +13,7 @@
 #include "failpoint.h"
 #include "logfile.h"
 #include "stop.h"
+#include "watchdog.h"
 #include "util.h"
 
 
@@ -183,6 +184,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 }
 
 void trainer_free(Trainer* t) {
+    watchdog_stop();
     trainer_save_release(t);
     Err le = {{0}};
     if (logfile_close(&t->metrics, &le) && !t->log_failed)
@@ -286,6 +288,28 @@ int trainer_run(Trainer* t) {
     const char* notes = t->opt.split ? (bf16_egrad ? " (split fp32 masters, bf16 expert gradients)" : " (split fp32 masters)")
                                      : (bf16_egrad ? " (bf16 expert gradients)" : "");
     stop_running();  // a signal from here on saves a checkpoint (start-up signals exit 3 at once)
+    // The watchdog (watchdog.h): a job-wide token names this job's heartbeat files.
+    char token[17] = "";
+    if (t->rank == 0) {
+        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
+        FILE* ur = fopen("/dev/urandom", "rb");
+        if (ur) {
+            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
+            fclose(ur);
+        }
+        snprintf(token, sizeof token, "%016llx", (unsigned long long)r);
+    }
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, token, sizeof token, 0);
+    // The first step's allowance: 10 x the plan's time at a modest rate (CPU 5 GFLOP/s per rank,
+    // GPU 100 TFLOP/s), at least train.timeout_s.
+    const double first_est = flops_tok * (double)B * T * t->n_micro / (strcmp(t->be->name, "cuda") ? 5e9 : 1e14);
+    const double base_to = tc->timeout_s;
+    double step_to = base_to > 0 && 10 * first_est > base_to ? 10 * first_est : base_to, slowest = 0;
+    const double save_to = base_to > 0 && t->write_rate > 0 && 4 * t->ckpt_rank_bytes / t->write_rate > base_to
+                               ? 4 * t->ckpt_rank_bytes / t->write_rate : base_to;
+    const int evb = tc->eval_batches > 0 ? tc->eval_batches : 64;
+    watchdog_start(t->rank, t->world, t->cfg.checkpoint.dir[0] ? t->cfg.checkpoint.dir : t->cfg.log.dir, token, base_to);
+    watchdog_timeout(step_to);
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
@@ -298,6 +322,8 @@ int trainer_run(Trainer* t) {
         if (s == 1 && t->rank == fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", fail_rank);
         double t0 = now_sec();
         double ce = 0, aux = 0, z = 0;
+        watchdog_timeout(step_to);
+        watchdog_stage(s + 1, "forward/backward (expert all-to-all)");
         for (int j = 0; j < t->n_micro; j++) {
             uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
             trainer_fill_batch(t, 0, first);
@@ -307,8 +333,10 @@ int trainer_run(Trainer* t) {
             aux += l.aux / t->n_micro;
             z += l.z / t->n_micro;
         }
+        watchdog_stage(s + 1, "loss all-reduce");
         t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &ce, 1);
         ce /= gtok;
+        watchdog_stage(s + 1, "optimizer (gradient reduction, ZeRO-1 gather)");
         const double loss = ce + mc->aux_coef * aux + mc->z_coef * z;
         StepStats st;
         if (!isfinite(loss)) {  // skip the update; the gradients are discarded
@@ -329,15 +357,23 @@ int trainer_run(Trainer* t) {
             t->bad_in_row = 0;
         }
         if (s >= 2) t_sum += dt, t_n++;  // steady state: skip the first steps (warm-up)
+        if (s >= 1 && dt > slowest) {  // the watchdog allows 10 x the slowest step after the first
+            slowest = dt;
+            if (base_to > 0) step_to = 10 * slowest > base_to ? 10 * slowest : base_to;
+        }
         EvalResult ev, *evp = NULL;
         const int has_val = data_num_windows(t->data, 1) > 0;  // data.val_frac = 0: no validation
         if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
+            watchdog_timeout(step_to * (1 + (double)evb / t->n_micro));
+            watchdog_stage(s + 1, "validation");
             ev = trainer_eval(t, tc->eval_batches);
             evp = &ev;
         }
         if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
             log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);
         // checkpoint.async: commit the save in flight once every rank has written its files
+        watchdog_timeout(save_to);
+        watchdog_stage(s + 1, "checkpoint commit (async save)");
         if (trainer_save_poll(t, &e)) {
             if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
             return EXIT_USAGE;
@@ -355,9 +391,12 @@ int trainer_run(Trainer* t) {
         // (and a failed metrics write on rank 0 stops every rank: no step goes unrecorded)
         int32_t flags[2] = {stop_signal(), t->log_failed};
         if (t->stop_at > 0 && s + 1 == t->stop_at) flags[0] = SIGTERM;  // tests
+        watchdog_timeout(step_to);
+        watchdog_stage(s + 1, "stop agreement (signal, log)");
         t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, flags, 2);
         const int32_t sig = flags[0];
         if (flags[1]) {
+            trainer_save_wait(t, &e);  // a save in flight is complete work: commit it
             if (t->rank == 0)
                 fprintf(stderr, "moetrain: error: log.dir: %s; stopping at step %d so that no metrics are lost "
                                 "(nothing saved after the last checkpoint). Free space there or give another log.dir, "
@@ -370,6 +409,8 @@ int trainer_run(Trainer* t) {
         const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
         if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {
             t->step++;
+            watchdog_timeout(save_to);
+            watchdog_stage(s + 1, "checkpoint save");
             int r = trainer_save(t, &e);
             if (!r && (last || sig)) r = trainer_save_wait(t, &e);  // checkpoint.async: written before exit
             t->step--;

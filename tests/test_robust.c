@@ -352,6 +352,88 @@ static void test_signal_during_startup(void) {
     EXPECT(access(p, F_OK) != 0, "nothing saved");
 }
 
+// ---- 5. a stopped rank ------------------------------------------------------------------------
+
+// The pid of the moetrain process below `root` (any depth up to 4) whose OMPI_COMM_WORLD_RANK is
+// `rank`; 0 when none.
+static pid_t find_rank(pid_t root, int rank) {
+    pid_t level[64], found = 0;
+    int nl = 1;
+    level[0] = root;
+    for (int depth = 0; depth < 4 && nl > 0 && !found; depth++) {
+        pid_t next[64];
+        int nn = 0;
+        DIR* d = opendir("/proc");
+        for (struct dirent* de; d && (de = readdir(d));) {
+            pid_t pid = (pid_t)atoi(de->d_name);
+            if (pid <= 0) continue;
+            char p[64], buf[512];
+            snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+            FILE* f = fopen(p, "r");
+            if (!f) continue;
+            size_t k = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[k] = 0;
+            char* rp = strrchr(buf, ')');
+            int ppid = 0;
+            char st;
+            if (!rp || sscanf(rp + 1, " %c %d", &st, &ppid) != 2) continue;
+            for (int i = 0; i < nl; i++)
+                if (ppid == level[i] && nn < 64) {
+                    next[nn++] = pid;
+                    if (!strstr(buf, "(moetrain)")) continue;
+                    char env[65536];
+                    snprintf(p, sizeof p, "/proc/%d/environ", (int)pid);
+                    f = fopen(p, "r");
+                    size_t m = f ? fread(env, 1, sizeof env - 1, f) : 0;
+                    if (f) fclose(f);
+                    char want[64];
+                    int wl = snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+                    for (size_t o = 0; o < m; o += strlen(env + o) + 1) {
+                        env[m] = 0;
+                        if (!strncmp(env + o, want, (size_t)wl) && env[o + (size_t)wl] == 0) found = pid;
+                    }
+                }
+        }
+        if (d) closedir(d);
+        memcpy(level, next, sizeof(pid_t) * (size_t)nn);
+        nl = nn;
+    }
+    return found;
+}
+
+// SIGSTOP on rank 1 of `mpirun -np 2`: rank 0's watchdog ends the job with exit 1 within the
+// stage's timeout (train.timeout_s=3, raised to 10 x the slowest step), naming the stage it
+// waited in and rank 1.
+static void test_watchdog_stopped_rank(void) {
+    char lg[400], log[400], metrics[500];
+    snprintf(lg, sizeof lg, "%s/wd_log", g_dir);
+    snprintf(log, sizeof log, "%s/wd.out", g_dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", lg);
+    pid_t pid = spawn(log, "exec scripts/mpirun.sh -np 2 %s " TINY2 " train.steps=100000 train.timeout_s=3 log.dir=%s",
+                      g_bin, lg);
+    double t0 = now_sec();
+    while (count_lines(metrics) < 4 && now_sec() - t0 < 60) usleep(20000);
+    pid_t r1 = find_rank(pid, 1);
+    EXPECT(r1 > 0, "found rank 1 under %d", (int)pid);
+    if (r1 > 0) kill(r1, SIGSTOP);
+    double secs;
+    int rc = reap(pid, 120, &secs);
+    EXPECT(rc == 1, "exit code 1 (got %d; see %s)", rc, log);
+    char buf[65536] = "";
+    FILE* f = fopen(log, "r");
+    size_t k = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[k] = 0;
+    const char* m = strstr(buf, "moetrain: rank 0: watchdog: waited ");
+    double to = -1;
+    const char* tt = m ? strstr(m, "the timeout of this stage: ") : NULL;
+    if (tt) to = atof(tt + 27);
+    EXPECT(m && strstr(m, "ranks that did not arrive: rank 1 (no heartbeat for") && to > 0,
+           "rank 0 names the stage and rank 1: %.600s", m ? m : buf);
+    EXPECT(to > 0 && secs < to + 15, "ended within the stage's timeout (%.1f s after the stop; timeout %.0f s)", secs, to);
+}
+
 int main(int argc, char** argv) {
     if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
     snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_robust_XXXXXX");
@@ -366,6 +448,7 @@ int main(int argc, char** argv) {
     RUN(test_sigterm_to_mpirun);
     RUN(test_sigint_to_mpirun);
     RUN(test_signal_during_startup);
+    RUN(test_watchdog_stopped_rank);
     if (!t_failed) sh("rm -rf %s", g_dir);
     TEST_END();
 }
