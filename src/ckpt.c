@@ -69,8 +69,13 @@ static int prepare(const char* dir, const char* tmp, Err* e) {
     struct dirent* de;
     char p[CKPT_PATH];
     int rc = 0;
+    const char* run = ckpt_run_id();
     while ((de = readdir(d)) && !rc) {
-        if (strncmp(de->d_name, ".tmp_step_", 10) != 0 && strncmp(de->d_name, ".trash_", 7) != 0) continue;
+        const int is_tmp = strncmp(de->d_name, ".tmp_step_", 10) == 0;
+        if (!is_tmp && strncmp(de->d_name, ".trash_", 7) != 0) continue;
+        // .tmp_step_XXXXXXXX[.RUN]: another run's save in progress is not ours to remove
+        const char* dot = is_tmp ? strchr(de->d_name + 10, '.') : NULL;
+        if (dot && (!run[0] || strcmp(dot + 1, run))) continue;
         ckpt_join(p, dir, de->d_name);
         if (ckpt_rm_rf(p)) rc = err_set(e, "%s: cannot remove a stale temporary: %s", p, strerror(errno));
     }
@@ -130,6 +135,7 @@ static void prune(const char* dir, const char* newest, int keep) {
     int kept = 1;  // newest
     for (int i = 0; i < n; i++) {
         if (!sd[i].complete || strcmp(sd[i].name, newest) == 0) continue;
+        if (!ckpt_step_is_mine(dir, sd[i].name)) continue;  // another run's: never ours to prune
         if (kept < keep) { kept++; continue; }
         char from[CKPT_PATH], to[CKPT_PATH], tn[80];
         snprintf(tn, sizeof tn, ".trash_%s", sd[i].name);
@@ -234,10 +240,11 @@ static int save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step,
     Report me;
     memset(&me, 0, sizeof me);
     Err le = {{0}};
-    char tn[80], rn[64], path[CKPT_PATH];
+    char tn[160], rn[64], path[CKPT_PATH];
     ckpt_copy(s->dir, sizeof s->dir, dir ? dir : "");
     ckpt_step_name(s->step_name, sizeof s->step_name, step);
-    snprintf(tn, sizeof tn, ".tmp_%s", s->step_name);
+    if (ckpt_run_id()[0]) snprintf(tn, sizeof tn, ".tmp_%s.%.40s", s->step_name, ckpt_run_id());
+    else snprintf(tn, sizeof tn, ".tmp_%s", s->step_name);
     ckpt_join(s->tmp, dir ? dir : "", tn);
     ckpt_join(s->fin, dir ? dir : "", s->step_name);
 

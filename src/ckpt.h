@@ -72,6 +72,17 @@ void ckpt_save_end_local(CkptSave* s);
 // unfinished file is removed, `latest` is untouched, the next save clears the temporary.
 void ckpt_save_abort(CkptSave* s);
 
+// Run ownership (process-wide; "" = none, the default). With a run id set, a save names its
+// temporary directory .tmp_step_XXXXXXXX.<run id> and removes only its own run's stale
+// temporaries (and unnamed ones), pruning removes only checkpoints of this run (and those that
+// record no run), and ckpt_find_resume falls back only to such checkpoints. The id is recorded
+// as `run_id:` in trainer_state.yaml (by the trainer).
+void ckpt_set_run_id(const char* run_id);
+const char* ckpt_run_id(void);
+// The run_id recorded in root/step_name/trainer_state.yaml: 1 (copied), 0 none recorded or no
+// such file.
+int ckpt_step_run_id(const char* root, const char* step_name, char* out, size_t n);
+
 typedef struct Ckpt Ckpt;  // an opened, verified checkpoint (all rank files indexed by name)
 
 // path = a step directory, a checkpoint root (then `latest` is followed) or the `latest` file

@@ -82,3 +82,6 @@ typedef struct StepDir {
     int complete;
 } StepDir;
 int ckpt_list_steps(const char* root, StepDir** out, int* n, Err* e);
+// 1 when step_name under root belongs to this process's run (ckpt_set_run_id): no run id set,
+// or the checkpoint records none, or the same one.
+int ckpt_step_is_mine(const char* root, const char* step_name);

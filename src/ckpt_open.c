@@ -220,6 +220,10 @@ int ckpt_find_resume_cb(const char* root, char* step_dir, size_t n, char* note, 
         if (lr == 0 && ns > 0) sb_printf(&nb, "%s/%s is missing; ", root, CKPT_LATEST);
         for (int i = 0; i < ns && !found; i++) {
             if (lr > 0 && strcmp(sd[i].name, latest) == 0) continue;  // already tried
+            if (!ckpt_step_is_mine(root, sd[i].name)) {
+                sb_printf(&nb, "skipped %s: it belongs to another run; ", sd[i].name);
+                continue;
+            }
             if (verifies(&vf, root, sd[i].name, why, sizeof why)) {
                 found = 1;
                 ckpt_copy(chosen, sizeof chosen, sd[i].name);

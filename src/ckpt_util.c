@@ -369,3 +369,29 @@ int ckpt_list_steps(const char* root, StepDir** out, int* n, Err* e) {
     if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_step_desc);
     return 0;
 }
+
+// ---- run ownership ----------------------------------------------------------------------------
+static char g_run_id[64];
+
+void ckpt_set_run_id(const char* run_id) { ckpt_copy(g_run_id, sizeof g_run_id, run_id ? run_id : ""); }
+const char* ckpt_run_id(void) { return g_run_id; }
+
+int ckpt_step_run_id(const char* root, const char* step_name, char* out, size_t n) {
+    char d[CKPT_PATH], p[CKPT_PATH];
+    ckpt_join(d, root, step_name);
+    ckpt_join(p, d, CKPT_STATE);
+    Err e = {{0}};
+    char* text = ckpt_read_text(p, 64u << 20, NULL, &e);
+    if (!text) return 0;
+    char* cut = strstr(text, "\nconfig:");  // the scalars only
+    if (cut) cut[1] = 0;
+    int r = trainer_state_get(text, "run_id", out, n, &e);
+    free(text);
+    return r == 1 && out[0] ? 1 : 0;
+}
+
+int ckpt_step_is_mine(const char* root, const char* step_name) {
+    if (!g_run_id[0]) return 1;
+    char id[64];
+    return !ckpt_step_run_id(root, step_name, id, sizeof id) || !strcmp(id, g_run_id);
+}

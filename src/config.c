@@ -80,6 +80,7 @@ static const ConfigKey KEYS[] = {
     STR(checkpoint, init_from, "", "Hugging Face directory to start from (empty = random init)"),
     BOOL(checkpoint, required, "false", "refuse to train without checkpoint.dir (set by large configs)"),
     BOOL(checkpoint, async, "false", "write checkpoints from a background thread: the state is copied to host memory (page-locked on GPUs; as many bytes as the rank's checkpoint files, kept for the run) and training continues while it is written; latest moves only once every rank's files are written and verified; one save in flight (the next waits); the final and signal-triggered saves finish before exit"),
+    BOOL(checkpoint, overwrite, "false", "a fresh run (resume=none) into a checkpoint.dir that holds checkpoints removes them first (without it such a run is refused; resume=auto continues them)"),
     KEY(checkpoint, grace_s, K_INT, "300", 0, IMAX, NULL, "seconds a preemption signal leaves for a step and a save (the batch script's --signal=B:USR1@300); the log warns up front when a save would take longer (0 = no check)"),
     BOOL(checkpoint, save_optimizer, "true", "save the Adam moments too (exact resume); false = fp32 master weights only, a third of the size: resume restarts the moments from zero"),
     STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),

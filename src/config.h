@@ -98,6 +98,7 @@ typedef struct CheckpointConfig {
     int required;             // refuse to start without dir
     int save_optimizer;       // save Adam m and v too (exact resume); 0 = fp32 masters only
     int async;                // snapshot to host memory, write from a background thread
+    int overwrite;            // a fresh run may replace the checkpoints already in dir
     int grace_s;              // seconds a preemption signal leaves for a step and a save (0 = no check)
 } CheckpointConfig;
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "failpoint.h"
 #include "logfile.h"
 #include "stop.h"
@@ -158,7 +159,9 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
 
     if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
+    if (trainer_own(t, e)) return -1;
     if (trainer_restore(t, e)) return -1;
+    if (trainer_own_after(t, e)) return -1;
 
     t->metrics.fd = -1;
     if (t->rank == 0 && cfg->log.dir[0]) {
@@ -178,6 +181,16 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
         snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
         if (t->step > 0 && metrics_trim(p, t->step, &le))
             return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
+        struct stat ms;
+        if (t->step == 0 && stat(p, &ms) == 0 && S_ISREG(ms.st_mode) && ms.st_size > 0) {
+            // a fresh run into a used log.dir: the earlier run's metrics are kept, rotated aside
+            char q[CFG_STR + 48];
+            int k = 1;
+            do snprintf(q, sizeof q, "%s.%d", p, k++);
+            while (stat(q, &ms) == 0 && k < 100000);
+            if (rename(p, q)) return err_set(e, "log.dir: cannot move the earlier %s aside: %s", p, strerror(errno));
+            log_info("log: %s of an earlier run moved to %s (a fresh run; resume to append)\n", p, q);
+        }
         if (logfile_open(&t->metrics, p, t->step > 0, &le)) return err_set(e, "log.dir: %s", le.msg);
     }
     return 0;
@@ -185,6 +198,8 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
 
 void trainer_free(Trainer* t) {
     watchdog_stop();
+    if (t->rank == 0) trainer_release(t);
+    ckpt_set_run_id(NULL);
     trainer_save_release(t);
     Err le = {{0}};
     if (logfile_close(&t->metrics, &le) && !t->log_failed)
@@ -257,9 +272,9 @@ static void log_step(Trainer* t, int step, double loss, double ce, double aux, c
     if (t->metrics.fd >= 0 && !t->log_failed) {
         char line[1024];
         int n = snprintf(line, sizeof line,
-                         "{\"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                         "{\"run_id\": \"%s\", \"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
                          "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tokens\": %lld, \"expert_load_max_over_mean\": %.4f, \"skipped\": %d",
-                         step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
+                         t->run_id, step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
         if (ev && n < (int)sizeof line)
             n += snprintf(line + n, sizeof line - (size_t)n, ", \"val_loss\": %.6f, \"val_bits_per_token\": %.6f", ev->loss,
                           ev->bits_per_token);

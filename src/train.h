@@ -51,6 +51,9 @@ typedef struct Trainer {
     double ckpt_rank_bytes;  // the largest rank file
     double write_rate;       // bytes/s into checkpoint.dir: measured at preflight, then by each save
     int grace_warned;
+    char run_id[40];         // this run (recorded in checkpoints and metrics.jsonl; train_own.c)
+    char lock_path[4200];    // rank 0: checkpoint.dir/.lock while held ("" = none)
+    char lock_text[1200];
 } Trainer;
 
 // Sets up everything for `cfg` (already validated for this world size). Recoverable errors
@@ -89,6 +92,15 @@ int trainer_save(Trainer* t, Err* e);
 // checkpoint's size × (checkpoint.keep + 1, less this directory's complete checkpoints) and
 // warns when a save would not fit in checkpoint.grace_s. Every rank returns the same status.
 int trainer_preflight(Trainer* t, Err* e);
+// Run ownership (train_own.c), collective. trainer_own, before restore: a new run id; rank 0
+// takes checkpoint.dir/.lock (a live holder stops the run, naming it; a stale one is replaced);
+// a fresh run (resume=none) into a directory holding checkpoints is refused unless
+// checkpoint.overwrite=true (then they are removed); resume=auto considers only the directory
+// owner's checkpoints. trainer_own_after, after restore: the run id is the resumed checkpoint's,
+// checkpoint.dir/owner names it. trainer_release: removes the lock (trainer_free).
+int trainer_own(Trainer* t, Err* e);
+int trainer_own_after(Trainer* t, Err* e);
+void trainer_release(Trainer* t);
 int trainer_restore(Trainer* t, Err* e);
 // checkpoint.async=true: trainer_save takes the snapshot and returns while a background thread
 // writes (waiting first, with a log line, when a save is still in flight). Collective, every

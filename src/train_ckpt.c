@@ -97,11 +97,13 @@ static char* state_text(const Trainer* t) {
              "updates: %lld\nskipped: %lld\nbad_in_row: %d\nedp: %d\nzero1: %s\nglobal_batch: %d\nmicro_batch: %d\n"
              "seq_len: %d\ndata_position: %llu\ndata_epoch: %llu\nsteps_total: %d\nschedule: %s\nlr_next: %.9g\n"
              "# false: fp32 masters only (checkpoint.save_optimizer=false); resume restarts Adam from zero moments\n"
-             "optimizer_state: %s\n",
+             "optimizer_state: %s\n"
+             "# the run these checkpoints belong to (checkpoint.dir/owner; metrics.jsonl's run_id)\n"
+             "run_id: %s\n",
              (long long)t->updates, (long long)t->skipped, t->bad_in_row, t->model.edp, c->parallel.zero1 ? "true" : "false",
              c->train.global_batch, c->train.micro_batch, c->train.seq_len, (unsigned long long)pos,
              (unsigned long long)(nwin ? pos / nwin : 0), c->train.steps, schedule_name(c->optim.schedule),
-             (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false");
+             (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false", t->run_id);
     char* cfg = config_text(c);
     TrainerState ts = {.step = t->step, .tokens = t->tokens, .world = t->world, .ep = t->model.ep,
                        .seed = c->train.seed, .rng = 0,  // no random stream advances after init
@@ -603,6 +605,10 @@ static int load_ckpt(Trainer* t, const char* path, int verified, Err* e) {
         t->bad_in_row = (int)bad;
         t->last_loss = ts.loss_ema;
         snprintf(t->resumed_from, sizeof t->resumed_from, "%s", dir);
+        char rid[64] = "";
+        Err re = {{0}};
+        if (trainer_state_get(text, "run_id", rid, sizeof rid, &re) == 1 && rid[0] && strlen(rid) < sizeof t->run_id)
+            snprintf(t->run_id, sizeof t->run_id, "%s", rid);  // the run continues
         log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d) "
                  "(%.2f s)\n", dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep,
                  now_sec() - t0);

@@ -82,7 +82,7 @@ static void fire(int step, const char* stage, double waited, double timeout) {
     char list[2048] = "";
     size_t o = 0;
     int n = 0;
-    const double now = wall(), stale = 3 * W.interval + 2;
+    const double now = wall(), stale = 2 * W.interval + 1;
     for (int r = 0; r < W.world && o + 200 < sizeof list; r++) {
         if (r == W.rank) continue;
         Beat b = read_beat(r);

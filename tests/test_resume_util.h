@@ -47,6 +47,7 @@ static inline int read_trace(const char* path, char** lines, int max) {
     char buf[4096];
     int n = 0;
     while (n < max && fgets(buf, sizeof buf, f)) {
+        strip_field(buf, "\"run_id\": ");  // differs between runs (or by design, a resumed run keeps it)
         strip_field(buf, "\"tokens_per_s\": ");
         strip_field(buf, "\"step_ms\": ");
         lines[n++] = xstrdup(buf);

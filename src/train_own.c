@@ -1,0 +1,244 @@
+// train_own.c — a run owns its checkpoint directory (see train.h: trainer_own, trainer_own_after,
+// trainer_release).
+//
+//   checkpoint.dir/.lock   "host H / pid P / run_id R / slurm_job J / started T", created with
+//                          O_EXCL by rank 0 before anything is read or written there, removed
+//                          at the end (and by a start-up signal). A lock whose pid is gone on
+//                          this host, or that the same Slurm job left (a requeue), is stale and
+//                          replaced (logged); any other lock stops the run with the holder named.
+//   checkpoint.dir/owner   "run_id R": the run whose checkpoints these are; resume=auto and
+//                          pruning consider only checkpoints of that run (ckpt_set_run_id).
+//
+// A fresh run (checkpoint.resume=none) into a directory that holds complete checkpoints is refused
+// with the choices (resume=auto, another directory, checkpoint.overwrite=true, which removes
+// them first).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+#include "stop.h"
+#include "train.h"
+
+static void new_run_id(char* out, size_t n) {
+    uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
+    FILE* f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&r, sizeof r, 1, f) != 1) r ^= 0x9E3779B97F4A7C15ull;
+        fclose(f);
+    }
+    snprintf(out, n, "%016llx", (unsigned long long)r);
+}
+
+static void field(const char* text, const char* key, char* out, size_t n) {
+    out[0] = 0;
+    size_t k = strlen(key);
+    for (const char* l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, key, k) && l[k] == ' ') {
+            const char* v = l + k + 1;
+            size_t m = strcspn(v, "\n");
+            snprintf(out, n, "%.*s", (int)(m < n ? m : n - 1), v);
+            return;
+        }
+}
+
+// Rank 0: takes checkpoint.dir/.lock. 0, or -1 with the holder named.
+static int take_lock(Trainer* t, const char* path, Err* e) {
+    char host[256] = "?", me[1024];
+    gethostname(host, sizeof host - 1);
+    const char* job = getenv("SLURM_JOB_ID");
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&now));
+    int n = snprintf(me, sizeof me, "host %s\npid %d\nrun_id %s\nslurm_job %s\nstarted %s\n", host, (int)getpid(),
+                     t->run_id, job && *job ? job : "-", when);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            int ok = write(fd, me, (size_t)n) == n && fsync(fd) == 0;
+            close(fd);
+            if (!ok) {
+                unlink(path);
+                return err_set(e, "checkpoint.dir: cannot write the lock %s (%s)", path, strerror(errno));
+            }
+            snprintf(t->lock_text, sizeof t->lock_text, "%s", me);
+            stop_cleanup_path(path);
+            return 0;
+        }
+        if (errno != EEXIST) return err_set(e, "checkpoint.dir: cannot create the lock %s (%s)", path, strerror(errno));
+        Err le = {{0}};
+        char* text = ckpt_read_text(path, 4096, NULL, &le);
+        char h[256] = "", p[32] = "", run[64] = "", sj[64] = "", st[64] = "";
+        if (text) {
+            field(text, "host", h, sizeof h);
+            field(text, "pid", p, sizeof p);
+            field(text, "run_id", run, sizeof run);
+            field(text, "slurm_job", sj, sizeof sj);
+            field(text, "started", st, sizeof st);
+            free(text);
+        }
+        const int pid = atoi(p);
+        const char* why = NULL;
+        if (!text) why = "unreadable";
+        else if (!strcmp(h, host) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) why = "its process is gone";
+        else if (!strcmp(h, host) && pid == (int)getpid()) why = "this process's own";
+        else if (job && *job && !strcmp(sj, job)) why = "left by this Slurm job before a requeue";
+        if (!why)
+            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s, since %s; lock %s): "
+                           "two runs must not share a checkpoint directory. Wait for it to end, give another "
+                           "checkpoint.dir, or, if that run is gone (its host is down), remove %s",
+                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", st[0] ? st : "?",
+                           path, path);
+        log_info("checkpoint: a stale lock %s (pid %s on %s, %s) replaced\n", path, p[0] ? p : "?", h[0] ? h : "?", why);
+        unlink(path);
+    }
+    return err_set(e, "checkpoint.dir: the lock %s keeps coming back (another run starting at the same time?)", path);
+}
+
+static int read_owner(const char* dir, char* out, size_t n) {
+    char p[CKPT_PATH];
+    ckpt_join(p, dir, "owner");
+    Err le = {{0}};
+    char* text = ckpt_read_text(p, 4096, NULL, &le);
+    out[0] = 0;
+    if (!text) return 0;
+    field(text, "run_id", out, n);
+    free(text);
+    return out[0] != 0;
+}
+
+static int write_owner(const char* dir, const char* run, Err* e) {
+    char p[CKPT_PATH], q[CKPT_PATH], line[128];
+    ckpt_join(p, dir, "owner.tmp");
+    ckpt_join(q, dir, "owner");
+    int n = snprintf(line, sizeof line, "run_id %s\n", run);
+    if (ckpt_write_file(p, line, (size_t)n, NULL, e)) return -1;
+    if (rename(p, q)) return err_set(e, "rename %s -> %s: %s", p, q, strerror(errno));
+    return ckpt_fsync_dir(dir, e);
+}
+
+// Rank 0: complete checkpoints under dir (their count; the newest name and its run).
+static int complete_steps(const char* dir, char* newest, size_t n, char* run, size_t rn) {
+    StepDir* sd = NULL;
+    int ns = 0, c = 0;
+    Err le = {{0}};
+    newest[0] = run[0] = 0;
+    if (ckpt_list_steps(dir, &sd, &ns, &le)) return 0;
+    for (int i = 0; i < ns; i++)
+        if (sd[i].complete) {
+            if (!c++) {
+                ckpt_copy(newest, n, sd[i].name);
+                ckpt_step_run_id(dir, sd[i].name, run, rn);
+            }
+        }
+    free(sd);
+    return c;
+}
+
+// Rank 0, checkpoint.overwrite=true: moves every step_* and latest aside and removes them.
+static int remove_all(const char* dir, Err* e) {
+    StepDir* sd = NULL;
+    int ns = 0;
+    if (ckpt_list_steps(dir, &sd, &ns, e)) return -1;
+    char p[CKPT_PATH], q[CKPT_PATH], tn[96];
+    for (int i = 0; i < ns; i++) {
+        ckpt_join(p, dir, sd[i].name);
+        snprintf(tn, sizeof tn, ".trash_%s", sd[i].name);
+        ckpt_join(q, dir, tn);
+        if (rename(p, q) || ckpt_rm_rf(q)) {
+            free(sd);
+            return err_set(e, "checkpoint.overwrite: cannot remove %s: %s", p, strerror(errno));
+        }
+    }
+    free(sd);
+    ckpt_join(p, dir, CKPT_LATEST);
+    unlink(p);
+    ckpt_join(p, dir, "owner");
+    unlink(p);
+    log_info("checkpoint: checkpoint.overwrite=true: removed %d earlier checkpoint(s) under %s\n", ns, dir);
+    return ckpt_fsync_dir(dir, e);
+}
+
+static int agree(Trainer* t, int st, Err* le, Err* e) {
+    if (dist_agree_error(st, le)) {
+        *e = *le;
+        return -1;
+    }
+    return 0;
+}
+
+int trainer_own(Trainer* t, Err* e) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    char owner[64] = "";
+    if (t->rank == 0) new_run_id(t->run_id, sizeof t->run_id);
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, t->run_id, sizeof t->run_id, 0);
+    if (!cc->dir[0]) return 0;
+    Err le = {{0}};
+    int st = 0;
+    if (t->rank == 0) {
+        ckpt_join(t->lock_path, cc->dir, ".lock");
+        st = take_lock(t, t->lock_path, &le) ? 2 : 0;
+        if (st) t->lock_path[0] = 0;
+        char newest[64], run[64];
+        int have = st ? 0 : complete_steps(cc->dir, newest, sizeof newest, run, sizeof run);
+        if (!st && have && !strcmp(cc->resume, "none")) {
+            if (!cc->overwrite)
+                st = err_set(&le, "checkpoint.dir %s already holds %d checkpoint(s)%s%s%s (the newest %s): a fresh run "
+                             "(checkpoint.resume=none) there would mix its checkpoints with them. Continue that run with "
+                             "checkpoint.resume=auto, give another checkpoint.dir, or set checkpoint.overwrite=true to "
+                             "remove them and start over", cc->dir, have, run[0] ? " of run " : "", run[0] ? run : "",
+                             run[0] ? "" : "", newest) ? 2 : 0;
+            else
+                st = remove_all(cc->dir, &le) ? 2 : 0;
+        }
+        if (!st) read_owner(cc->dir, owner, sizeof owner);
+    }
+    if (agree(t, st, &le, e)) return -1;
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, owner, sizeof owner, 0);
+    ckpt_set_run_id(owner);  // resume=auto falls back only to the owner's checkpoints
+    return 0;
+}
+
+int trainer_own_after(Trainer* t, Err* e) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    // t->run_id: the resumed checkpoint's (load_ckpt), else the new one from trainer_own
+    Err le = {{0}};
+    int st = 0;
+    if (cc->dir[0] && t->rank == 0) {
+        char owner[64] = "";
+        read_owner(cc->dir, owner, sizeof owner);
+        if (owner[0] && strcmp(owner, t->run_id) && strcmp(cc->resume, "none")) {
+            char newest[64], run[64];
+            int have = complete_steps(cc->dir, newest, sizeof newest, run, sizeof run);
+            if (have && !cc->overwrite)
+                st = err_set(&le, "checkpoint.dir %s holds checkpoints of run %s, but this run (%s, resumed from %s) is "
+                             "another: its saves would mix with them. Give another checkpoint.dir, or set "
+                             "checkpoint.overwrite=true to remove them", cc->dir, owner, t->run_id,
+                             t->resumed_from[0] ? t->resumed_from : "nothing") ? 2 : 0;
+            else if (have)
+                st = remove_all(cc->dir, &le) ? 2 : 0;
+        }
+        if (!st && strcmp(owner, t->run_id)) st = write_owner(cc->dir, t->run_id, &le) ? 2 : 0;
+    }
+    if (agree(t, st, &le, e)) return -1;
+    ckpt_set_run_id(t->run_id);
+    log_info("run: id %s%s%s\n", t->run_id, cc->dir[0] ? ", checkpoint.dir " : "", cc->dir);
+    return 0;
+}
+
+void trainer_release(Trainer* t) {
+    if (!t->lock_path[0]) return;
+    Err le = {{0}};
+    char* text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
+    if (text && !strcmp(text, t->lock_text)) unlink(t->lock_path);  // still ours
+    free(text);
+    stop_cleanup_path(NULL);
+    t->lock_path[0] = 0;
+}
