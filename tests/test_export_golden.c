@@ -288,6 +288,7 @@ static void test_reload_forward(void) {
     Config c;
     Trainer t;
     EXPECT(make_config(&c, arg, &e) == 0, "config: %s", e.msg);
+    c.checkpoint.dir[0] = 0;  // a fresh run that saves nothing (the directory holds the first run's checkpoint)
     if (trainer_init(&t, &c, &e)) {
         EXPECT(0, "trainer_init with %s: %s", arg, e.msg);
         trainer_free(&t);
