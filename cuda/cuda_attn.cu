@@ -171,7 +171,7 @@ int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
 // Lane l holds dims l, l+32, ... (DPL per lane, D ≤ 32·DPL).
 template <typename T, int DPL>
 __global__ void k_attn_fwd_simple(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_, int Hq,
-                                  int Hkv, int D, float scale) {
+                                  int Hkv, int D, float scale, const int32_t* doc) {
     const int lane = threadIdx.x & 31;
     const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;  // over (b, h, t)
     if (row >= (size_t)B * Hq * T_) return;
@@ -185,7 +185,7 @@ __global__ void k_attn_fwd_simple(T* out, float* lse, const T* q, const T* k, co
         acc[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int s = 0; s <= t; s++) {
+    for (int s = doc ? doc[(size_t)b * T_ + t] : 0; s <= t; s++) {
         const size_t kv = (((size_t)b * T_ + s) * Hkv + kh) * D;
         float dot = 0.f;
 #pragma unroll
@@ -208,11 +208,11 @@ __global__ void k_attn_fwd_simple(T* out, float* lse, const T* q, const T* k, co
 
 template <typename T>
 static void launch_fwd_simple(CudaImpl* c, T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
-                              int Hq, int Hkv, int D) {
+                              int Hq, int Hkv, int D, const int32_t* doc) {
     const size_t rows = (size_t)B * Hq * T_;
     const unsigned grid = (unsigned)((rows * 32 + 127) / 128);
     const float sc = 1.0f / sqrtf((float)D);
-#define SF(DPL) k_attn_fwd_simple<T, DPL><<<grid, 128, 0, c->stream>>>(out, lse, q, k, v, B, T_, Hq, Hkv, D, sc)
+#define SF(DPL) k_attn_fwd_simple<T, DPL><<<grid, 128, 0, c->stream>>>(out, lse, q, k, v, B, T_, Hq, Hkv, D, sc, doc)
     if (D <= 32) SF(1);
     else if (D <= 64) SF(2);
     else if (D <= 128) SF(4);
@@ -245,13 +245,13 @@ int attn_tc_ok(Backend* be, int D, const void* const* ptrs, int np) {
 }
 
 void cuda_attn_fwd(Backend* be, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
-                   int Hq, int Hkv, int D) {
-    // q, out [B, T, Hq, D]; k, v [B, T, Hkv, D]; lse [B, Hq, T]
+                   int Hq, int Hkv, int D, const int32_t* doc) {
+    // q, out [B, T, Hq, D]; k, v [B, T, Hkv, D]; lse [B, Hq, T]; doc [B·T] or NULL
     attn_check("attn_fwd", Hq, Hkv, D);
     if (B == 0 || T == 0) return;
     CudaImpl* c = CI(be);
     const void* ptrs[4] = {out, q, k, v};
-    if (attn_tc_ok(be, D, ptrs, 4)) {
+    if (attn_tc_ok(be, D, ptrs, 4) && !doc) {
         bf16 *o = (bf16*)out;
         const bf16 *qq = (const bf16*)q, *kk = (const bf16*)k, *vv = (const bf16*)v;
         if (attn_fwd_wg(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, D)) return;  // Hopper: cuda_attn_fwd_wg.cu
@@ -262,9 +262,9 @@ void cuda_attn_fwd(Backend* be, void* out, float* lse, const void* q, const void
             default: launch_fwd_tc<128>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
         }
     } else if (is_bf16(be)) {
-        launch_fwd_simple<bf16>(c, (bf16*)out, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, B, T, Hq, Hkv, D);
+        launch_fwd_simple<bf16>(c, (bf16*)out, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, B, T, Hq, Hkv, D, doc);
     } else {
         launch_fwd_simple<float>(c, (float*)out, lse, (const float*)q, (const float*)k, (const float*)v, B, T, Hq,
-                                 Hkv, D);
+                                 Hkv, D, doc);
     }
 }

@@ -311,7 +311,7 @@ int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, con
 
 template <typename T, int DPL>
 __global__ void k_attn_dq_simple(T* dq, const T* dout, const float* lse, const float* delta, const T* q, const T* k,
-                                 const T* v, int B, int T_, int Hq, int Hkv, int D, float scale) {
+                                 const T* v, int B, int T_, int Hq, int Hkv, int D, float scale, const int32_t* doc) {
     const int lane = threadIdx.x & 31;
     const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;  // over (b, h, t)
     if (row >= (size_t)B * Hq * T_) return;
@@ -326,7 +326,7 @@ __global__ void k_attn_dq_simple(T* dq, const T* dout, const float* lse, const f
         acc[j] = 0.f;
     }
     const float l = lse[row], Di = delta[row];
-    for (int s = 0; s <= t; s++) {
+    for (int s = doc ? doc[(size_t)b * T_ + t] : 0; s <= t; s++) {
         const size_t kv = (((size_t)b * T_ + s) * Hkv + kh) * D;
         float a = 0.f, c = 0.f;
 #pragma unroll
@@ -346,7 +346,8 @@ __global__ void k_attn_dq_simple(T* dq, const T* dout, const float* lse, const f
 
 template <typename T, int DPL>
 __global__ void k_attn_dkdv_simple(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
-                                   const T* k, const T* v, int B, int T_, int Hq, int Hkv, int D, float scale) {
+                                   const T* k, const T* v, int B, int T_, int Hq, int Hkv, int D, float scale,
+                                   const int32_t* doc) {
     const int lane = threadIdx.x & 31;
     const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;  // over (b, kh, s)
     if (row >= (size_t)B * Hkv * T_) return;
@@ -362,6 +363,7 @@ __global__ void k_attn_dkdv_simple(T* dk, T* dv, const T* dout, const float* lse
     }
     for (int h = kh * grp; h < (kh + 1) * grp; h++)
         for (int t = s; t < T_; t++) {
+            if (doc && doc[(size_t)b * T_ + t] > s) break;  // t and every later query are past s's document
             const size_t qi = (((size_t)b * T_ + t) * Hq + h) * D, li = ((size_t)b * Hq + h) * T_ + t;
             float a = 0.f, c = 0.f;
 #pragma unroll
@@ -387,16 +389,17 @@ __global__ void k_attn_dkdv_simple(T* dk, T* dv, const T* dout, const float* lse
 
 template <typename T>
 static void launch_bwd_simple(CudaImpl* c, T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
-                              const T* q, const T* k, const T* v, int B, int T_, int Hq, int Hkv, int D) {
+                              const T* q, const T* k, const T* v, int B, int T_, int Hq, int Hkv, int D,
+                              const int32_t* doc) {
     const float sc = 1.0f / sqrtf((float)D);
     const unsigned gq = (unsigned)(((size_t)B * Hq * T_ * 32 + 127) / 128);
     const unsigned gk = (unsigned)(((size_t)B * Hkv * T_ * 32 + 127) / 128);
 #define SB(DPL)                                                                                              \
     do {                                                                                                     \
-        k_attn_dq_simple<T, DPL><<<gq, 128, 0, c->stream>>>(dq, dout, lse, delta, q, k, v, B, T_, Hq, Hkv, D, sc); \
+        k_attn_dq_simple<T, DPL><<<gq, 128, 0, c->stream>>>(dq, dout, lse, delta, q, k, v, B, T_, Hq, Hkv, D, sc, doc); \
         LAUNCH_CK(c);                                                                                        \
         k_attn_dkdv_simple<T, DPL><<<gk, 128, 0, c->stream>>>(dk, dv, dout, lse, delta, q, k, v, B, T_, Hq, Hkv, D, \
-                                                              sc);                                           \
+                                                              sc, doc);                                      \
         LAUNCH_CK(c);                                                                                        \
     } while (0)
     if (D <= 32) SB(1);
@@ -408,7 +411,7 @@ static void launch_bwd_simple(CudaImpl* c, T* dq, T* dk, T* dv, const T* dout, c
 
 void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
                    const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
-                   size_t ws_bytes) {
+                   size_t ws_bytes, const int32_t* doc) {
     // dq, dout, out, q [B, T, Hq, D]; dk, dv, k, v [B, T, Hkv, D]; lse [B, Hq, T]
     attn_check("attn_bwd", Hq, Hkv, D);
     if (B == 0 || T == 0) return;
@@ -418,12 +421,13 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
     const int bc = (int)(c->scratch_bytes / per_b < (size_t)B ? c->scratch_bytes / per_b : (size_t)B);
     float* delta = (float*)c->scratch;  // [bc, Hq, T]
     const void* ptrs[7] = {dq, dk, dv, dout, q, k, v};
-    const int tc = attn_tc_ok(be, D, ptrs, 7);
+    const int tc = attn_tc_ok(be, D, ptrs, 7) && !doc;
     const size_t es = dtype_size(be->act_dtype), qb = (size_t)T * Hq * D * es, kb = (size_t)T * Hkv * D * es;
     for (int b0 = 0; b0 < B; b0 += bc) {
         const int nb = B - b0 < bc ? B - b0 : bc;
         const size_t oq = b0 * qb, ok = b0 * kb;
         const float* l = lse + (size_t)b0 * Hq * T;
+        const int32_t* dc = doc ? doc + (size_t)b0 * T : NULL;
         char *q_ = (char*)q + oq, *k_ = (char*)k + ok, *v_ = (char*)v + ok, *o_ = (char*)out + oq;
         char *g_ = (char*)dout + oq, *dq_ = (char*)dq + oq, *dk_ = (char*)dk + ok, *dv_ = (char*)dv + ok;
         attn_delta(be, delta, g_, o_, nb, T, Hq, D);
@@ -442,10 +446,10 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
 #undef TC
         } else if (is_bf16(be)) {
             launch_bwd_simple<bf16>(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_,
-                                    (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D);
+                                    (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D, dc);
         } else {
             launch_bwd_simple<float>(c, (float*)dq_, (float*)dk_, (float*)dv_, (const float*)g_, l, delta,
-                                     (const float*)q_, (const float*)k_, (const float*)v_, nb, T, Hq, Hkv, D);
+                                     (const float*)q_, (const float*)k_, (const float*)v_, nb, T, Hq, Hkv, D, dc);
         }
     }
 }

@@ -168,13 +168,13 @@ void cuda_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void*
                       const float* rstd, int N, int H, int accumulate);
 // cuda_rope.cu
 void cuda_rope_qkv(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D, float theta,
-                   int inverse);
+                   int inverse, const int32_t* pos);
 // cuda_attn.cu, cuda_attn_bwd.cu
 void cuda_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
-                   int Hq, int Hkv, int D);
+                   int Hq, int Hkv, int D, const int32_t* doc);
 void cuda_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
                    const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
-                   size_t ws_bytes);
+                   size_t ws_bytes, const int32_t* doc);
 // cuda_router.cu
 void cuda_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,
                      const float* logits, int N, int E, int k);

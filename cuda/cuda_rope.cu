@@ -3,9 +3,10 @@
 // t · theta^(−2i/D):  x1' = x1 cos − x2 sin,  x2' = x2 cos + x1 sin  (inverse = 1: by −angle).
 // The packed rows qkv [B·T, (Hq + 2·Hkv)·D] against planar q, k, v: the forward reads the packed
 // rows and writes q, k rotated and v copied; the backward the reverse. One launch, one block per
-// position t: the block computes cos/sin of its D/2 angles once in double (as the CPU does:
+// window index t (and per batch row b when positions are given per token, pos: packed documents
+// restart at 0): the block computes cos/sin of its D/2 angles once in double (as the CPU does:
 // accurate at positions ~32k with theta 1e6), rounds them to fp32 and applies them to every batch
-// row and head (v's heads are copied); the rotation is fp32. In bf16 with D/2 a multiple of 8,
+// row (or its one row) and head (v's heads are copied); the rotation is fp32. In bf16 with D/2 a multiple of 8,
 // 8 pairs per thread and 16-byte accesses (k_rope_qkv_v).
 #include "cuda_common.cuh"
 
@@ -36,14 +37,27 @@ struct QkvRows {
     }
 };
 
+// The block's rows: window index t = blockIdx.x; every batch row (pos NULL: position t), or row
+// blockIdx.y alone at its position pos[b·T + t].
+struct RopeRows {
+    int t, b0, nb, p;
+    __device__ __forceinline__ RopeRows(const int32_t* pos, int B, int T_) {
+        t = blockIdx.x;
+        b0 = pos ? blockIdx.y : 0;
+        nb = pos ? 1 : B;
+        p = pos ? pos[(size_t)b0 * T_ + t] : t;
+    }
+};
+
 template <typename T>
-__global__ void k_rope_qkv(QkvRows<T> x, int B, int T_, double log_theta, int inverse) {
+__global__ void k_rope_qkv(QkvRows<T> x, int B, int T_, double log_theta, int inverse, const int32_t* pos) {
     __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
-    const int t = blockIdx.x, half = x.D / 2, nh = x.Hq + 2 * x.Hkv;
-    rope_table(cs, sn, t, x.D, log_theta, inverse);
-    const int pairs = B * nh * half;
+    const RopeRows rr(pos, B, T_);
+    const int t = rr.t, half = x.D / 2, nh = x.Hq + 2 * x.Hkv;
+    rope_table(cs, sn, rr.p, x.D, log_theta, inverse);
+    const int pairs = rr.nb * nh * half;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        const int i = p % half, bh = p / half, h = bh % nh, b = bh / nh;
+        const int i = p % half, bh = p / half, h = bh % nh, b = rr.b0 + bh / nh;
         const size_t r = (size_t)b * T_ + t;
         const T* s = inverse ? x.planar(r, h) : x.packed(r, h);
         T* d = inverse ? x.packed(r, h) : x.planar(r, h);
@@ -58,13 +72,14 @@ __global__ void k_rope_qkv(QkvRows<T> x, int B, int T_, double log_theta, int in
 }
 
 // bf16 with D/2 a multiple of 8: the same, 8 pairs per thread (16-byte accesses to both halves).
-__global__ void k_rope_qkv_v(QkvRows<bf16> x, int B, int T_, double log_theta, int inverse) {
+__global__ void k_rope_qkv_v(QkvRows<bf16> x, int B, int T_, double log_theta, int inverse, const int32_t* pos) {
     __shared__ float cs[ROPE_MAX_D / 2], sn[ROPE_MAX_D / 2];
-    const int t = blockIdx.x, half = x.D / 2, hc = half / 8, nh = x.Hq + 2 * x.Hkv;
-    rope_table(cs, sn, t, x.D, log_theta, inverse);
-    const int items = B * nh * hc;
+    const RopeRows rr(pos, B, T_);
+    const int t = rr.t, half = x.D / 2, hc = half / 8, nh = x.Hq + 2 * x.Hkv;
+    rope_table(cs, sn, rr.p, x.D, log_theta, inverse);
+    const int items = rr.nb * nh * hc;
     for (int p = threadIdx.x; p < items; p += blockDim.x) {
-        const int j = p % hc, bh = p / hc, h = bh % nh, b = bh / nh, i0 = 8 * j;
+        const int j = p % hc, bh = p / hc, h = bh % nh, b = rr.b0 + bh / nh, i0 = 8 * j;
         const size_t r = (size_t)b * T_ + t;
         const bf16* s = inverse ? x.planar(r, h) : x.packed(r, h);
         bf16* d = inverse ? x.packed(r, h) : x.planar(r, h);
@@ -88,23 +103,25 @@ __global__ void k_rope_qkv_v(QkvRows<bf16> x, int B, int T_, double log_theta, i
 }
 
 void cuda_rope_qkv(Backend* be, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D,
-                   float theta, int inverse) {
-    // qkv [B·T, (Hq + 2·Hkv)·D]; q [B·T, Hq·D]; k, v [B·T, Hkv·D] (unused when Hkv = 0)
+                   float theta, int inverse, const int32_t* pos) {
+    // qkv [B·T, (Hq + 2·Hkv)·D]; q [B·T, Hq·D]; k, v [B·T, Hkv·D] (unused when Hkv = 0);
+    // pos [B·T] int32 or NULL
     CHECK(D % 2 == 0 && D <= ROPE_MAX_D, "rope: head dim %d must be even and at most %d", D, ROPE_MAX_D);
     CHECK(Hq > 0 && Hkv >= 0, "rope_qkv: %d query heads, %d kv heads", Hq, Hkv);
     if (B == 0 || T == 0) return;
     CudaImpl* c = CI(be);
     const double lt = log((double)theta);
+    const dim3 grid(T, pos ? B : 1);  // pos: one block per row (its own position)
     const bool al = ((uintptr_t)qkv | (uintptr_t)q | (Hkv ? (uintptr_t)k | (uintptr_t)v : 0)) % 16 == 0;
     if (is_bf16(be) && (D / 2) % 8 == 0 && al) {
         const QkvRows<bf16> x = {(bf16*)qkv, (bf16*)q, (bf16*)k, (bf16*)v, Hq, Hkv, D};
-        k_rope_qkv_v<<<T, 256, 0, c->stream>>>(x, B, T, lt, inverse);
+        k_rope_qkv_v<<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
     } else if (is_bf16(be)) {
         const QkvRows<bf16> x = {(bf16*)qkv, (bf16*)q, (bf16*)k, (bf16*)v, Hq, Hkv, D};
-        k_rope_qkv<bf16><<<T, 256, 0, c->stream>>>(x, B, T, lt, inverse);
+        k_rope_qkv<bf16><<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
     } else {
         const QkvRows<float> x = {(float*)qkv, (float*)q, (float*)k, (float*)v, Hq, Hkv, D};
-        k_rope_qkv<float><<<T, 256, 0, c->stream>>>(x, B, T, lt, inverse);
+        k_rope_qkv<float><<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
     }
     LAUNCH_CK(c);
 }

@@ -23,12 +23,12 @@ typedef struct BenchCtx {
 
 static void b_attn_fwd(void* c_) {
     BenchCtx* c = c_;
-    c->be->attn_fwd(c->be, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D);
+    c->be->attn_fwd(c->be, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->D, NULL);
 }
 static void b_attn_bwd(void* c_) {
     BenchCtx* c = c_;
     c->be->attn_bwd(c->be, c->dq, c->dk, c->dv, c->g, c->o, c->lse, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv,
-                    c->D, c->ws, c->ws_bytes);
+                    c->D, c->ws, c->ws_bytes, NULL);
 }
 static void b_gemm(void* c_) {
     BenchCtx* c = c_;

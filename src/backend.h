@@ -122,26 +122,34 @@ struct Backend {
     // q [B,T,Hq,D], k and v [B,T,Hkv,D], positions t = 0..T-1.
     // inverse = 0 (forward): q, k = qkv's q and k parts rotated by angle, v = its v part.
     // inverse = 1 (backward): qkv's q and k parts = q, k (dq, dk) rotated by −angle, v part = v.
-    // Hkv may be 0 (q only; k, v unused). D even; angle = t · theta^(−2i/D) for pair (i, i + D/2);
+    // Hkv may be 0 (q only; k, v unused). D even; angle = p · theta^(−2i/D) for pair (i, i + D/2),
+    // where p is the row's position: pos[b·T + t] when pos is given (int32 [B·T], each in [0, T);
+    // documents packed in a window restart at 0), else t;
     // x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin. The CPU spec computes angle, cos and sin in
     // double and rounds cos/sin to fp32 once (HF computes them in fp32: the two differ by ~t·6e-8
     // rad, 2e-3 at t = 32k). qkv must not overlap q, k or v.
     void (*rope_qkv)(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D,
-                     float theta, int inverse);
+                     float theta, int inverse, const int32_t* pos);
 
     // ---- causal GQA attention ----------------------------------------------------------------
     // q [B,T,Hq,D], k/v [B,T,Hkv,D], out [B,T,Hq,D], lse fp32 [B,Hq,T]. scale = 1/sqrt(D).
-    // Hq is a multiple of Hkv; query head h reads kv head h / (Hq/Hkv). lse = natural-log
-    // logsumexp of the scaled scores over s ≤ t (what attn_bwd recomputes P from).
+    // Hq is a multiple of Hkv; query head h reads kv head h / (Hq/Hkv).
+    // doc (int32 [B·T], or NULL): documents packed in a window. doc[b·T + t] is the index in the
+    // window of the first token of t's document, so 0 ≤ doc[t] ≤ t and either doc[t] = doc[t−1]
+    // (same document) or doc[t] = t (a new one starts); doc[b·T] = 0. Query t sees keys s with
+    // doc[t] ≤ s ≤ t (block-diagonal causal); NULL = one document per window (0 ≤ s ≤ t).
+    // lse = natural-log logsumexp of the scaled scores over the visible s (what attn_bwd
+    // recomputes P from). Keys no query of a block can see are skipped, so short documents cost
+    // less than a full window.
     void (*attn_fwd)(Backend*, void* out, float* lse, const void* q, const void* k,
-                     const void* v, int B, int T, int Hq, int Hkv, int D);
-    // Overwrites dq, dk, dv. ws: device memory the op may use as workspace during the call
-    // (ws_bytes of it; NULL, 0 = none). The CUDA backend stores dS there when it fits, which
-    // saves recomputing S and dP for dq (cuda_attn_bwd_wg.cu); dq then differs from the
-    // no-workspace result in the last bits (dS is rounded once instead of twice alike).
+                     const void* v, int B, int T, int Hq, int Hkv, int D, const int32_t* doc);
+    // Overwrites dq, dk, dv (doc as in attn_fwd, the same array). ws: device memory the op may use
+    // as workspace during the call (ws_bytes of it; NULL, 0 = none). The CUDA backend stores dS
+    // there when it fits, which saves recomputing S and dP for dq (cuda_attn_bwd_wg.cu); dq then
+    // differs from the no-workspace result in the last bits (dS is rounded once instead of twice alike).
     void (*attn_bwd)(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out,
                      const float* lse, const void* q, const void* k, const void* v, int B, int T,
-                     int Hq, int Hkv, int D, void* ws, size_t ws_bytes);
+                     int Hq, int Hkv, int D, void* ws, size_t ws_bytes, const int32_t* doc);
 
     // ---- GEMMs -------------------------------------------------------------------------------
     void (*gemm)(Backend*, const GemmDesc*, const void* A, const void* B, void* C);

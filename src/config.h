@@ -20,6 +20,7 @@ typedef enum { PROFILE_NONE = 0, PROFILE_SYNC, PROFILE_EVENTS } ProfileMode;
 typedef enum { GPU_ATTN_AUTO = 0, GPU_ATTN_MMA } GpuAttention;
 typedef enum { GPU_TILES_TUNED = 0, GPU_TILES_HEURISTIC } GpuGemmTiles;
 typedef enum { DATA_AUTO = 0, DATA_FASTA, DATA_FASTQ, DATA_TEXT, DATA_BIN, DATA_RANDOM } DataFormat;
+typedef enum { DOCS_AUTO = 0, DOCS_ON, DOCS_OFF } DocMode;
 
 typedef struct ModelConfig {
     int vocab_size;      // 256 for byte-level sequence data
@@ -87,6 +88,10 @@ typedef struct DataConfig {
     int sep_token;            // token between records (byte-level)
     int shuffle;
     int required;             // refuse to start without data.path
+    DocMode documents;       // packed documents stay apart (attention, RoPE, loss); auto: data.c
+    int reset_positions;     // with documents: RoPE positions restart at 0 in every document
+    int mask_boundary_loss;  // with documents: a separator's prediction of the next document's
+                             // first token is not scored
 } DataConfig;
 
 typedef struct CheckpointConfig {

@@ -55,6 +55,8 @@ struct DataSet {
     uint32_t* tab_k;     // [MIX_PERIOD] its sample index within that source and period
     uint64_t* per_period;// [ncomp] samples of each source per period
     DataSet* val;        // validation data (data.val_path), or NULL
+    int sep_inside;      // byte-level: the sep token's byte value occurs inside a record
+    int eos;             // .bin: the token between documents, or -1 when not known
 };
 
 #define MIX_PERIOD 65536  // the blend repeats every MIX_PERIOD samples (exact proportions per period)
@@ -252,6 +254,10 @@ static int finish_bytes(DataSet* ds, Err* e) {
     for (int s = 0; s < 2; s++) ds->st[s].nwin = windows_of(ds->st[s].ntok, ds->seq_len);
     if (ds->st[0].nwin == 0) return too_short(ds, 0, e);
     if (ds->val_frac > 0 && ds->st[1].nwin == 0) return too_short(ds, 1, e);
+    // records are stored with byte 0 between them; a record byte equal to sep_token would read
+    // as a boundary too
+    for (int s = 0; s < 2 && ds->sep > 0 && ds->sep < 256; s++)
+        if (c->buf[s].n && memchr(c->buf[s].p, ds->sep, c->buf[s].n)) ds->sep_inside = 1;
     return 0;
 }
 
@@ -286,6 +292,7 @@ static DataSet* new_set(const DataConfig* dc, int vocab, int seq_len, uint64_t s
     ds->seed = seed;
     ds->val_frac = dc->val_frac;
     ds->doc_sep = dc->sep_token;
+    ds->eos = -1;
     corpus_init(&ds->corpus, dc->val_frac, vocab);
     return ds;
 }
@@ -466,7 +473,7 @@ static int open_plain(DataSet** out, const DataConfig* dc0, const PathList* file
     if (!files->n) { data_close(ds); return err_set(e, "data.path = '%s' names no file", dc0->path); }
     if (ds->kind == KIND_BIN) {
         int m = manifest_eos(files->p[0]);
-        if (m >= 0) ds->doc_sep = m;
+        if (m >= 0) ds->doc_sep = ds->eos = m;
     }
     return finish(ds, out, e);
 }
@@ -789,6 +796,39 @@ void data_get(const DataSet* ds, int split, uint64_t i, int32_t* tokens) {
         j = 0;
         CHECK(t > T || k < st->nseg, "data_get: window %llu runs past the %s stream", (unsigned long long)off / T,
               split_name(split));
+    }
+}
+
+// ---- documents ---------------------------------------------------------------------------------
+
+int data_doc_sep(const DataSet* ds, int* natural) {
+    int sep = -1, nat = 0;
+    if (ds->kind == KIND_MIX) {  // every source (and the validation data) must agree
+        const int n = ds->ncomp + (ds->val != NULL);
+        nat = 1;
+        for (int i = 0; i < n; i++) {
+            int ni = 0;
+            const int si = data_doc_sep(i < ds->ncomp ? ds->comp[i] : ds->val, &ni);
+            if (i == 0) sep = si;
+            if (si != sep) sep = -1;
+            nat &= ni;
+        }
+    } else if (ds->kind == KIND_BYTES && !ds->sep_inside) {
+        sep = ds->sep;
+        nat = !(ds->fmt_mask & (1u << DATA_TEXT));
+    } else if (ds->kind == KIND_BIN && ds->eos >= 0) {
+        sep = ds->eos;
+        nat = 1;
+    }
+    if (natural) *natural = sep >= 0 && nat;
+    return sep;
+}
+
+void data_doc_starts(const int32_t* tokens, int T, int sep, int32_t* doc) {
+    int32_t d = 0;
+    for (int t = 0; t < T; t++) {
+        if (t > 0 && tokens[t - 1] == sep) d = t;
+        doc[t] = d;
     }
 }
 

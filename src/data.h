@@ -86,5 +86,20 @@ int data_is_val_shard(const char* base);
 // token shards, judged by its first item (what data_open would read; "" = the shipped hairpins).
 int data_is_byte_level(const DataConfig* dc);
 
+// Documents (data.documents). The token id that ends every document of this data, or -1 when
+// the data marks none: byte-level data ends each record with data.sep_token (-1 when that token
+// also occurs inside a record, so a boundary could not be told apart); .bin shards separate
+// documents by the eos_id of the manifest.json beside them (-1 without one: data_doc_separator's
+// fallback to data.sep_token is no boundary a tokenizer wrote); mixed sources must agree; random
+// tokens have no documents. *natural
+// (optional) is 1 when the records are documents by nature (FASTA / FASTQ records, shard
+// documents) and 0 for text lines, which data.documents=auto leaves together.
+int data_doc_sep(const DataSet*, int* natural);
+
+// Document starts of one window (backend.h attn_fwd's doc): tokens [T + 1] as data_get wrote
+// them; doc[t] (t < T) is the index of the first input token of t's document: 0 at t = 0, then
+// t itself right after a `sep` input token (the separator ends its document), else doc[t − 1].
+void data_doc_starts(const int32_t* tokens, int T, int sep, int32_t* doc);
+
 // One line for the log: format, files, records, tokens and windows per split.
 void data_describe(const DataSet*, char* buf, size_t n);

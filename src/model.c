@@ -101,6 +101,8 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->rstdf = f32_alloc(m, N);
     m->tok = be->alloc(be, sizeof(int32_t) * (size_t)N);
     m->tgt = be->alloc(be, sizeof(int32_t) * (size_t)N);
+    m->doc = be->alloc(be, sizeof(int32_t) * (size_t)N);
+    m->pos = be->alloc(be, sizeof(int32_t) * (size_t)N);
     m->stats = f32_alloc(m, 2 * (size_t)E);
     m->zsum = f32_alloc(m, 1);
     m->aux_dprob = f32_alloc(m, E);
@@ -143,7 +145,7 @@ void model_free(Model* m) {
         moe_saved_free(m, &s->moe);
     }
     free(m->ls);
-    void* bufs[] = {m->x_final, m->lnf, m->rstdf, m->tok, m->tgt, m->stats, m->zsum, m->aux_dprob,
+    void* bufs[] = {m->x_final, m->lnf, m->rstdf, m->tok, m->tgt, m->doc, m->pos, m->stats, m->zsum, m->aux_dprob,
                     m->loss_acc, m->s_a, m->s_b, m->s_dx, m->s_q, m->s_dlog,
                     m->s_dlog_act, m->s_dw, m->s_xp, m->s_wp, m->s_logits, m->counts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
@@ -196,9 +198,9 @@ static void layer_forward(Model* m, int l, void* x_out) {
     // splits it into the saved q, k (rotated) and v
     linear(m, m->s_q, s->ln1, W(m, 0, o->qkv), N, QKV, H, 0);
     prof_mark("fwd.qkv_gemm");
-    be->rope_qkv(be, m->s_q, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 0);
+    be->rope_qkv(be, m->s_q, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 0, m->cur_pos);
     prof_mark("fwd.rope");
-    be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D);
+    be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, m->cur_doc);
     prof_mark("fwd.attn");
     // x_mid = x_in + att · Woᵀ
     linear_res(m, s->x_mid, s->x_in, s->att, W(m, 0, o->o), N, H, QD);
@@ -235,12 +237,12 @@ static void layer_backward(Model* m, int l) {
     size_t ws_bytes = 0;
     void* ws = bump_all(&m->tmp, &ws_bytes);
     be->attn_bwd(be, m->s_q, m->s_k, m->s_v, datt, s->att, s->lse, s->q, s->k, s->v, m->B, m->T,
-                 c->heads, c->kv_heads, D, ws, ws_bytes);
+                 c->heads, c->kv_heads, D, ws, ws_bytes, m->cur_doc);
     prof_mark("bwd.attn");
     // the fused projection's gradient [N, QKV] (packed rows, as the forward's GEMM wrote them)
     // over the saved q|k|v block, dead once attn_bwd returned
     void* dqkv = s->q;
-    be->rope_qkv(be, dqkv, m->s_q, m->s_k, m->s_v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 1);
+    be->rope_qkv(be, dqkv, m->s_q, m->s_k, m->s_v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 1, m->cur_pos);
     prof_mark("bwd.rope");
     linear_dw(m, G(m, 0, o->qkv), dqkv, s->ln1, N, QKV, H, 1);
     prof_mark("bwd.qkv_wgrad");
@@ -286,6 +288,9 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
 
     be->to_device(be, m->tok, a->tokens, sizeof(int32_t) * (size_t)N);
     be->to_device(be, m->tgt, a->targets, sizeof(int32_t) * (size_t)N);
+    m->cur_doc = m->cur_pos = NULL;
+    if (a->doc) be->to_device(be, m->doc, a->doc, sizeof(int32_t) * (size_t)N), m->cur_doc = m->doc;
+    if (a->pos) be->to_device(be, m->pos, a->pos, sizeof(int32_t) * (size_t)N), m->cur_pos = m->pos;
     for (int i = 0; i < N; i++) out.ntok += a->targets[i] >= 0;
     be->zero(be, m->stats, sizeof(float) * 2 * (size_t)c->experts);
     be->zero(be, m->zsum, sizeof(float));

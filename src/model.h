@@ -94,6 +94,10 @@ typedef struct Model {
     float* rstdf;       // [N]
     int32_t* tok;       // [N] input tokens
     int32_t* tgt;       // [N] targets (< 0 ignored)
+    int32_t* doc;       // [N] document starts of the micro-batch (MicroArgs.doc)
+    int32_t* pos;       // [N] RoPE positions (MicroArgs.pos)
+    const int32_t* cur_doc;  // doc, or NULL when this micro-batch has none (what attention reads)
+    const int32_t* cur_pos;  // pos, or NULL (RoPE positions 0..T-1 per window)
     float* stats;       // [2E] router stats, summed over layers (fp32)
     float* zsum;        // [1]
     float* aux_dprob;   // [E] d(total loss)/d probs, same for every token and layer
@@ -161,6 +165,9 @@ void model_init_tensor(const ModelConfig* c, const ParamInfo* p, uint64_t seed, 
 typedef struct MicroArgs {
     const int32_t* tokens;  // host [N]
     const int32_t* targets; // host [N], < 0 = ignored
+    const int32_t* doc;     // host [N] or NULL: packed documents, per window the index of each
+                            // token's document start (backend.h attn_fwd); NULL = plain causal
+    const int32_t* pos;     // host [N] or NULL: RoPE position of each token (NULL = t in its window)
     int backward;           // 0 = forward only (eval)
     float ce_scale;         // gradient scale of the CE sum (1 / global counted targets)
     float aux_scale;        // gradient scale of aux (aux_coef / n_micro)

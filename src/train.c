@@ -146,6 +146,23 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     char desc[512];
     data_describe(t->data, desc, sizeof desc);
     log_info("data: %s\n", desc);
+    {
+        int natural = 0;
+        const int sep = data_doc_sep(t->data, &natural);
+        const DocMode dm = cfg->data.documents;
+        if (dm == DOCS_ON && sep < 0)
+            return err_set(e, "data.documents=on, but this data marks no document boundaries (byte-level records "
+                           "end with data.sep_token, which must not occur inside a record; .bin shards need their "
+                           "EOS token; random tokens have none); use data.documents=auto or off");
+        t->doc_sep = dm == DOCS_ON || (dm == DOCS_AUTO && natural) ? sep : -1;
+        if (t->doc_sep >= 0)
+            log_info("data: documents kept apart (end token %d): block-diagonal attention, positions %s, boundary "
+                     "predictions %s\n", t->doc_sep, cfg->data.reset_positions ? "restart per document" : "per window",
+                     cfg->data.mask_boundary_loss ? "not scored" : "scored");
+        else
+            log_info("data: documents off (data.documents=%s): attention and positions run across the window\n",
+                     dm == DOCS_OFF ? "off" : "auto");
+    }
     const long slow = failpoint_int("train.startup_sleep", 0);  // tests: a slow start-up (signals during it)
     if (slow > 0) sleep((unsigned)slow);
 
@@ -157,6 +174,8 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
+    t->h_doc = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
 
     if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
     if (trainer_own(t, e)) return -1;
@@ -210,17 +229,36 @@ void trainer_free(Trainer* t) {
     free(t->h_tok);
     free(t->h_tgt);
     free(t->h_win);
+    free(t->h_doc);
+    free(t->h_pos);
     if (t->comm) t->comm->destroy(t->comm);
     if (t->be) t->be->destroy(t->be);
 }
 
-void trainer_fill_batch(Trainer* t, int split, uint64_t first) {
-    const int T = t->cfg.train.seq_len;
+int64_t trainer_fill_batch(Trainer* t, int split, uint64_t first) {
+    const int T = t->cfg.train.seq_len, sep = t->doc_sep;
+    const DataConfig* dc = &t->cfg.data;
+    int64_t scored = (int64_t)t->model.B * T;
     for (int b = 0; b < t->model.B; b++) {
         data_get(t->data, split, first + (uint64_t)b, t->h_win);
-        memcpy(t->h_tok + (size_t)b * T, t->h_win, sizeof(int32_t) * (size_t)T);
-        memcpy(t->h_tgt + (size_t)b * T, t->h_win + 1, sizeof(int32_t) * (size_t)T);
+        int32_t *tok = t->h_tok + (size_t)b * T, *tgt = t->h_tgt + (size_t)b * T;
+        memcpy(tok, t->h_win, sizeof(int32_t) * (size_t)T);
+        memcpy(tgt, t->h_win + 1, sizeof(int32_t) * (size_t)T);
+        if (sep < 0) continue;
+        int32_t *doc = t->h_doc + (size_t)b * T, *pos = t->h_pos + (size_t)b * T;
+        data_doc_starts(t->h_win, T, sep, doc);
+        for (int i = 0; i < T; i++) {
+            pos[i] = i - doc[i];
+            if (dc->mask_boundary_loss && tok[i] == sep) tgt[i] = -1, scored--;
+        }
     }
+    return scored;
+}
+
+// The micro-batch's document arrays (NULL when data.documents is off).
+static void micro_docs(const Trainer* t, MicroArgs* a) {
+    a->doc = t->doc_sep >= 0 ? t->h_doc : NULL;
+    a->pos = t->doc_sep >= 0 && t->cfg.data.reset_positions ? t->h_pos : NULL;
 }
 
 EvalResult trainer_eval(Trainer* t, int batches) {
@@ -233,6 +271,7 @@ EvalResult trainer_eval(Trainer* t, int batches) {
     if (n < 1) n = 1;
     double sums[2] = {0, 0};  // CE sum, tokens
     MicroArgs a = {.tokens = t->h_tok, .targets = t->h_tgt, .backward = 0};
+    micro_docs(t, &a);
     for (int j = 0; j < n; j++) {
         trainer_fill_batch(t, 1, (uint64_t)j * per_round + (uint64_t)t->rank * B);
         StepLoss l = model_step(&t->model, &a);
@@ -290,6 +329,10 @@ int trainer_run(Trainer* t) {
     const int B = t->model.B, T = tc->seq_len;
     const double gtok = (double)tc->global_batch * T;
     MicroArgs a = {.tokens = t->h_tok, .targets = t->h_tgt, .backward = 1};
+    micro_docs(t, &a);
+    // the loss is the mean CE over the step's scored targets (all of them unless
+    // data.mask_boundary_loss drops some: then they are counted over the world before the step)
+    const int count_scored = t->doc_sep >= 0 && t->cfg.data.mask_boundary_loss;
     a.ce_scale = (float)(1.0 / gtok);
     a.aux_scale = mc->aux_coef / (float)t->n_micro;
     a.z_scale = mc->z_coef / (float)t->n_micro;
@@ -336,9 +379,18 @@ int trainer_run(Trainer* t) {
         const int s = t->step;
         if (s == 1 && t->rank == fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", fail_rank);
         double t0 = now_sec();
-        double ce = 0, aux = 0, z = 0;
+        double ce = 0, aux = 0, z = 0, scored = gtok;
         watchdog_timeout(step_to);
         watchdog_stage(s + 1, "forward/backward (expert all-to-all)");
+        if (count_scored) {
+            scored = 0;
+            for (int j = 0; j < t->n_micro; j++)
+                scored += (double)trainer_fill_batch(t, 0, (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world +
+                                                               (uint64_t)t->rank * B);
+            t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &scored, 1);
+            if (scored < 1) scored = 1;
+            a.ce_scale = (float)(1.0 / scored);
+        }
         for (int j = 0; j < t->n_micro; j++) {
             uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
             trainer_fill_batch(t, 0, first);
@@ -350,7 +402,7 @@ int trainer_run(Trainer* t) {
         }
         watchdog_stage(s + 1, "loss all-reduce");
         t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &ce, 1);
-        ce /= gtok;
+        ce /= scored;
         watchdog_stage(s + 1, "optimizer (gradient reduction, ZeRO-1 gather)");
         const double loss = ce + mc->aux_coef * aux + mc->z_coef * z;
         StepStats st;

@@ -42,6 +42,9 @@ typedef struct Trainer {
     int32_t* h_tok;       // host [N] micro-batch inputs
     int32_t* h_tgt;       // host [N] targets
     int32_t* h_win;       // host [seq_len + 1] one window
+    int32_t* h_doc;       // host [N] document starts (data.documents on)
+    int32_t* h_pos;       // host [N] RoPE positions (data.documents and data.reset_positions on)
+    int doc_sep;          // the token that ends a document, or -1: data.documents off
     LogFile metrics;      // <log.dir>/metrics.jsonl (rank 0; fd -1 = none)
     int log_failed;       // a metrics write failed (rank 0): the run stops with exit 2
     Err log_err;          // why
@@ -72,8 +75,10 @@ typedef struct EvalResult {
 EvalResult trainer_eval(Trainer* t, int batches);
 
 // Fills the micro-batch host buffers from split/sequence indices: sequence `first + b` for b in
-// [0, B) → inputs t->h_tok, targets t->h_tgt.
-void trainer_fill_batch(Trainer* t, int split, uint64_t first);
+// [0, B) → inputs t->h_tok, targets t->h_tgt; with data.documents, the document starts t->h_doc,
+// the positions t->h_pos (data.reset_positions) and, with data.mask_boundary_loss, target −1
+// (not scored) where the input is the separator. Returns the scored targets.
+int64_t trainer_fill_batch(Trainer* t, int split, uint64_t first);
 
 // Checkpoint glue (train_ckpt.c). trainer_save: collective; writes checkpoint.dir/step_<t->step>
 // (the number of steps done), streamed one tensor at a time: every rank the fp32 masters and

@@ -95,8 +95,8 @@ static float* run_mix(int threads, size_t* len) {
     float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *r = rnd(nq, 1);
     float *out = p, *dq = p + nq, *lse = p + 2 * nq;
     p += 2 * nq + B * Hq * T;
-    be->attn_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D);
-    be->attn_bwd(be, dq, p, p + nk, r, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
+    be->attn_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL);
+    be->attn_bwd(be, dq, p, p + nk, r, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL, 0, NULL);
     p += 2 * nk;
     float *x = rnd(64 * 33, 1), *w = rnd(33, 1), *y = rnd(64 * 33, 1), rs[64];
     be->rmsnorm_fwd(be, y, rs, x, w, 64, 33, 1e-5f);

@@ -606,6 +606,43 @@ static void test_shipped(void) {
     data_close(ds);
 }
 
+// Documents (data.documents): which token ends a document, whether records are documents by
+// nature, and the per-window document starts.
+static void test_documents(void) {
+    static const char fa[] = ">a\nACGU\n>b\nGG\n>c\nUUA\n>d\nC\n", txt[] = "one line\nanother\n";
+    struct { const char* name; const char* src; int sep, want_sep, want_nat; } cs[] = {
+        {"d.fa", fa, 10, 10, 1},      // FASTA records end with the separator
+        {"d.txt", txt, 10, 10, 0},    // text lines: a separator, but not documents by nature
+        {"e.fa", fa, 'G', -1, 0},     // the separator occurs inside a record: no boundaries
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        DataConfig dc = cfg("", DATA_AUTO, 0, cs[c].sep, 0);
+        Err e = {{0}};
+        DataSet* ds = NULL;
+        EXPECT(data_open_buffer(&ds, &dc, cs[c].name, (const uint8_t*)cs[c].src, strlen(cs[c].src), 256, 4, 1, &e) == 0,
+               "%s: %s", cs[c].name, e.msg);
+        if (!ds) continue;
+        int nat = -1;
+        const int sep = data_doc_sep(ds, &nat);
+        EXPECT(sep == cs[c].want_sep && nat == cs[c].want_nat, "%s: separator %d (want %d), natural %d (want %d)",
+               cs[c].name, sep, cs[c].want_sep, nat, cs[c].want_nat);
+        data_close(ds);
+    }
+    DataConfig rc = cfg("", DATA_RANDOM, 0.1f, 10, 0);
+    Err e = {{0}};
+    DataSet* rs = NULL;
+    EXPECT(data_open_buffer(&rs, &rc, "random", NULL, 0, 64, 8, 1, &e) == 0, "random: %s", e.msg);
+    if (rs) EXPECT(data_doc_sep(rs, NULL) == -1, "random tokens have no documents");
+    data_close(rs);
+    // starts: the token after each separator begins a document; a separator ends its own
+    const int32_t w[9] = {5, 7, 1, 1, 6, 1, 8, 9, 1};
+    int32_t d[8];
+    data_doc_starts(w, 8, 1, d);
+    const int32_t want[8] = {0, 0, 0, 3, 4, 4, 6, 6};
+    EXPECT(!memcmp(d, want, sizeof d), "document starts %d %d %d %d %d %d %d %d", d[0], d[1], d[2], d[3], d[4], d[5],
+           d[6], d[7]);
+}
+
 int main(void) {
     if (access("tests/fixtures/data", F_OK) != 0) {  // run from elsewhere: go to the repository root
         char exe[4096];
@@ -631,6 +668,7 @@ int main(void) {
     RUN(test_random);
     RUN(test_errors);
     RUN(test_shipped);
+    RUN(test_documents);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);

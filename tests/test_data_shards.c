@@ -115,6 +115,7 @@ static void test_headers(void) {
         char d[512];
         data_describe(ds, d, sizeof d);
         EXPECT(strstr(d, k ? "uint32" : "uint16"), "%s: describe %s", names[k], d);
+        EXPECT(data_doc_sep(ds, NULL) == -1, "%s: no manifest, no document boundaries", names[k]);
         data_close(ds);
     }
     char list[600];
@@ -178,6 +179,9 @@ static void test_paths(void) {
                (unsigned long long)n);
         free(s);
         EXPECT(data_doc_separator(ds) == 7, "separator from manifest.json: %d", data_doc_separator(ds));
+        int nat = 0;
+        EXPECT(data_doc_sep(ds, &nat) == 7 && nat == 1, "documents end with the manifest's eos_id (train and "
+               "validation shards agree): %d, natural %d", data_doc_sep(ds, NULL), nat);
     }
     data_close(ds);
     // a glob: every match, sorted (val_ included: the user asked for *.bin)
@@ -191,6 +195,7 @@ static void test_paths(void) {
         EXPECT(n == 297 && same(s, all, n), "glob: train stream");
         free(s);
         EXPECT(data_num_windows(ds, 1) == 0, "glob with val_frac 0: no validation");
+        EXPECT(data_doc_sep(ds, NULL) == 7, "glob: documents end with the manifest's eos_id");
     }
     data_close(ds);
     // a comma list with spaces, out of name order: read in list order

@@ -1,25 +1,31 @@
 // test_model.c — src/model.c on the CPU backend (the executable spec): the whole model's gradient
 // by finite differences, gradient accumulation over micro-batches, fresh gradients, the MoE
 // exchange path at EP = 1 (failpoint moe.force_exchange) and keeping the SwiGLU output, each
-// against the plain path. (Each op's own checks: tests/test_cpu_<source>.c.)
+// against the plain path; packed documents against each document run alone. (Each op's own
+// checks: tests/test_cpu_<source>.c.)
 //
 // Method: for the loss L(w) and a random direction u, the analytic directional derivative
 // ⟨∇L, u⟩ is compared with the central difference (L(w + εu) − L(w − εu)) / 2ε.
 //
 // Tolerance (relative error of the directional derivative), and why:
 //   TOL_MODEL 2e-2  the whole model: many fp32 ops; ε kept small (1e-3) so no top-k choice flips
+//   TOL_DOCS  2e-6  packed documents vs each run alone (relative L2 of a gradient arena, relative
+//                   loss): the same math, fp32 sums in another order (the weight-gradient GEMMs sum
+//                   over 48 tokens or over one document's); seen 1.0e-7 (gradients), 1e-8 (loss)
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "comm.h"
+#include "data.h"
 #include "model.h"
 #include "optim.h"
 #include "plan.h"
 #include "test.h"
 
 #define TOL_MODEL 2e-2
+#define TOL_DOCS 2e-6
 
 static Backend* be;
 static Rng rng;
@@ -303,6 +309,90 @@ static void test_keep_swiglu(void) {
     }
 }
 
+// Packed documents (data.documents): a micro-batch of windows holding several documents gives the
+// loss and every gradient of its documents run one by one, each as a window of its own length
+// (block-diagonal attention, positions restarting at 0, the separator's prediction of the next
+// document not scored). The reference sums the separate runs' losses and gradients in double.
+static void test_model_documents(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.0f, .z_coef = 0.0f};  // the router losses are per micro-batch, not per document
+    enum { B = 2, T = 24, N = B * T, SEP = 3 };
+    int32_t win[B][T + 1], tok[N], tgt[N], doc[N], pos[N];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t <= T; t++) win[b][t] = 4 + (int32_t)(rng_u64(&rng) % 28);
+    // window 0: documents of 5, 1 (the separator alone), 10 and 8 tokens (the last one runs on past
+    // the window); window 1: 11 and 13
+    win[0][4] = win[0][5] = win[0][15] = SEP;
+    win[1][10] = SEP;
+    int scored = 0;
+    for (int b = 0; b < B; b++) {
+        data_doc_starts(win[b], T, SEP, doc + b * T);
+        for (int t = 0; t < T; t++) {
+            tok[b * T + t] = win[b][t];
+            tgt[b * T + t] = win[b][t] == SEP ? -1 : win[b][t + 1];
+            pos[b * T + t] = t - doc[b * T + t];
+            scored += tgt[b * T + t] >= 0;
+        }
+    }
+    EXPECT(doc[5] == 5 && doc[6] == 6 && doc[15] == 6 && doc[16] == 16 && doc[T + 10] == 0 && doc[T + 11] == 11,
+           "document starts from the separators");
+    const float ce_scale = 1.0f / (float)scored;
+    Model m;
+    model_create(&m, &c, B, T, be, g_comm);
+    for (int i = 0; i < m.pl.n; i++) model_init_tensor(&c, &m.pl.p[i], 21, (float*)m.w[m.pl.p[i].arena] + m.pl.p[i].offset);
+    MicroArgs a = {.tokens = tok, .targets = tgt, .doc = doc, .pos = pos, .backward = 1, .fresh = 1, .ce_scale = ce_scale};
+    StepLoss lp = model_step(&m, &a);
+    EXPECT(lp.ntok == scored && scored == N - 4, "scored targets %lld of %d", (long long)lp.ntok, N);
+    double* ref[2];
+    for (int ar = 0; ar < 2; ar++) ref[ar] = xcalloc(m.numel[ar], sizeof(double));
+    double ce_ref = 0;
+    int ndocs = 0;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T;) {
+            int n = 1;
+            while (t0 + n < T && doc[b * T + t0 + n] == t0) n++;
+            Model s;
+            model_create(&s, &c, 1, n, be, g_comm);
+            for (int i = 0; i < s.pl.n; i++)
+                model_init_tensor(&c, &s.pl.p[i], 21, (float*)s.w[s.pl.p[i].arena] + s.pl.p[i].offset);
+            MicroArgs sa = {.tokens = tok + b * T + t0, .targets = tgt + b * T + t0, .backward = 1, .fresh = 1,
+                            .ce_scale = ce_scale};
+            ce_ref += model_step(&s, &sa).ce_sum;
+            for (int ar = 0; ar < 2; ar++)
+                for (size_t i = 0; i < s.numel[ar]; i++) ref[ar][i] += s.grad[ar][i];
+            model_free(&s);
+            ndocs++;
+            t0 += n;
+        }
+    EXPECT(ndocs == 6, "%d documents", ndocs);
+    EXPECT(fabs(lp.ce_sum - ce_ref) <= TOL_DOCS * fabs(ce_ref), "CE sum packed %.9g vs documents alone %.9g", lp.ce_sum,
+           ce_ref);
+    for (int ar = 0; ar < 2; ar++) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < m.numel[ar]; i++) {
+            const double d = m.grad[ar][i] - ref[ar][i];
+            num += d * d, den += ref[ar][i] * ref[ar][i];
+        }
+        EXPECT(den > 0 && sqrt(num / den) < TOL_DOCS, "arena %d gradients: packed vs documents alone, rel L2 %.3g", ar,
+               sqrt(num / den));
+    }
+    // the same window without documents is a different computation (the check above can fail)
+    MicroArgs na = a;
+    na.doc = NULL, na.pos = NULL;
+    StepLoss ln = model_step(&m, &na);
+    EXPECT(fabs(ln.ce_sum - ce_ref) > 1e-3 * fabs(ce_ref), "without documents the loss differs (%.6g vs %.6g)", ln.ce_sum,
+           ce_ref);
+    // RoPE scores depend on t − s only: within a document, positions counted from the window's
+    // start give the same loss up to rounding (data.reset_positions changes rounding, not the math)
+    na.doc = doc;
+    StepLoss lm = model_step(&m, &na);
+    EXPECT(fabs(lm.ce_sum - ce_ref) <= TOL_DOCS * fabs(ce_ref), "positions per window: CE %.9g vs %.9g", lm.ce_sum,
+           ce_ref);
+    for (int ar = 0; ar < 2; ar++) free(ref[ar]);
+    model_free(&m);
+}
+
 int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
@@ -310,6 +400,7 @@ int main(int argc, char** argv) {
     g_comm = comm_mpi_create(1);
     rng_seed(&rng, 42);
     RUN(test_model_grad);
+    RUN(test_model_documents);
     RUN(test_grad_accumulation);
     RUN(test_fresh_gradients);
     RUN(test_forced_exchange);

@@ -36,12 +36,12 @@ void cpu_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void* 
 
 // ---- cpu_attn.c: RoPE and causal GQA attention --------------------------------------------
 void cpu_rope_qkv(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D, float theta,
-                  int inverse);
+                  int inverse, const int32_t* pos);
 void cpu_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
-                  int Hq, int Hkv, int D);
+                  int Hq, int Hkv, int D, const int32_t* doc);
 void cpu_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, const void* out, const float* lse,
                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
-                  size_t ws_bytes);
+                  size_t ws_bytes, const int32_t* doc);
 
 // ---- cpu_moe.c: router, expert-major index, permutes, SwiGLU ------------------------------
 void cpu_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,

@@ -1,4 +1,5 @@
-// cpu_attn.c — RoPE (Hugging Face rotate_half convention) and causal GQA attention, the
+// cpu_attn.c — RoPE (Hugging Face rotate_half convention, positions per token when documents are
+// packed) and causal GQA attention (block-diagonal causal with packed documents), the
 // flash-attention way: the forward keeps a running max and sum per query row (online softmax)
 // and saves only lse; the backward recomputes the probabilities from lse. Memory is O(D) per
 // thread: no T×T buffer exists anywhere.
@@ -14,24 +15,30 @@ enum { SB = 16 };       // keys per dK/dV work item (backward)
 // ---- RoPE ------------------------------------------------------------------------------------
 
 // nh heads of D per row, rows r = b·T + t: src row r at src + r·lds, dst row r at dst + r·ldd
-// (elements; src may equal dst with lds = ldd: in place). Pair (i, i + D/2) at position t rotates
-// by angle t · theta^(−2i/D): x1' = x1 cos − x2 sin, x2' = x2 cos + x1 sin (inverse: by −angle).
-// Angles and cos/sin are computed in double and rounded to fp32 once (accurate at positions ~32k
-// with theta 1e6).
+// (elements; src may equal dst with lds = ldd: in place). Pair (i, i + D/2) at position p (pos[r],
+// or t when pos is NULL) rotates by angle p · theta^(−2i/D): x1' = x1 cos − x2 sin,
+// x2' = x2 cos + x1 sin (inverse: by −angle). Angles and cos/sin are computed in double and
+// rounded to fp32 once (accurate at positions ~32k with theta 1e6); a row's result depends only on
+// its values and its position.
 static void rope_rows(float* dst, size_t ldd, const float* src, size_t lds, int B, int T, int nh, int D, float theta,
-                      int inverse) {
+                      int inverse, const int32_t* pos) {
     const int half = D / 2;
     double inv_freq[MAX_D / 2];
     for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / D);
 #pragma omp parallel for schedule(static) if ((size_t)B * T * nh * D >= 32768)
     for (int t = 0; t < T; t++) {
         float c[MAX_D / 2], s[MAX_D / 2];
-        for (int i = 0; i < half; i++) {
-            const double ang = (double)t * inv_freq[i];
-            c[i] = (float)cos(ang);
-            s[i] = (float)(inverse ? -sin(ang) : sin(ang));
-        }
-        for (int b = 0; b < B; b++)
+        int at = -1;  // the position c and s hold
+        for (int b = 0; b < B; b++) {
+            const int p = pos ? pos[(size_t)b * T + t] : t;
+            if (p != at) {
+                for (int i = 0; i < half; i++) {
+                    const double ang = (double)p * inv_freq[i];
+                    c[i] = (float)cos(ang);
+                    s[i] = (float)(inverse ? -sin(ang) : sin(ang));
+                }
+                at = p;
+            }
             for (int h = 0; h < nh; h++) {
                 const size_t r = (size_t)b * T + t;
                 const float* x = src + r * lds + (size_t)h * D;
@@ -42,26 +49,33 @@ static void rope_rows(float* dst, size_t ldd, const float* src, size_t lds, int 
                     y[i + half] = x2 * c[i] + x1 * s[i];
                 }
             }
+        }
     }
 }
 
 static void check_rope(int D) { CHECK(D % 2 == 0 && D <= MAX_D, "rope: head dim %d must be even and at most %d", D, MAX_D); }
 
+static void check_pos(const int32_t* pos, int B, int T) {
+    for (size_t r = 0; pos && r < (size_t)B * T; r++)
+        CHECK(pos[r] >= 0 && pos[r] < T, "rope_qkv: position %d of row %zu is outside [0, %d)", pos[r], r, T);
+}
+
 // The fused projection's rows qkv [B·T, (Hq + 2·Hkv)·D] against planar q, k, v: q and k rotated,
 // v copied (backend.h).
 void cpu_rope_qkv(Backend* be, void* qkv_, void* q_, void* k_, void* v_, int B, int T, int Hq, int Hkv, int D,
-                  float theta, int inverse) {
+                  float theta, int inverse, const int32_t* pos) {
     (void)be;
     check_rope(D);
+    check_pos(pos, B, T);
     CHECK(Hq > 0 && Hkv >= 0, "rope_qkv: %d query heads, %d kv heads", Hq, Hkv);
     float *qkv = qkv_, *q = q_, *k = k_, *v = v_;
     const size_t ld = (size_t)(Hq + 2 * Hkv) * D, QD = (size_t)Hq * D, KD = (size_t)Hkv * D, rows = (size_t)B * T;
     if (!inverse) {
-        rope_rows(q, QD, qkv, ld, B, T, Hq, D, theta, 0);
-        if (Hkv) rope_rows(k, KD, qkv + QD, ld, B, T, Hkv, D, theta, 0);
+        rope_rows(q, QD, qkv, ld, B, T, Hq, D, theta, 0, pos);
+        if (Hkv) rope_rows(k, KD, qkv + QD, ld, B, T, Hkv, D, theta, 0, pos);
     } else {
-        rope_rows(qkv, ld, q, QD, B, T, Hq, D, theta, 1);
-        if (Hkv) rope_rows(qkv + QD, ld, k, KD, B, T, Hkv, D, theta, 1);
+        rope_rows(qkv, ld, q, QD, B, T, Hq, D, theta, 1, pos);
+        if (Hkv) rope_rows(qkv + QD, ld, k, KD, B, T, Hkv, D, theta, 1, pos);
     }
     for (size_t r = 0; r < rows && Hkv; r++) {
         float *pv = qkv + r * ld + QD + KD, *vv = v + r * KD;
@@ -89,13 +103,27 @@ static void check_heads(const char* op, int Hq, int Hkv, int D) {
     CHECK(D > 0 && D <= MAX_D, "%s: head dim %d must be in [1, %d]", op, D, MAX_D);
 }
 
-// out[b,t,h,:] = Σ_{s≤t} softmax_s(q·k_s · scale) v_s with kv head h / (Hq/Hkv);
-// lse[b,h,t] = log Σ_{s≤t} exp(q·k_s · scale).
+// doc (backend.h): each window starts a document at 0; every later token either continues the
+// previous token's document or starts one at itself.
+static void check_doc(const char* op, const int32_t* doc, int B, int T) {
+    for (int b = 0; doc && b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const int32_t d = doc[(size_t)b * T + t];
+            CHECK(t ? d == doc[(size_t)b * T + t - 1] || d == t : d == 0,
+                  "%s: document start %d at window %d, token %d: must be %s", op, d, b, t,
+                  t ? "the previous token's or the token's own index" : "0");
+        }
+}
+
+// out[b,t,h,:] = Σ_{d≤s≤t} softmax_s(q·k_s · scale) v_s with kv head h / (Hq/Hkv), d = t's
+// document start (0 without documents); lse[b,h,t] = log Σ_{d≤s≤t} exp(q·k_s · scale). The key
+// blocks start at d, so a token's result is the same bits as its document run alone.
 void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const void* k_, const void* v_, int B, int T,
-                  int Hq, int Hkv, int D) {
+                  int Hq, int Hkv, int D, const int32_t* doc) {
     float* out = out_;                                // [B, T, Hq, D]; lse [B, Hq, T]
     const float *q = q_, *k = k_, *v = v_;            // q [B, T, Hq, D], k/v [B, T, Hkv, D]
     check_heads("attn_fwd", Hq, Hkv, D);
+    check_doc("attn_fwd", doc, B, T);
     const float scale = 1.0f / sqrtf((float)D);
     const int grp = Hq / Hkv;
 #pragma omp parallel for collapse(3) schedule(dynamic, 8)
@@ -110,7 +138,7 @@ void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const voi
                 float acc[MAX_D], sc[BK];
                 for (int i = 0; i < D; i++) acc[i] = 0;
                 float m = -INFINITY, l = 0;
-                for (int s0 = 0; s0 <= t; s0 += BK) {
+                for (int s0 = doc ? doc[(size_t)b * T + t] : 0; s0 <= t; s0 += BK) {
                     const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
                     float bm = -INFINITY;
                     for (int s = s0; s < s1; s++) {
@@ -138,17 +166,20 @@ void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const voi
 }
 
 // With P_ts = exp(q_t·k_s·scale − lse_t), dP_ts = dO_t·v_s, D_t = dO_t·O_t, dS = P ∘ (dP − D):
-//   dq_t = scale Σ_s dS_ts k_s,  dk_s = scale Σ_{h in group, t≥s} dS_ts q_t,  dv_s = Σ P_ts dO_t.
+//   dq_t = scale Σ_s dS_ts k_s,  dk_s = scale Σ_{h in group, t≥s} dS_ts q_t,  dv_s = Σ P_ts dO_t,
+// over the visible pairs (doc[t] ≤ s ≤ t); every sum runs in the order a document run alone
+// would use, so packed documents give the same bits as separate ones.
 // Two passes, each output row owned by one work item: dq by query rows, dk/dv by blocks of SB
 // keys of one kv head (looping over that head's query heads). P is recomputed in each pass.
 void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout_, const void* out_, const float* lse,
                   const void* q_, const void* k_, const void* v_, int B, int T, int Hq, int Hkv, int D, void* ws,
-                  size_t ws_bytes) {
+                  size_t ws_bytes, const int32_t* doc) {
     (void)ws, (void)ws_bytes;  // the spec needs no workspace
     float *dq = dq_, *dk = dk_, *dv = dv_;                // dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D]
     const float *dout = dout_, *out = out_;               // [B, T, Hq, D]; lse [B, Hq, T]
     const float *q = q_, *k = k_, *v = v_;
     check_heads("attn_bwd", Hq, Hkv, D);
+    check_doc("attn_bwd", doc, B, T);
     const float scale = 1.0f / sqrtf((float)D);
     const int grp = Hq / Hkv;
     const size_t qst = (size_t)Hq * D, kst = (size_t)Hkv * D;  // row strides over t
@@ -166,7 +197,7 @@ void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout
                 const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
                 float acc[MAX_D];
                 for (int i = 0; i < D; i++) acc[i] = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = doc ? doc[(size_t)b * T + t] : 0; s <= t; s++) {
                     const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
                     const float ds = p * (dotf(g, vb + s * kst, D) - Di);
                     axpyf(acc, ds, kb + s * kst, D);
@@ -191,11 +222,13 @@ void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout
                 }
                 for (int h = kh * grp; h < (kh + 1) * grp; h++)
                     for (int t = s0; t < T; t++) {
+                        const int d = doc ? doc[(size_t)b * T + t] : 0;
+                        if (d >= s1) break;  // t's document starts after this block: so do all later ones
                         const size_t qi = ((size_t)b * T + t) * qst + (size_t)h * D;
                         const float *qr = q + qi, *g = dout + qi;
                         const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
                         const int se = t + 1 < s1 ? t + 1 : s1;
-                        for (int s = s0; s < se; s++) {
+                        for (int s = d > s0 ? d : s0; s < se; s++) {
                             const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
                             const float ds = p * (dotf(g, vb + s * kst, D) - Di);
                             axpyf(dvb + s * kst, p, g, D);

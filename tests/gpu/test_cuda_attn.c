@@ -32,11 +32,11 @@ static void attention_cases(const char* path) {
         float* k = act_in(m, randn(nk, 1.f), nk);
         float* v = act_in(m, randn(nk, 1.f), nk);
         float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);
-        g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D);
+        g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D, NULL);
         void *dq_ = up_act(be, q, nq), *dk_ = up_act(be, k, nk), *dv_ = up_act(be, v, nk);
         void* dO = poison_act(be, nq);
         float* dL = poison(be, 4 * nl);
-        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D);
+        be->attn_fwd(be, dO, dL, dq_, dk_, dv_, B, T, Hq, Hkv, D, NULL);
         char lab[64];
         EXPECT(!cuda_attn_fwd_ws_stalled(), "%s attn_fwd D=%d T=%d: an mbarrier wait gave up", path, D, T);
         float* got_o = down_act(be, dO, nq);
@@ -49,7 +49,7 @@ static void attention_cases(const char* path) {
         float* orr = act_in(m, o, nq);
         float* g = act_in(m, randn(nq, 1.f), nq);
         float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
-        g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D, NULL, 0);
+        g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D, NULL, 0, NULL);
         void *gq = poison_act(be, nq), *gk = poison_act(be, nk), *gv = poison_act(be, nk);
         void *d_g = up_act(be, g, nq), *d_o = up_act(be, orr, nq);
         float* d_l = up_f32(be, l, nl);
@@ -64,7 +64,7 @@ static void attention_cases(const char* path) {
         for (int w = 0; w < 3; w++) {
             void* ws = wv[w].bytes ? dev_alloc(be, wv[w].bytes) : NULL;
             const int was_forced = cuda_attn_ds_force(be, wv[w].force);
-            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes, NULL);
             EXPECT(!cuda_attn_bwd_ws_stalled(), "%s/%s attn_bwd D=%d T=%d: an mbarrier wait gave up", path,
                    wv[w].name, D, T);
             snprintf(lab, sizeof lab, "%s/%s attn_bwd dq D=%d T=%d", path, wv[w].name, D, T);
@@ -81,7 +81,7 @@ static void attention_cases(const char* path) {
             cmp(m, lab, got_v, rv, nk, TOL(TOL_F32, TOL_ATTN_BWD));
             // again, over poisoned outputs: bit-identical (no atomics anywhere)
             gq = poison_act(be, nq), gk = poison_act(be, nk);
-            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes);
+            be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes, NULL);
             snprintf(lab, sizeof lab, "%s/%s attn_bwd deterministic dq", path, wv[w].name);
             cmp_bits(m, lab, got_q_copy, down_act(be, gq, nq), nq);
             snprintf(lab, sizeof lab, "%s/%s attn_bwd deterministic dk", path, wv[w].name);

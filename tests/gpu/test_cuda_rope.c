@@ -26,8 +26,8 @@ static void test_rope(void) {
             void* dq = inv ? up_act(be, q, nq) : poison_act(be, nq);
             void* dk = nk ? (inv ? up_act(be, k, nk) : poison_act(be, nk)) : NULL;
             void* dv = nk ? (inv ? up_act(be, v, nk) : poison_act(be, nk)) : NULL;
-            g_cpu->rope_qkv(g_cpu, pk, q, k, v, B, T, Hq, Hkv, D, cs[c].theta, inv);
-            be->rope_qkv(be, dpk, dq, dk, dv, B, T, Hq, Hkv, D, cs[c].theta, inv);
+            g_cpu->rope_qkv(g_cpu, pk, q, k, v, B, T, Hq, Hkv, D, cs[c].theta, inv, NULL);
+            be->rope_qkv(be, dpk, dq, dk, dv, B, T, Hq, Hkv, D, cs[c].theta, inv, NULL);
             if (inv) {
                 cmp(m, "rope_qkv inverse (packed rows)", down_act(be, dpk, n), pk, n, TOL(TOL_F32, TOL_BF16_OUT));
             } else {
