@@ -19,9 +19,10 @@ __device__ __forceinline__ void wg_store_row(bf16* dst, const float* acc, int r,
 //   sT  ← Pᵀ  = exp2(Sᵀ·sl2 − lse·log2 e), 0 where query < key or query ≥ T (when need_mask)
 //   dpT ← dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
 // ls: the tile's lse[64] then Δ[64] (shared memory); q0 the tile's first query, key0 this
-// thread's first key (its others: key0 + 8).
+// thread's first key (its others: key0 + 8). dst (packed documents, or NULL): the tile's 64
+// queries' document starts; Pᵀ is 0 also where the key is before its query's start (need_mask).
 __device__ __forceinline__ void attn_pds_tile(float* sT, float* dpT, const float* ls, int q0, int key0, int c4, int T,
-                                              float sl2, bool need_mask) {
+                                              float sl2, bool need_mask, const int* dst = nullptr) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int qi = 8 * j + 2 * c4;  // this thread's query columns: qi, qi + 1
@@ -33,7 +34,7 @@ __device__ __forceinline__ void attn_pds_tile(float* sT, float* dpT, const float
             float p = fast_exp2(sT[i] * sl2 - (e & 1 ? ly : lx));
             if (need_mask) {
                 const int qry = q0 + qi + (e & 1);
-                if (qry < key0 + (e >> 1) * 8 || qry >= T) p = 0.f;
+                if (qry < key0 + (e >> 1) * 8 || qry >= T || (dst && key0 + (e >> 1) * 8 < dst[qi + (e & 1)])) p = 0.f;
             }
             sT[i] = p;
             dpT[i] = p * (dpT[i] - (e & 1 ? d2.y : d2.x));

@@ -5,8 +5,11 @@
 // query rows of one (b, h) (4 warps × 16 rows; the Q fragments stay in registers) and walks the
 // 64-key tiles up to the diagonal: S = Q·Kᵀ (mma.sync m16n8k16, fp32 accumulate), online softmax
 // in the log2 domain in registers, P packed to bf16 straight into the A fragments of O += P·V.
-// Heavy (late) query tiles are scheduled first. On Hopper (sm_90a build) D = 64 and 128 take the
-// wgmma kernels instead (cuda_attn_fwd_wg.cu; gpu.attention = mma keeps this one). fp32 act, or other head dims: a simple kernel,
+// Heavy (late) query tiles are scheduled first. Packed documents (doc): a query tile starts at
+// the key tile holding its first row's document start, and keys before a row's start are masked
+// too (a row may see nothing of a tile: its max stays −inf, its exponentials go against 0). On
+// Hopper (sm_90a build) D = 64 and 128 take the wgmma kernels instead (cuda_attn_fwd_wg.cu;
+// gpu.attention = mma keeps this one). fp32 act, or other head dims: a simple kernel,
 // one warp per query row, fp32 math, same online softmax — correct, not fast.
 #include "cuda_attn.cuh"
 
@@ -14,7 +17,8 @@ enum { FA_BR = 64, FA_BC = 64, FA_WARPS = 4, FA_THREADS = 32 * FA_WARPS };
 
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* lse, const bf16* q, const bf16* k,
-                                                             const bf16* v, int T, int Hq, int Hkv, float sl2) {
+                                                             const bf16* v, int T, int Hq, int Hkv, float sl2,
+                                                             const int32_t* doc) {
     constexpr int LD = D + ATTN_PAD, KS = D / 16, NT = FA_BC / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = (bf16*)smem_raw;      // [FA_BR][LD]
@@ -40,15 +44,21 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
     float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
     const int row0 = q0 + w * 16 + g;  // this thread's rows: row0, row0 + 8
     const int kt_end = (min(q0 + FA_BR, T) + FA_BC - 1) / FA_BC;
+    // packed documents: the rows' starts (0 without), the warp's last row's, the first key tile
+    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    const int dsr[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
+    const int dlast = docb ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
+    const int kt0 = docb ? (int)docb[q0] / FA_BC : 0;
 
-    // K/V tiles are double-buffered: tile kt + 1 is in flight (cp.async) while tile kt computes.
-    load_tile_async<FA_BC, D, FA_THREADS>(Kb, kb, ks, 0, T);
-    load_tile_async<FA_BC, D, FA_THREADS>(Vb, vb, ks, 0, T);
+    // K/V tiles are double-buffered: tile kt + 1 is in flight (cp.async) while tile kt computes
+    // (buffer (kt − kt0) & 1).
+    load_tile_async<FA_BC, D, FA_THREADS>(Kb, kb, ks, kt0 * FA_BC, T);
+    load_tile_async<FA_BC, D, FA_THREADS>(Vb, vb, ks, kt0 * FA_BC, T);
     cp_async_commit();
-    for (int kt = 0; kt < kt_end; kt++) {
+    for (int kt = kt0; kt < kt_end; kt++) {
         const int k0 = kt * FA_BC;
         if (kt + 1 < kt_end) {
-            const int nb = (kt + 1) & 1;
+            const int nb = (kt + 1 - kt0) & 1;
             load_tile_async<FA_BC, D, FA_THREADS>(Kb + nb * FA_BC * LD, kb, ks, k0 + FA_BC, T);
             load_tile_async<FA_BC, D, FA_THREADS>(Vb + nb * FA_BC * LD, vb, ks, k0 + FA_BC, T);
             cp_async_commit();
@@ -57,8 +67,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
             cp_async_wait<0>();
         }
         __syncthreads();  // tile kt has landed for every thread
-        const bf16* Ks = Kb + (kt & 1) * FA_BC * LD;
-        const bf16* Vs = Vb + (kt & 1) * FA_BC * LD;
+        const bf16* Ks = Kb + ((kt - kt0) & 1) * FA_BC * LD;
+        const bf16* Vs = Vb + ((kt - kt0) & 1) * FA_BC * LD;
 
         float s[NT][4];
 #pragma unroll
@@ -74,7 +84,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
             }
 
         // scale to log2 units, mask (causal and the tail past T), row max
-        const bool need_mask = k0 + FA_BC - 1 > q0 + w * 16 || k0 + FA_BC > T;
+        const bool need_mask = k0 + FA_BC - 1 > q0 + w * 16 || k0 + FA_BC > T || k0 < dlast;
         float mx[2] = {mr[0], mr[1]};
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -83,17 +93,18 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
                 float x = s[i][e] * sl2;
                 if (need_mask) {
                     const int key = k0 + i * 8 + 2 * c4 + (e & 1), row = row0 + (e >> 1) * 8;
-                    if (key > row || key >= T) x = -INFINITY;
+                    if (key > row || key >= T || key < dsr[e >> 1]) x = -INFINITY;
                 }
                 s[i][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
-        float corr[2];
+        float corr[2], mu[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            corr[r] = fast_exp2(mr[r] - mx[r]);  // key 0 is always visible: mx is finite
+            mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // −inf only before the row's document
+            corr[r] = fast_exp2(mr[r] - mu[r]);
             mr[r] = mx[r];
             lr[r] *= corr[r];
         }
@@ -101,7 +112,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int i = 0; i < NT; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = fast_exp2(s[i][e] - mr[e >> 1]);
+                const float p = fast_exp2(s[i][e] - mu[e >> 1]);
                 s[i][e] = p;
                 lr[e >> 1] += p;
             }
@@ -149,7 +160,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
 
 template <int D>
 static void launch_fwd_tc(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B,
-                          int T, int Hq, int Hkv) {
+                          int T, int Hq, int Hkv, const int32_t* doc) {
     const size_t smem = (size_t)(FA_BR + 4 * FA_BC) * (D + ATTN_PAD) * sizeof(bf16);
     static bool attr = false;  // per instantiation
     if (!attr) {
@@ -158,13 +169,13 @@ static void launch_fwd_tc(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
     }
     const dim3 grid((T + FA_BR - 1) / FA_BR, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
-    k_attn_fwd_tc<D><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv, sl2);
+    k_attn_fwd_tc<D><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv, sl2, doc);
     LAUNCH_CK(c);
 }
 
 // cuda_attn_fwd_wg.cu: the wgmma kernel (sm_90a), or 0 when it does not apply.
 int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                int Hq, int Hkv, int D);
+                int Hq, int Hkv, int D, const int32_t* doc);
 
 // ---- simple kernel: one warp per query row ---------------------------------------------------
 
@@ -251,15 +262,20 @@ void cuda_attn_fwd(Backend* be, void* out, float* lse, const void* q, const void
     if (B == 0 || T == 0) return;
     CudaImpl* c = CI(be);
     const void* ptrs[4] = {out, q, k, v};
-    if (attn_tc_ok(be, D, ptrs, 4) && !doc) {
+    // packed documents (doc): the tensor-core kernels skip the key tiles no row of a query tile sees
+    // (at D = 64 on Hopper the mma.sync kernel runs: the one-warpgroup kernel takes no documents);
+    // the simple kernel walks the visible keys
+    const int tc = attn_tc_ok(be, D, ptrs, 4);
+    if (tc && attn_fwd_wg(c, (bf16*)out, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, B, T, Hq, Hkv, D, doc))
+        return;  // Hopper: cuda_attn_fwd_wg.cu
+    if (tc) {
         bf16 *o = (bf16*)out;
         const bf16 *qq = (const bf16*)q, *kk = (const bf16*)k, *vv = (const bf16*)v;
-        if (attn_fwd_wg(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, D)) return;  // Hopper: cuda_attn_fwd_wg.cu
         switch (D) {
-            case 16: launch_fwd_tc<16>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-            case 32: launch_fwd_tc<32>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-            case 64: launch_fwd_tc<64>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-            default: launch_fwd_tc<128>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+            case 16: launch_fwd_tc<16>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, doc); break;
+            case 32: launch_fwd_tc<32>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, doc); break;
+            case 64: launch_fwd_tc<64>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, doc); break;
+            default: launch_fwd_tc<128>(c, o, lse, qq, kk, vv, B, T, Hq, Hkv, doc); break;
         }
     } else if (is_bf16(be)) {
         launch_fwd_simple<bf16>(c, (bf16*)out, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, B, T, Hq, Hkv, D, doc);

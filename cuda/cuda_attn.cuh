@@ -87,6 +87,18 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Packed documents: the end (exclusive) of the document holding token x of a window's starts d
+// [T] (backend.h attn_fwd), i.e. the first i > x whose document starts after x (T when none does).
+__device__ __forceinline__ int attn_doc_end(const int32_t* d, int T, int x) {
+    int lo = x + 1, hi = T;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (d[mid] > x) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 // Argument checks (FATAL on bad head counts / dims).
 void attn_check(const char* op, int Hq, int Hkv, int D);
 // The tensor-core path applies: bf16, D ∈ {16, 32, 64, 128}, 16-byte aligned buffers.

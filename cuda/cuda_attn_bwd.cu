@@ -6,6 +6,9 @@
 // warp (no atomics, deterministic): dq by 64-query tiles walking the keys up to the diagonal,
 // dk/dv by 64-key tiles walking the query tiles (of 32) of every query head of the kv group.
 // Δ is computed first into scratch ([B, Hq, T] fp32, in batch chunks when it does not fit).
+// Packed documents (doc): dq starts at the key tile holding its first row's document start, dk/dv
+// ends at the query tile holding the end of the document of its last key, and P is also 0 where
+// the key is before the query's document start.
 //
 // bf16, D ∈ {16, 32, 64, 128}: tensor cores (mma.sync m16n8k16), as in cuda_attn.cu; the dS and
 // P fragments are packed to bf16 and fed to the next product from registers. On Hopper (sm_90a
@@ -44,7 +47,7 @@ template <int D>
 __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16* dout, const float* lse,
                                                             const float* delta, const bf16* q, const bf16* k,
                                                             const bf16* v, int T, int Hq, int Hkv, float sl2,
-                                                            float scale) {
+                                                            float scale, const int32_t* doc) {
     constexpr int LD = D + ATTN_PAD, KS = D / 16, NT = DQ_BC / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Qs = (bf16*)smem_raw;   // [DQ_BR][LD]
@@ -73,14 +76,18 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
 #pragma unroll
     for (int i = 0; i < DT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const int kt_end = (min(q0 + DQ_BR, T) + DQ_BC - 1) / DQ_BC;
+    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    const int dsr[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
+    const int dlast = docb ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
+    const int kt0 = docb ? (int)docb[q0] / DQ_BC : 0;
 
-    load_tile_async<DQ_BC, D, BW_THREADS>(Kb, kb, ks, 0, T);
-    load_tile_async<DQ_BC, D, BW_THREADS>(Vb, vb, ks, 0, T);
+    load_tile_async<DQ_BC, D, BW_THREADS>(Kb, kb, ks, kt0 * DQ_BC, T);
+    load_tile_async<DQ_BC, D, BW_THREADS>(Vb, vb, ks, kt0 * DQ_BC, T);
     cp_async_commit();
-    for (int kt = 0; kt < kt_end; kt++) {
+    for (int kt = kt0; kt < kt_end; kt++) {  // tile kt in buffer (kt − kt0) & 1
         const int k0 = kt * DQ_BC;
         if (kt + 1 < kt_end) {  // prefetch tile kt + 1 while tile kt computes
-            const int nb = (kt + 1) & 1;
+            const int nb = (kt + 1 - kt0) & 1;
             load_tile_async<DQ_BC, D, BW_THREADS>(Kb + nb * DQ_BC * LD, kb, ks, k0 + DQ_BC, T);
             load_tile_async<DQ_BC, D, BW_THREADS>(Vb + nb * DQ_BC * LD, vb, ks, k0 + DQ_BC, T);
             cp_async_commit();
@@ -89,8 +96,8 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
             cp_async_wait<0>();
         }
         __syncthreads();  // tile kt (and, the first time, Q and dO) visible to every thread
-        const bf16* Ks = Kb + (kt & 1) * DQ_BC * LD;
-        const bf16* Vs = Vb + (kt & 1) * DQ_BC * LD;
+        const bf16* Ks = Kb + ((kt - kt0) & 1) * DQ_BC * LD;
+        const bf16* Vs = Vb + ((kt - kt0) & 1) * DQ_BC * LD;
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
                 mma_bf16(dp[2 * np + 1], ao, bf + 2);
             }
         }
-        const bool need_mask = k0 + DQ_BC - 1 > q0 + w * 16 || k0 + DQ_BC > T;
+        const bool need_mask = k0 + DQ_BC - 1 > q0 + w * 16 || k0 + DQ_BC > T || k0 < dlast;
 #pragma unroll
         for (int i = 0; i < NT; i++)
 #pragma unroll
@@ -121,7 +128,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
                 float p = fast_exp2(s[i][e] * sl2 - ll[r]);
                 if (need_mask) {
                     const int key = k0 + i * 8 + 2 * c4 + (e & 1);
-                    if (key > row0 + r * 8 || key >= T) p = 0.f;
+                    if (key > row0 + r * 8 || key >= T || key < dsr[r]) p = 0.f;
                 }
                 s[i][e] = p * (dp[i][e] - dl[r]);  // dS
             }
@@ -158,7 +165,7 @@ template <int D>
 __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const float* lse,
                                                               const float* delta, const bf16* q, const bf16* k,
                                                               const bf16* v, int T, int Hq, int Hkv, float sl2,
-                                                              float scale) {
+                                                              float scale, const int32_t* doc) {
     constexpr int LD = D + ATTN_PAD, KS = D / 16, NQ = KV_BQ / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* Ks = (bf16*)smem_raw;   // [KV_BC][LD]
@@ -167,6 +174,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
     bf16* Ob = Qb + 2 * KV_BQ * LD;  // dO, 2 × [KV_BQ][LD]
     float* lb = (float*)(Ob + 2 * KV_BQ * LD);  // 2 × [KV_BQ] lse · log2 e (+inf past T)
     float* db = lb + 2 * KV_BQ;                 // 2 × [KV_BQ] Δ
+    int* sb = (int*)(db + 2 * KV_BQ);           // 2 × [KV_BQ] document starts (packed documents)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const int kt = blockIdx.x, kh = blockIdx.y, b = blockIdx.z, grp = Hq / Hkv;
     const int k0 = kt * KV_BC;
@@ -180,7 +188,11 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
     for (int i = 0; i < DT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
-    const int nqt = (T + KV_BQ - 1) / KV_BQ, qt0 = k0 / KV_BQ, per_h = nqt - qt0, n_it = grp * per_h;
+    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    // query tiles qt0..: up to the one holding the end of the document of the tile's last key
+    const int nqt = docb ? (attn_doc_end(docb, T, min(k0 + KV_BC - 1, T - 1)) + KV_BQ - 1) / KV_BQ
+                         : (T + KV_BQ - 1) / KV_BQ;
+    const int qt0 = k0 / KV_BQ, per_h = nqt - qt0, n_it = grp * per_h;
 
     // Iteration it covers query head kh·grp + it / per_h, query tile qt0 + it % per_h. Its Q, dO,
     // lse and Δ go to buffer it & 1; iteration it + 1's are in flight while it computes.
@@ -194,6 +206,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
             const int t = qq0 + i;
             lb[nb * KV_BQ + i] = t < T ? lse[lrow + t] * LOG2E : INFINITY;
             db[nb * KV_BQ + i] = t < T ? delta[lrow + t] : 0.f;
+            if (docb) sb[nb * KV_BQ + i] = t < T ? (int)docb[t] : T;
         }
     };
     issue(0);
@@ -211,6 +224,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
             const bf16* Os = Ob + (it & 1) * KV_BQ * LD;
             const float* ls = lb + (it & 1) * KV_BQ;
             const float* ds_ = db + (it & 1) * KV_BQ;
+            const int* qs_ = sb + (it & 1) * KV_BQ;
             float st[NQ][4], dpt[NQ][4];  // Sᵀ and dPᵀ: rows = keys, cols = queries
 #pragma unroll
             for (int i = 0; i < NQ; i++)
@@ -232,14 +246,14 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
                     mma_bf16(dpt[2 * np + 1], av, bf + 2);
                 }
             }
-            const bool need_mask = qq0 < k0 + KV_BC || qq0 + KV_BQ > T;
+            const bool need_mask = qq0 < k0 + KV_BC || qq0 + KV_BQ > T || (docb && qs_[KV_BQ - 1] > k0);
 #pragma unroll
             for (int i = 0; i < NQ; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = i * 8 + 2 * c4 + (e & 1);
                     float p = fast_exp2(st[i][e] * sl2 - ls[qi]);  // 0 past T (ls = +inf)
-                    if (need_mask && qq0 + qi < key0 + (e >> 1) * 8) p = 0.f;
+                    if (need_mask && (qq0 + qi < key0 + (e >> 1) * 8 || (docb && key0 + (e >> 1) * 8 < qs_[qi]))) p = 0.f;
                     st[i][e] = p;
                     dpt[i][e] = p * (dpt[i][e] - ds_[qi]);  // dSᵀ
                 }
@@ -284,9 +298,9 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
 template <int D>
 static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse,
                           const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq,
-                          int Hkv) {
+                          int Hkv, const int32_t* doc) {
     const size_t sm_dq = (size_t)(2 * DQ_BR + 4 * DQ_BC) * (D + ATTN_PAD) * sizeof(bf16);
-    const size_t sm_kv = (size_t)(2 * KV_BC + 4 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 4 * KV_BQ * sizeof(float);
+    const size_t sm_kv = (size_t)(2 * KV_BC + 4 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 6 * KV_BQ * sizeof(float);
     static bool attr = false;  // per instantiation
     if (!attr) {
         CUDA_CK(cudaFuncSetAttribute(k_attn_dq_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
@@ -295,17 +309,17 @@ static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
     }
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
     k_attn_dq_tc<D><<<dim3((T + DQ_BR - 1) / DQ_BR, Hq, B), BW_THREADS, sm_dq, c->stream>>>(
-        dq, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale);
+        dq, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale, doc);
     LAUNCH_CK(c);
     k_attn_dkdv_tc<D><<<dim3((T + KV_BC - 1) / KV_BC, Hkv, B), BW_THREADS, sm_kv, c->stream>>>(
-        dk, dv, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale);
+        dk, dv, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale, doc);
     LAUNCH_CK(c);
 }
 
 // cuda_attn_bwd_wg.cu: the wgmma kernels (sm_90a), or 0 when they do not apply.
 int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                 const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, void* ws,
-                size_t ws_bytes);
+                size_t ws_bytes, const int32_t* doc);
 
 // ---- simple kernels: one warp per output row -------------------------------------------------
 
@@ -421,7 +435,10 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
     const int bc = (int)(c->scratch_bytes / per_b < (size_t)B ? c->scratch_bytes / per_b : (size_t)B);
     float* delta = (float*)c->scratch;  // [bc, Hq, T]
     const void* ptrs[7] = {dq, dk, dv, dout, q, k, v};
-    const int tc = attn_tc_ok(be, D, ptrs, 7) && !doc;
+    // packed documents (doc): the tensor-core kernels skip the masked tiles (on Hopper the
+    // stored-dS warp-specialised kernels at D = 128, else the mma.sync ones); the simple kernels
+    // walk the visible pairs
+    const int tc = attn_tc_ok(be, D, ptrs, 7);
     const size_t es = dtype_size(be->act_dtype), qb = (size_t)T * Hq * D * es, kb = (size_t)T * Hkv * D * es;
     for (int b0 = 0; b0 < B; b0 += bc) {
         const int nb = B - b0 < bc ? B - b0 : bc;
@@ -432,11 +449,11 @@ void cuda_attn_bwd(Backend* be, void* dq, void* dk, void* dv, const void* dout, 
         char *g_ = (char*)dout + oq, *dq_ = (char*)dq + oq, *dk_ = (char*)dk + ok, *dv_ = (char*)dv + ok;
         attn_delta(be, delta, g_, o_, nb, T, Hq, D);
         if (tc && attn_bwd_wg(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_,
-                              (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D, ws, ws_bytes))
+                              (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, D, ws, ws_bytes, dc))
             continue;  // Hopper: cuda_attn_bwd_wg.cu
         if (tc) {
 #define TC(DD) launch_bwd_tc<DD>(c, (bf16*)dq_, (bf16*)dk_, (bf16*)dv_, (const bf16*)g_, l, delta, (const bf16*)q_, \
-                                 (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv)
+                                 (const bf16*)k_, (const bf16*)v_, nb, T, Hq, Hkv, dc)
             switch (D) {
                 case 16: TC(16); break;
                 case 32: TC(32); break;

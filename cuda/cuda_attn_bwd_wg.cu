@@ -358,7 +358,7 @@ int attn_ds_pairs(CudaImpl* c, int B, int T, int Hq, int Hkv, size_t ws_bytes);
 // cuda_attn_bwd_ws.cu: the stored-dS backward at D = 128, or 0 when it does not apply.
 int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse,
                 const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv,
-                int chunk);
+                int chunk, const int32_t* doc);
 
 // Bytes of dS one (batch row, kv head) pair stores: grp heads × the causal 64 × 64 tiles.
 static size_t ds_pair_bytes(int T, int Hq, int Hkv) {
@@ -392,7 +392,7 @@ static void launch_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
     const int chunk = attn_ds_pairs(c, B, T, Hq, Hkv, ws_bytes);
     if (chunk > 0) {  // dk, dv and dS per chunk of pairs, then dq from dS (5 products per tile pair)
         if constexpr (D == 128) {
-            if (attn_bwd_ws(c, dq, dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, B, T, Hq, Hkv, chunk)) return;
+            if (attn_bwd_ws(c, dq, dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, B, T, Hq, Hkv, chunk, nullptr)) return;
         } else {
             const int grp = Hq / Hkv;
             for (int p0 = 0; p0 < pairs; p0 += chunk) {
@@ -440,11 +440,16 @@ extern "C" int cuda_attn_ds_force(Backend* be, int on) {
 
 // Runs the wgmma backward when it applies (cuda_wgmma_ok, D ∈ {64, 128}; the caller checked bf16
 // and alignment, and computed Δ into delta); returns 0 otherwise. ws (ws_bytes) is the caller's
-// workspace for dS (attn_ds_pairs).
+// workspace for dS (attn_ds_pairs). With packed documents (doc) only the stored-dS
+// warp-specialised kernels apply (D = 128, room for dS, tensor maps); else 0.
 int attn_bwd_wg(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                 const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv, int D, void* ws,
-                size_t ws_bytes) {
+                size_t ws_bytes, const int32_t* doc) {
     if (!cuda_wgmma_ok(c)) return 0;
+    if (doc) {
+        const int chunk = D == 128 ? attn_ds_pairs(c, B, T, Hq, Hkv, ws_bytes) : 0;
+        return chunk > 0 && attn_bwd_ws(c, dq, dk, dv, (bf16*)ws, dout, lse, delta, q, k, v, B, T, Hq, Hkv, chunk, doc);
+    }
     if (D == 128) launch_bwd_wg<128>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv, ws, ws_bytes);
     else if (D == 64) launch_bwd_wg<64>(c, dq, dk, dv, dout, lse, delta, q, k, v, B, T, Hq, Hkv, ws, ws_bytes);
     else return 0;

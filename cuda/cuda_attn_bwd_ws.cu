@@ -22,8 +22,14 @@
 //             The two warpgroups share every load and take turns issuing their products (named
 //             barriers 3 and 4, as the forward's ping-pong), so one's elementwise part runs under
 //             the other's products. A warpgroup that skips an item still takes its two turns.
-// Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B), 4 dSᵀ buffers
-// (32 KB), mbarriers: 162 KB at WK_NS = 2.
+// Packed documents (doc, backend.h attn_fwd): a CTA's items end at the query tile holding the end
+// of the document of its last key (no later query sees any of its keys), a warpgroup skips the
+// items none of whose queries reach its keys' documents, and Pᵀ is also masked where the key is
+// before the query's document start (the stage holds the tile's 64 starts after lse and Δ). The
+// dSᵀ tiles written are exactly those dq reads (k_attn_dq_ws starts at the key tile holding its
+// first row's document start); the others are never read.
+// Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ, document starts (768 B),
+// 4 dSᵀ buffers (32 KB), mbarriers: 162 KB at WK_NS = 2.
 //
 // dq (k_attn_dq_ws): k_attn_dq_ds's work — a CTA owns 64 query rows of one query head and adds
 // dS·K over the key tiles up to the diagonal, in key order (deterministic) — with a producer warp
@@ -35,14 +41,14 @@
 enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
 #define WK_KV (128u * 128u * 2u)   // bytes of the [128][128] K (or V) tile
 #define WK_QT (64u * 128u * 2u)    // bytes of a [64][128] Q (or dO) tile
-#define WK_L (2u * 64u * 4u)       // bytes of a stage's lse[64] then Δ[64]
+#define WK_L (3u * 64u * 4u)       // bytes of a stage's lse[64], Δ[64], then the document starts [64]
 #define WK_SD (64u * 64u * 2u)     // bytes of a dSᵀ image
 
 __global__ void __launch_bounds__(WK_THREADS, 1)
     k_attn_dkdv_ws(bf16* dk, bf16* dv, bf16* ds, const float* lse, const float* delta,
                    const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mo,
                    const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv, int T, int Hq,
-                   int Hkv, int p0, float sl2, float scale) {
+                   int Hkv, int p0, float sl2, float scale, const int32_t* doc) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw), base = (raw + 1023u) & ~1023u;
     const uint32_t Ks = base, Vs = base + WK_KV, Qb = base + 2 * WK_KV;  // Q stage s: Qb + s·WK_QT
@@ -54,7 +60,11 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     const int kb = blockIdx.x, pair = p0 + blockIdx.y, kh = pair % Hkv, b = pair / Hkv, grp = Hq / Hkv;
-    const int nqt = (T + WK_R - 1) / WK_R, per_h = nqt - 2 * kb, n_it = grp * per_h;
+    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    // query tiles 2kb..qlast: up to the end of the document holding the CTA's last key
+    const int nqt = (T + WK_R - 1) / WK_R;
+    const int qlast = docb ? (attn_doc_end(docb, T, min(kb * 128 + 127, T - 1)) - 1) / WK_R : nqt - 1;
+    const int per_h = qlast + 1 - 2 * kb, n_it = grp * per_h;
 
     if (tid == 0) {
         mbar_init(fullKV, 1);
@@ -83,6 +93,9 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 ls[2 * lane + 1] = t + 1 < T ? lse[li + 1] : 0.f;
                 ls[64 + 2 * lane] = t < T ? delta[li] : 0.f;
                 ls[64 + 2 * lane + 1] = t + 1 < T ? delta[li + 1] : 0.f;
+                int* dst = (int*)ls + 128;  // document starts (rows ≥ T: T, masked anyway)
+                dst[2 * lane] = docb && t < T ? (int)docb[t] : (docb ? T : 0);
+                dst[2 * lane + 1] = docb && t + 1 < T ? (int)docb[t + 1] : (docb ? T : 0);
                 const uint32_t full = full0 + 8 * s;
                 if (lane == 0) {
                     mbar_expect_tx(full, 2 * WK_QT);
@@ -102,6 +115,8 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
         const int ktw = 2 * kb + wg, kw0 = ktw * WK_R;  // this warpgroup's 64-key tile
         const int key0 = kw0 + w * 16 + g;              // this thread's keys: key0, key0 + 8
         const size_t ntri = (size_t)nqt * (nqt + 1) / 2;
+        // (warpgroup-uniform) the first query past the document of this warpgroup's last key
+        const int qend_w = docb ? attn_doc_end(docb, T, min(kw0 + WK_R - 1, T - 1)) : T;
         float dka[64], dva[64];  // dK / scale, dV; the first products overwrite them
         int started = 0, par = 0;
         mbar_wait(fullKV, 0);
@@ -112,7 +127,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             const int hh = it / per_h, qt = 2 * kb + it % per_h, qq0 = qt * WK_R;
             // (warpgroup-uniform) some query of the tile sees some key of ours; a warpgroup that
             // skips the item still takes its turns
-            const bool act = qt >= ktw;
+            const bool act = qt >= ktw && qq0 < qend_w;
             mbar_wait(full0 + 8 * s, u & 1);
             const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
             uint32_t ap[4][4], as[4][4];  // Pᵀ and dSᵀ as bf16 A fragments
@@ -136,8 +151,8 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
 
                 // Pᵀ (query < key and query ≥ T masked), dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
                 const float* ls = lsh + s * (WK_L / 4);
-                const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T;
-                attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask);
+                const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T || (docb && ((const int*)ls)[128 + 63] > kw0);
+                attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask, docb ? (const int*)ls + 128 : nullptr);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     wg_pack_a(ap[kk], sT, kk);
@@ -219,7 +234,8 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 }
 
 __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16* ds, const __grid_constant__ CUtensorMap mk,
-                                                          int T, int Hq, int Hkv, int p0, float scale) {
+                                                          int T, int Hq, int Hkv, int p0, float scale,
+                                                          const int32_t* doc) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t full0 = base + WQ_NS * WQ_ST, empty0 = full0 + 8 * WQ_NS;
@@ -227,7 +243,8 @@ __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16*
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, grp = Hq / Hkv;  // heavy (late) query tiles first
     const int pair = p0 + blockIdx.y / grp, kh = pair % Hkv, b = pair / Hkv, h = kh * grp + blockIdx.y % grp;
-    const int n_kt = qt + 1;
+    // key tiles k0t..qt: from the one holding the first row's document start (the tiles dk/dv wrote)
+    const int k0t = doc ? doc[(size_t)b * T + qt * WK_R] / WK_R : 0, n_kt = qt + 1 - k0t;
     const bf16* dsr = ds + ((size_t)blockIdx.y * ((size_t)nqt * (nqt + 1) / 2) + (size_t)qt * (qt + 1) / 2) * WK_DS;
 
     if (tid == 0) {
@@ -242,9 +259,9 @@ __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16*
                 const uint32_t st = base + (uint32_t)s * WQ_ST, full = full0 + 8 * s;
                 if (kt >= WQ_NS) mbar_wait(empty0 + 8 * s, ((kt / WQ_NS) + 1) & 1);
                 mbar_expect_tx(full, WQ_ST);
-                bulk_load(st, dsr + (size_t)kt * WK_DS, WK_SD, full);
-                tma_load4(st + WK_SD, &mk, 0, kh, kt * WK_R, b, full);
-                tma_load4(st + WK_SD + WK_QT / 2, &mk, 64, kh, kt * WK_R, b, full);
+                bulk_load(st, dsr + (size_t)(k0t + kt) * WK_DS, WK_SD, full);
+                tma_load4(st + WK_SD, &mk, 0, kh, (k0t + kt) * WK_R, b, full);
+                tma_load4(st + WK_SD + WK_QT / 2, &mk, 64, kh, (k0t + kt) * WK_R, b, full);
             }
         return;
     }
@@ -289,10 +306,10 @@ extern "C" int cuda_attn_bwd_ws_stalled(void) {
 // The stored-dS backward at D = 128 with the warp-specialised kernels (the caller checked wgmma,
 // bf16 and alignment, and computed Δ into delta): per chunk of `chunk` (batch row, kv head) pairs,
 // dK, dV and the dSᵀ tiles into ds, then dQ from them. 0 (nothing launched) when the driver cannot
-// make the tensor maps.
+// make the tensor maps. doc: packed documents or NULL.
 int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16* dout, const float* lse,
                 const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq, int Hkv,
-                int chunk) {
+                int chunk, const int32_t* doc) {
     CUtensorMap mq, mo, mk, mv, mk64;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WK_R) || !tma_map_bthd(&mo, dout, B, T, Hq, WK_R) ||
         !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128) ||
@@ -311,10 +328,10 @@ int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16*
     for (int p0 = 0; p0 < pairs; p0 += chunk) {
         const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
         k_attn_dkdv_ws<<<dim3((unsigned)((T + 127) / 128), (unsigned)np), WK_THREADS, sm_kv, c->stream>>>(
-            dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2, scale);
+            dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2, scale, doc);
         LAUNCH_CK(c);
         k_attn_dq_ws<<<dim3((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv))), WQ_THREADS, sm_dq,
-                       c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale);
+                       c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale, doc);
         LAUNCH_CK(c);
     }
     return 1;

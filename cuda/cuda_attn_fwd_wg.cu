@@ -157,16 +157,16 @@ static void launch_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
 
 // cuda_attn_fwd_ws.cu: the warp-specialised kernel (D = 128), or 0 when it does not apply.
 int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                int Hq, int Hkv, int D);
+                int Hq, int Hkv, int D, const int32_t* doc);
 
 // Runs a wgmma forward when one applies (cuda_wgmma_ok; the caller checked bf16 and alignment): the
 // warp-specialised kernel at D = 128, this one at D = 64; returns 0 otherwise (then the caller runs
-// the mma.sync kernel).
+// the mma.sync kernel). With packed documents (doc) only the warp-specialised kernel applies.
 int attn_fwd_wg(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                int Hq, int Hkv, int D) {
+                int Hq, int Hkv, int D, const int32_t* doc) {
     if (!cuda_wgmma_ok(c)) return 0;
-    if (D == 128) return attn_fwd_ws(c, out, lse, q, k, v, B, T, Hq, Hkv, D);
-    if (D != 64) return 0;
+    if (D == 128) return attn_fwd_ws(c, out, lse, q, k, v, B, T, Hq, Hkv, D, doc);
+    if (D != 64 || doc) return 0;
     launch_fwd_wg<64>(c, out, lse, q, k, v, B, T, Hq, Hkv);
     return 1;
 }

@@ -20,6 +20,11 @@
 //             then it waits for P·V, releases K_j and V_{j-1}, rescales O and packs P_j to bf16
 //             over P_{j-1}.
 //             After the last tile, its P·V; then the row sums and the stores (as cuda_attn_fwd_wg).
+// Packed documents (doc, backend.h attn_fwd): a query tile starts at the key tile holding its first
+// row's document start (every other row's starts there or later), and the softmax also masks keys
+// before each row's document start; a row may see nothing of its tile's first key tiles (its
+// running max stays −inf and its exponentials are taken against 0 meanwhile). doc = NULL: the
+// tiles and masks of plain causal attention.
 // Shared memory: Q 32 KB, K and V 2 × 32 KB each, 9 mbarriers: 161 KB, one CTA per SM.
 // A wait that never completes (a bug) gives up after ~2^26 polls and flags it (mbar_wait).
 #include "attn_wg.cuh"
@@ -29,19 +34,22 @@ enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
 #define WS_TILE (128u * 128u * 2u)  // bytes of one [128][128] bf16 tile (two 16 KB slabs)
 
 // Online softmax of one 128-key tile in registers (log2 domain) for this thread's rows row0 and
-// row0 + 8: keys above the row or ≥ T are masked where the tile reaches past wrow0 (the warp's first
-// row); the running max mr and row sums lr are updated, corr is O's correction, and sacc becomes P
-// (fp32, in place: no register of an unfinished P·V is written).
+// row0 + 8: keys above the row, ≥ T or before the row's document start (ds[r]; 0 without
+// documents) are masked where the tile reaches past wrow0 (the warp's first row) or before dlast
+// (the document start of the warp's last row); the running max mr and row sums lr are updated,
+// corr is O's correction, and sacc becomes P (fp32, in place: no register of an unfinished P·V is
+// written).
 __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], float (&lr)[2], float (&corr)[2], int k0,
-                                           int wrow0, int row0, int c4, int T, float sl2) {
-    const bool need_mask = k0 + WS_N - 1 > wrow0 || k0 + WS_N > T;
-    float mx[2] = {-INFINITY, -INFINITY};
+                                           int wrow0, int row0, int c4, int T, float sl2, const int (&ds)[2],
+                                           int dlast) {
+    const bool need_mask = k0 + WS_N - 1 > wrow0 || k0 + WS_N > T || k0 < dlast;
+    float mx[2] = {-INFINITY, -INFINITY}, mu[2];
 #pragma unroll
     for (int i = 0; i < 64; i++) {
         float x = sacc[i];
         if (need_mask) {
             const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-            if (key > row || key >= T) x = -INFINITY;
+            if (key > row || key >= T || key < ds[(i >> 1) & 1]) x = -INFINITY;
         }
         mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
     }
@@ -49,8 +57,9 @@ __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], fl
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m2 = fmaxf(mr[r], mx[r] * sl2);  // finite: key 0 is visible to every row
-        corr[r] = fast_exp2(mr[r] - m2);
+        const float m2 = fmaxf(mr[r], mx[r] * sl2);  // −inf only while the row's document is not reached
+        mu[r] = m2 == -INFINITY ? 0.f : m2;
+        corr[r] = fast_exp2(mr[r] - mu[r]);
         mr[r] = m2;
         lr[r] *= corr[r];
     }
@@ -60,9 +69,9 @@ __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], fl
         float x = sacc[i];
         if (need_mask) {
             const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + r * 8;
-            if (key > row || key >= T) x = -INFINITY;
+            if (key > row || key >= T || key < ds[r]) x = -INFINITY;
         }
-        sacc[i] = fast_exp2(fmaf(x, sl2, -mr[r]));
+        sacc[i] = fast_exp2(fmaf(x, sl2, -mu[r]));
         lr[r] += sacc[i];
     }
 }
@@ -75,7 +84,7 @@ __device__ __forceinline__ void ws_pack_p(uint32_t (&p)[8][4], const float (&sac
 
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
-                  const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2) {
+                  const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2, const int32_t* doc) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t Qs = base, Kb = base + WS_TILE, Vb = base + 3 * WS_TILE, bars = base + 5 * WS_TILE;
@@ -85,7 +94,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform, visibly to the compiler
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
     const int q0 = qt * WS_M;
-    const int n = (min(q0 + WS_M, T) + WS_N - 1) / WS_N;  // key tiles 0..n-1 (the last one diagonal)
+    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    const int j0 = docb ? docb[q0] / WS_N : 0;                  // the first key tile the rows see
+    const int n = (min(q0 + WS_M, T) + WS_N - 1) / WS_N - j0;  // key tiles j0..j0+n-1 (the last one diagonal)
 
     if (tid == 0) {
         mbar_init(fullQ, 1);
@@ -108,12 +119,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 const uint32_t par = ((j >> 1) + 1) & 1;  // the phase of use (j / 2 − 1)
                 if (j >= 2) mbar_wait(emptyK + 8 * s, par);
                 mbar_expect_tx(fullK + 8 * s, WS_TILE);
-                tma_load4(Kb + s * WS_TILE, &mk, 0, kh, j * WS_N, b, fullK + 8 * s);
-                tma_load4(Kb + s * WS_TILE + WS_TILE / 2, &mk, 64, kh, j * WS_N, b, fullK + 8 * s);
+                tma_load4(Kb + s * WS_TILE, &mk, 0, kh, (j0 + j) * WS_N, b, fullK + 8 * s);
+                tma_load4(Kb + s * WS_TILE + WS_TILE / 2, &mk, 64, kh, (j0 + j) * WS_N, b, fullK + 8 * s);
                 if (j >= 2) mbar_wait(emptyV + 8 * s, par);
                 mbar_expect_tx(fullV + 8 * s, WS_TILE);
-                tma_load4(Vb + s * WS_TILE, &mv, 0, kh, j * WS_N, b, fullV + 8 * s);
-                tma_load4(Vb + s * WS_TILE + WS_TILE / 2, &mv, 64, kh, j * WS_N, b, fullV + 8 * s);
+                tma_load4(Vb + s * WS_TILE, &mv, 0, kh, (j0 + j) * WS_N, b, fullV + 8 * s);
+                tma_load4(Vb + s * WS_TILE + WS_TILE / 2, &mv, 64, kh, (j0 + j) * WS_N, b, fullV + 8 * s);
             }
         }
     } else {
@@ -122,6 +133,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int wg = warp >> 2, w = warp & 3, g = lane >> 2, c4 = lane & 3;
         const int r0w = wg * 64;
         const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
+        // document starts of the thread's rows and of the warp's last row (0 without documents)
+        const int ds[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
+        const int dlast = docb ? (int)docb[min(q0 + r0w + w * 16 + 15, T - 1)] : 0;
         float o[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) o[i] = 0.f;
@@ -148,7 +162,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(emptyK);
             float corr[2];  // O is still zero: nothing to rescale
-            ws_softmax(sacc, mr, lr, corr, 0, q0 + r0w + w * 16, row0, c4, T, sl2);
+            ws_softmax(sacc, mr, lr, corr, j0 * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
             ws_pack_p(a, sacc);
         }
         for (int j = 1; j < n; j++) {
@@ -180,7 +194,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             if (lane == 0) mbar_arrive(emptyK + 8 * s);  // this warp is done reading K_j
             // P_j in sacc: the tensor cores may still be reading P_{j-1} from a and adding into O
             float corr[2];
-            ws_softmax(sacc, mr, lr, corr, j * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2);
+            ws_softmax(sacc, mr, lr, corr, (j0 + j) * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
             {  // P_{j-1}·V_{j-1} done: V_{j-1} is free, O and a may change
                 wg_wait<0>();
                 wg_reg_fence<64>(o);
@@ -234,9 +248,9 @@ extern "C" int cuda_attn_fwd_ws_stalled(void) {
 }
 
 // Runs the warp-specialised forward (the caller checked wgmma, bf16 and 16-byte alignment; D = 128
-// here); returns 0 when the driver cannot make the tensor maps.
+// here; doc: packed documents or NULL); returns 0 when the driver cannot make the tensor maps.
 int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                int Hq, int Hkv, int D) {
+                int Hq, int Hkv, int D, const int32_t* doc) {
     if (D != WS_D) return 0;
     CUtensorMap mq, mk, mv;
     if (!tma_map_bthd(&mq, q, B, T, Hq, WS_M) || !tma_map_bthd(&mk, k, B, T, Hkv, WS_N) ||
@@ -250,7 +264,7 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
     }
     const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
-    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2);
+    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2, doc);
     LAUNCH_CK(c);
     return 1;
 }

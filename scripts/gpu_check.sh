@@ -19,7 +19,8 @@
 #   comm   parallel.comm=mpi, two ranks on one GPU (scripts/gpu_comm_mpi.sh): L0_sanity at EP=2
 #          against the GPU at EP=1 and the CPU at EP=2, a save at EP=2 resumed at EP=1 on the GPU
 #          and on the CPU, memcheck on both ranks, probe_gpu_mem against `moetrain plan`
-#   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all
+#   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all,
+#          and attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench)
 #
 # Environment: OUT (logs; default build/gpu_logs), BUILD (binaries; default build: moetrain,
 # tests/gpu/*, dev/gpu_bench), STEP_TIMEOUT (seconds per command, default 900). Missing binaries
@@ -128,8 +129,9 @@ step_comm() {
 }
 
 step_timings() {
-  [ -x "$BUILD/dev/gpu_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
+  [ -x "$BUILD/dev/gpu_bench" ] && [ -x "$BUILD/dev/attn_docs_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
+  check timings.docs "$BUILD/dev/attn_docs_bench"
 }
 
 for s in $STEPS; do
