@@ -151,6 +151,27 @@ struct Backend {
                      const float* lse, const void* q, const void* k, const void* v, int B, int T,
                      int Hq, int Hkv, int D, void* ws, size_t ws_bytes, const int32_t* doc);
 
+    // ---- decoding with a KV cache (src/generate.c, docs/generate.md) -------------------------
+    // The cache of one layer: kc, vc [B, Hkv, Tmax, D] act; sequence b's rotated keys and its
+    // values at positions [0, len_b). pos: backend int32 [B], the position of the first of the n
+    // new rows of each sequence (sequences of different lengths decode in one batch).
+    // rope_qkv_at: rope_qkv's forward (inverse 0) with row (b, i) of qkv [B, n, (Hq+2·Hkv)·D] at
+    // position pos[b] + i instead of i (the same angle arithmetic: pos = 0 gives rope_qkv's bits).
+    void (*rope_qkv_at)(Backend*, void* qkv, void* q, void* k, void* v, const int32_t* pos, int B, int n,
+                        int Hq, int Hkv, int D, float theta);
+    // kv_append: kc[b, h, pos[b] + i, :] = k[b, i, h, :] and vc likewise from v [B, n, Hkv, D],
+    // for i in [0, n) with pos[b] + i < Tmax (rows past the cache are dropped).
+    void (*kv_append)(Backend*, void* kc, void* vc, const void* k, const void* v, const int32_t* pos, int B,
+                      int n, int Hkv, int D, int Tmax);
+    // attn_decode: the new rows' queries q [B, n, Hq, D] against the cache: row (b, i) sits at
+    // position p = pos[b] + i (< Tmax) and attends to cache positions s ≤ p (causal within the
+    // new block; what lies past p is never read), query head h to kv head h / (Hq/Hkv), scale
+    // 1/sqrt(D): out[b,i,h,:] = Σ_{s≤p} softmax_s(q·kc_s·scale) vc_s. With the cache filled by
+    // kv_append this is attn_fwd's output row for row p of the whole sequence (the CPU spec sums
+    // in attn_fwd's order: the same bits).
+    void (*attn_decode)(Backend*, void* out, const void* q, const void* kc, const void* vc, const int32_t* pos,
+                        int B, int n, int Hq, int Hkv, int D, int Tmax);
+
     // ---- GEMMs -------------------------------------------------------------------------------
     void (*gemm)(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
     // Forward/backward-data expert GEMM: C[rows of g] = A[rows of g] · op(B_g)  (+ beta·C).

@@ -43,6 +43,13 @@ void cpu_attn_bwd(Backend*, void* dq, void* dk, void* dv, const void* dout, cons
                   const void* q, const void* k, const void* v, int B, int T, int Hq, int Hkv, int D, void* ws,
                   size_t ws_bytes, const int32_t* doc);
 
+void cpu_rope_qkv_at(Backend*, void* qkv, void* q, void* k, void* v, const int32_t* pos, int B, int n, int Hq,
+                     int Hkv, int D, float theta);
+void cpu_kv_append(Backend*, void* kc, void* vc, const void* k, const void* v, const int32_t* pos, int B, int n,
+                   int Hkv, int D, int Tmax);
+void cpu_attn_decode(Backend*, void* out, const void* q, const void* kc, const void* vc, const int32_t* pos, int B,
+                     int n, int Hq, int Hkv, int D, int Tmax);
+
 // ---- cpu_moe.c: router, expert-major index, permutes, SwiGLU ------------------------------
 void cpu_router_fwd(Backend*, float* probs, int32_t* topk_idx, float* topk_w, float* stats, float* zsum,
                     const float* logits, int N, int E, int k);

@@ -239,3 +239,109 @@ void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout
                     for (int i = 0; i < D; i++) dkb[s * kst + i] *= scale;
             }
 }
+
+// ---- decoding with a KV cache (backend.h) -----------------------------------------------------
+
+// rope_qkv's forward with row (b, i) at position pos[b] + i: the same angle arithmetic as
+// rope_rows, per row.
+void cpu_rope_qkv_at(Backend* be, void* qkv_, void* q_, void* k_, void* v_, const int32_t* pos, int B, int n, int Hq,
+                     int Hkv, int D, float theta) {
+    (void)be;
+    check_rope(D);
+    CHECK(Hq > 0 && Hkv >= 0, "rope_qkv_at: %d query heads, %d kv heads", Hq, Hkv);
+    const float* qkv = qkv_;
+    float *q = q_, *k = k_, *v = v_;
+    const size_t ld = (size_t)(Hq + 2 * Hkv) * D, QD = (size_t)Hq * D, KD = (size_t)Hkv * D;
+    const int half = D / 2;
+    double inv_freq[MAX_D / 2];
+    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / D);
+#pragma omp parallel for schedule(static) if ((size_t)B * n * (Hq + Hkv) * D >= 32768)
+    for (size_t r = 0; r < (size_t)B * n; r++) {
+        const int b = (int)(r / (size_t)n), t = pos[b] + (int)(r % (size_t)n);
+        CHECK(t >= 0, "rope_qkv_at: negative position %d", t);
+        float c[MAX_D / 2], s[MAX_D / 2];
+        for (int i = 0; i < half; i++) {
+            const double ang = (double)t * inv_freq[i];
+            c[i] = (float)cos(ang);
+            s[i] = (float)sin(ang);
+        }
+        const float* src = qkv + r * ld;
+        for (int h = 0; h < Hq + Hkv; h++) {
+            const float* x = src + (size_t)h * D;
+            float* y = h < Hq ? q + r * QD + (size_t)h * D : k + r * KD + (size_t)(h - Hq) * D;
+            for (int i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half];
+                y[i] = x1 * c[i] - x2 * s[i];
+                y[i + half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+        if (Hkv) memcpy(v + r * KD, src + QD + KD, sizeof(float) * KD);
+    }
+}
+
+void cpu_kv_append(Backend* be, void* kc_, void* vc_, const void* k_, const void* v_, const int32_t* pos, int B, int n,
+                   int Hkv, int D, int Tmax) {
+    (void)be;
+    float *kc = kc_, *vc = vc_;
+    const float *k = k_, *v = v_;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < n; i++) {
+            const int p = pos[b] + i;
+            CHECK(p >= 0, "kv_append: negative position %d", p);
+            if (p >= Tmax) continue;
+            for (int h = 0; h < Hkv; h++) {
+                const size_t src = (((size_t)b * n + i) * Hkv + h) * D, dst = (((size_t)b * Hkv + h) * Tmax + p) * D;
+                memcpy(kc + dst, k + src, sizeof(float) * D);
+                memcpy(vc + dst, v + src, sizeof(float) * D);
+            }
+        }
+}
+
+// attn_fwd's loop (blocks of BK keys, online softmax) over the cache positions s ≤ p.
+void cpu_attn_decode(Backend* be, void* out_, const void* q_, const void* kc_, const void* vc_, const int32_t* pos,
+                     int B, int n, int Hq, int Hkv, int D, int Tmax) {
+    (void)be;
+    float* out = out_;
+    const float *q = q_, *kc = kc_, *vc = vc_;
+    check_heads("attn_decode", Hq, Hkv, D);
+    for (int b = 0; b < B; b++)
+        CHECK(pos[b] >= 0 && pos[b] + n <= Tmax, "attn_decode: sequence %d's rows at %d..%d exceed the cache (%d)", b,
+              pos[b], pos[b] + n - 1, Tmax);
+    const float scale = 1.0f / sqrtf((float)D);
+    const int grp = Hq / Hkv;
+#pragma omp parallel for collapse(3) schedule(dynamic, 8)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < n; i++) {
+                const int kh = h / grp, t = pos[b] + i;
+                const float* qr = q + (((size_t)b * n + i) * Hq + h) * D;
+                const float* kb = kc + ((size_t)b * Hkv + kh) * Tmax * D;  // key s at kb + s·D
+                const float* vb = vc + ((size_t)b * Hkv + kh) * Tmax * D;
+                float acc[MAX_D], sc[BK];
+                for (int x = 0; x < D; x++) acc[x] = 0;
+                float m = -INFINITY, l = 0;
+                for (int s0 = 0; s0 <= t; s0 += BK) {
+                    const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
+                    float bm = -INFINITY;
+                    for (int s = s0; s < s1; s++) {
+                        sc[s - s0] = dotf(qr, kb + (size_t)s * D, D) * scale;
+                        if (sc[s - s0] > bm) bm = sc[s - s0];
+                    }
+                    const float mn = bm > m ? bm : m;
+                    if (mn == -INFINITY) continue;
+                    if (mn != m) {
+                        const float corr = expf(m - mn);
+                        l *= corr;
+                        for (int x = 0; x < D; x++) acc[x] *= corr;
+                        m = mn;
+                    }
+                    for (int s = s0; s < s1; s++) {
+                        const float p = expf(sc[s - s0] - m);
+                        l += p;
+                        axpyf(acc, p, vb + (size_t)s * D, D);
+                    }
+                }
+                float* o = out + (((size_t)b * n + i) * Hq + h) * D;
+                for (int x = 0; x < D; x++) o[x] = acc[x] / l;
+            }
+}

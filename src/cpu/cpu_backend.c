@@ -162,6 +162,9 @@ Backend* cpu_backend_create(void) {
     be->rope_qkv = cpu_rope_qkv;
     be->attn_fwd = cpu_attn_fwd;
     be->attn_bwd = cpu_attn_bwd;
+    be->rope_qkv_at = cpu_rope_qkv_at;
+    be->kv_append = cpu_kv_append;
+    be->attn_decode = cpu_attn_decode;
 
     be->gemm = cpu_gemm;
     be->gemm_grouped = cpu_gemm_grouped;
