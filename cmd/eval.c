@@ -25,7 +25,7 @@
 
 static const char* USAGE = "moetrain eval --ckpt DIR [--config NAME|PATH] [section.key=value ...]";
 
-static int is_hf_dir(const char* p) {
+int ckpt_is_hf_dir(const char* p) {
     struct stat st;
     size_t n = strlen(p);
     if (n > 12 && !strcmp(p + n - 12, ".safetensors")) return 1;
@@ -45,7 +45,7 @@ static int overridden(int argc, char** argv, const char* key) {
 
 // Loads the config: --config, or the checkpoint's stored one, or config.json; then overrides.
 // *ref_world receives the world size the micro-batch was meant for (0 = this world).
-static int load_config(Config* c, int argc, char** argv, const char* ck, int hf, int* ref_world, Err* e) {
+int eval_load_config(Config* c, int argc, char** argv, const char* ck, int hf, int* ref_world, Err* e) {
     const char* name = NULL;
     *ref_world = 0;
     if (cli_flag(argc, argv, 1, "--config", &name) || cli_flag(argc, argv, 1, "-c", &name)) {
@@ -109,8 +109,8 @@ int cmd_eval(int argc, char** argv) {
         st = 2;
     }
     if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
-    const int hf = !st && is_hf_dir(ck);
-    if (!st && load_config(&c, argc, argv, ck, hf, &ref_world, &e)) st = 2;
+    const int hf = !st && ckpt_is_hf_dir(ck);
+    if (!st && eval_load_config(&c, argc, argv, ck, hf, &ref_world, &e)) st = 2;
     if (!st) {
         if (!overridden(argc, argv, "parallel.ep") && (world % c.parallel.ep || c.model.experts % c.parallel.ep)) {
             int g = gcd(world, c.model.experts), ep = 1;

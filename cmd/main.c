@@ -15,6 +15,8 @@ static void usage(FILE* f) {
             "  moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer PATH]\n"
             "  moetrain eval --ckpt DIR [--config NAME|PATH] [section.key=value ...]\n"
             "                                              validation loss / bits per token of a checkpoint\n"
+            "  moetrain generate --ckpt DIR|HF_DIR --prompt TEXT [--max-new N] [--temperature T] [--top-k K] [--top-p P]\n"
+            "                                              continue prompts with a KV cache (docs/generate.md)\n"
             "  moetrain --keys                             every config key (docs/config.md)\n"
             "  moetrain --help | --version\n\n"
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (argv[1][0] == '-' || strchr(argv[1], '=')) return cmd_train(argc, argv);
-    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan, inspect, export, eval; see --help)\n", argv[1]);
+    fprintf(stderr, "moetrain: unknown subcommand '%s' (train, plan, inspect, export, eval, generate; see --help)\n", argv[1]);
     return 2;
 }

@@ -73,3 +73,21 @@ void hf_close(HfDir* h);
 // trainer cannot represent (model_type other than mixtral, tied embeddings, sliding window,
 // head_dim other than hidden/heads, activation other than silu).
 int hf_read_config(const char* dir, ModelConfig* m, Err* e);
+
+// A SentencePiece model (tokenizer.model) for `moetrain generate` (src/hf_tokenizer.c). spec as
+// for hf_export_tokenizer (a tokenizer.model, a directory or manifest leading to one).
+typedef struct SpModel SpModel;
+int sp_open(SpModel** out, const char* spec, Err* e);
+void sp_close(SpModel* s);
+int sp_vocab(const SpModel* s);
+int sp_eos(const SpModel* s);  // -1 = none
+int sp_bos(const SpModel* s);
+// text → ids (*ids malloc'd; returns the count): the normalizer's whitespace handling (spaces →
+// ▁, a dummy ▁ prefix when the model asks for it), then BPE models merge the adjacent pair with
+// the highest piece score first (leftmost on ties), unigram models take the Viterbi segmentation
+// of the highest total score; what no piece covers becomes <0xNN> byte pieces (byte_fallback)
+// or unk. add_bos: the BOS id first (when the model has one).
+int sp_encode(const SpModel* s, const char* text, int add_bos, int32_t** ids);
+// The text of one id into out (at most cap bytes; returns the length): ▁ → space, <0xNN> → that
+// byte, control / unknown pieces → nothing.
+size_t sp_piece_text(const SpModel* s, int id, char* out, size_t cap);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "ckpt_internal.h"
 #include "hf.h"
 #include "minijson.h"
+#include "strmap.h"
 
 #define TOK_MAX_BYTES ((size_t)256 << 20)
 
@@ -173,6 +175,8 @@ static int pb_next(Pb* b, int* field, int* wt, uint64_t* v, const uint8_t** sub,
     if (*wt == 1 || *wt == 5) {
         size_t k = *wt == 1 ? 8 : 4;
         if (b->n - b->i < k) return -1;
+        *v = 0;  // fixed64 / fixed32, little-endian (a float's bits for wire type 5)
+        for (size_t j = 0; j < k; j++) *v |= (uint64_t)b->p[b->i + j] << (8 * j);
         b->i += k;
         return 1;
     }
@@ -435,4 +439,246 @@ int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, i
     snprintf(desc, dn, "%s%s%s (%d tokens; bos %d, eos %d, pad %d)", t.model[0] ? "tokenizer.model" : "",
              t.model[0] && t.json[0] ? " + " : "", t.json[0] ? "tokenizer.json" : "", n, ids->bos, ids->eos, ids->pad);
     return 0;
+}
+
+// ---- SentencePiece encode / decode (moetrain generate) ---------------------------------------
+
+enum { SP_NORMAL = 1, SP_UNKNOWN = 2, SP_CONTROL = 3, SP_USER = 4, SP_UNUSED = 5, SP_BYTE = 6 };
+
+struct SpModel {
+    int n;
+    char** piece;     // [n] NUL-terminated
+    float* score;     // [n]
+    uint8_t* type;    // [n]
+    StrMap map;       // piece → id (normal, user-defined and unknown pieces)
+    int byte_id[256]; // <0xNN> piece of each byte, or -1
+    int bpe;          // trainer_spec.model_type == BPE (else unigram)
+    int byte_fallback, dummy_prefix, collapse_ws;
+    int bos, eos, unk;
+    int maxlen;       // longest piece in bytes
+};
+
+int sp_vocab(const SpModel* s) { return s->n; }
+int sp_eos(const SpModel* s) { return s->eos; }
+int sp_bos(const SpModel* s) { return s->bos; }
+
+void sp_close(SpModel* s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->piece[i]);
+    free(s->piece), free(s->score), free(s->type);
+    strmap_free(&s->map);
+    free(s);
+}
+
+int sp_open(SpModel** out, const char* spec, Err* e) {
+    TokFiles tf;
+    *out = NULL;
+    if (find_tokenizer(spec, &tf, e)) return -1;
+    if (!tf.model[0]) return err_set(e, "%s: generate reads SentencePiece models (tokenizer.model); this is a tokenizer.json", spec);
+    SpInfo info;
+    if (sp_read(tf.model, &info, e)) return -1;
+    char* text;
+    size_t n;
+    if (read_all(tf.model, &text, &n, e)) return -1;
+    SpModel* s = xcalloc(1, sizeof *s);
+    s->piece = xcalloc((size_t)info.n, sizeof(char*));
+    s->score = xcalloc((size_t)info.n, sizeof(float));
+    s->type = xcalloc((size_t)info.n, 1);
+    s->bos = info.bos, s->eos = info.eos, s->unk = info.unk;
+    s->dummy_prefix = 1, s->collapse_ws = 1, s->bpe = 0;
+    for (int i = 0; i < 256; i++) s->byte_id[i] = -1;
+    Pb b = {(const uint8_t*)text, n, 0};
+    int f, wt;
+    uint64_t v;
+    const uint8_t* sub = NULL;
+    size_t sl = 0;
+    while (pb_next(&b, &f, &wt, &v, &sub, &sl) == 1) {
+        if (wt != 2) continue;
+        Pb t = {sub, sl, 0};
+        int g, wt2;
+        uint64_t u = 0;
+        const uint8_t* s2 = NULL;
+        size_t l2 = 0;
+        if (f == 1) {
+            const int id = s->n++;
+            s->type[id] = SP_NORMAL;
+            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+                if (g == 1 && wt2 == 2) {
+                    s->piece[id] = xmalloc(l2 + 1);
+                    memcpy(s->piece[id], s2, l2);
+                    s->piece[id][l2] = 0;
+                } else if (g == 2 && wt2 == 5) {
+                    uint32_t bits = (uint32_t)u;
+                    memcpy(&s->score[id], &bits, 4);
+                } else if (g == 3 && wt2 == 0) {
+                    s->type[id] = (uint8_t)u;
+                }
+            }
+            if (!s->piece[id]) s->piece[id] = xstrdup("");
+        } else if (f == 2) {  // trainer_spec
+            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+                if (g == 3 && wt2 == 0) s->bpe = u == 2;
+                if (g == 35 && wt2 == 0) s->byte_fallback = u != 0;
+            }
+        } else if (f == 3) {  // normalizer_spec
+            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+                if (g == 3 && wt2 == 0) s->dummy_prefix = u != 0;
+                if (g == 4 && wt2 == 0) s->collapse_ws = u != 0;
+            }
+        }
+    }
+    free(text);
+    strmap_init(&s->map);
+    for (int i = 0; i < s->n; i++) {
+        const char* p = s->piece[i];
+        unsigned x;
+        if (s->type[i] == SP_BYTE && strlen(p) == 6 && sscanf(p, "<0x%2X>", &x) == 1) s->byte_id[x & 255] = i;
+        if (s->type[i] == SP_NORMAL || s->type[i] == SP_USER || s->type[i] == SP_UNUSED) {
+            int old;
+            strmap_put(&s->map, p, i, &old);
+            int len = (int)strlen(p);
+            if (len > s->maxlen) s->maxlen = len;
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+static int utf8_len(uint8_t c) { return c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }
+
+// Piece id of bytes [p, p + n), or -1.
+static int sp_find(const SpModel* s, const char* p, int n, char* buf) {
+    memcpy(buf, p, (size_t)n);
+    buf[n] = 0;
+    return strmap_get(&s->map, buf);
+}
+
+// Emits the ids of one symbol [p, p + n) with no piece of its own: bytes or unk.
+static void sp_emit_fallback(const SpModel* s, const char* p, int n, int32_t* ids, int* k) {
+    if (s->byte_fallback) {
+        for (int j = 0; j < n; j++) ids[(*k)++] = s->byte_id[(uint8_t)p[j]] >= 0 ? s->byte_id[(uint8_t)p[j]] : s->unk;
+    } else {
+        ids[(*k)++] = s->unk;
+    }
+}
+
+int sp_encode(const SpModel* s, const char* text, int add_bos, int32_t** out) {
+    // normalise: spaces → ▁ (U+2581), optional collapse of runs / trim, optional dummy prefix
+    const size_t tn = strlen(text);
+    char* t = xmalloc(3 * tn + 8);
+    size_t m = 0;
+    const char* a = text;
+    const char* z = text + tn;
+    if (s->collapse_ws) {
+        while (a < z && *a == ' ') a++;
+        while (z > a && z[-1] == ' ') z--;
+    }
+    if (s->dummy_prefix && a < z) memcpy(t + m, "\xE2\x96\x81", 3), m += 3;
+    for (const char* q = a; q < z; q++) {
+        if (*q == ' ') {
+            if (s->collapse_ws && q > a && q[-1] == ' ') continue;
+            memcpy(t + m, "\xE2\x96\x81", 3), m += 3;
+        } else {
+            t[m++] = *q;
+        }
+    }
+    t[m] = 0;
+    int32_t* ids = xmalloc(sizeof(int32_t) * (m + 2));
+    int k = 0;
+    if (add_bos && s->bos >= 0) ids[k++] = s->bos;
+    char* buf = xmalloc(m + 1 > (size_t)s->maxlen + 1 ? m + 1 : (size_t)s->maxlen + 1);
+    if (s->bpe) {
+        // symbols: UTF-8 characters; merge the best-scoring adjacent pair until none is a piece
+        int ns = 0;
+        int* st = xmalloc(sizeof(int) * (m + 1));
+        int* ln = xmalloc(sizeof(int) * (m + 1));
+        for (size_t i = 0; i < m;) {
+            int l = utf8_len((uint8_t)t[i]);
+            if (i + (size_t)l > m) l = (int)(m - i);
+            st[ns] = (int)i, ln[ns] = l, ns++;
+            i += (size_t)l;
+        }
+        for (;;) {
+            int best = -1, best_id = -1;
+            float bs = 0;
+            for (int i = 0; i + 1 < ns; i++) {
+                const int l = ln[i] + ln[i + 1];
+                if (l > s->maxlen) continue;
+                const int id = sp_find(s, t + st[i], l, buf);
+                if (id < 0) continue;
+                if (best < 0 || s->score[id] > bs) best = i, best_id = id, bs = s->score[id];
+            }
+            if (best < 0) break;
+            (void)best_id;
+            ln[best] += ln[best + 1];
+            memmove(st + best + 1, st + best + 2, sizeof(int) * (size_t)(ns - best - 2));
+            memmove(ln + best + 1, ln + best + 2, sizeof(int) * (size_t)(ns - best - 2));
+            ns--;
+        }
+        for (int i = 0; i < ns; i++) {
+            const int id = sp_find(s, t + st[i], ln[i], buf);
+            if (id >= 0) ids[k++] = id;
+            else sp_emit_fallback(s, t + st[i], ln[i], ids, &k);
+        }
+        free(st), free(ln);
+    } else {
+        // unigram: Viterbi over byte positions (pieces start and end on character boundaries);
+        // a character no piece covers costs the lowest score − 10, as SentencePiece's unk penalty
+        float minsc = 0;
+        for (int i = 0; i < s->n; i++)
+            if (s->score[i] < minsc) minsc = s->score[i];
+        double* best = xmalloc(sizeof(double) * (m + 1));
+        int* from = xmalloc(sizeof(int) * (m + 1));
+        int* pid = xmalloc(sizeof(int) * (m + 1));
+        best[0] = 0;
+        for (size_t i = 1; i <= m; i++) best[i] = -INFINITY, from[i] = -1, pid[i] = -1;
+        for (size_t i = 0; i < m; i++) {
+            if (best[i] == -INFINITY || (i && utf8_len((uint8_t)t[i]) == 1 && ((uint8_t)t[i] & 0xC0) == 0x80)) continue;
+            const int cl = utf8_len((uint8_t)t[i]);
+            for (int l = 1; l <= s->maxlen && i + (size_t)l <= m; l++) {
+                const int id = sp_find(s, t + i, l, buf);
+                if (id < 0) continue;
+                const double sc = best[i] + s->score[id];
+                if (sc > best[i + l]) best[i + l] = sc, from[i + l] = (int)i, pid[i + l] = id;
+            }
+            const size_t j = i + (size_t)cl <= m ? i + (size_t)cl : m;
+            const double sc = best[i] + minsc - 10.0;
+            if (from[j] < 0 || sc > best[j]) best[j] = sc, from[j] = (int)i, pid[j] = -1;
+        }
+        int nseg = 0;
+        int* seg = xmalloc(sizeof(int) * (m + 1));
+        for (int j = (int)m; j > 0; j = from[j]) seg[nseg++] = j;
+        for (int q = nseg - 1; q >= 0; q--) {
+            const int j = seg[q], i = from[j];
+            if (pid[j] >= 0) ids[k++] = pid[j];
+            else sp_emit_fallback(s, t + i, j - i, ids, &k);
+        }
+        free(seg), free(best), free(from), free(pid);
+    }
+    free(buf);
+    free(t);
+    *out = ids;
+    return k;
+}
+
+size_t sp_piece_text(const SpModel* s, int id, char* out, size_t cap) {
+    if (id < 0 || id >= s->n || !cap) return 0;
+    const int ty = s->type[id];
+    if (ty == SP_CONTROL || ty == SP_UNKNOWN || ty == SP_UNUSED) return 0;
+    const char* p = s->piece[id];
+    unsigned x;
+    if (ty == SP_BYTE && sscanf(p, "<0x%2X>", &x) == 1) {
+        out[0] = (char)x;
+        return 1;
+    }
+    size_t k = 0;
+    for (; *p && k < cap; p++) {
+        if (!strncmp(p, "\xE2\x96\x81", 3)) {
+            out[k++] = ' ';
+            p += 2;
+        } else {
+            out[k++] = *p;
+        }
+    }
+    return k;
 }

@@ -45,13 +45,22 @@ void fatal_at(const char* file, int line, const char* fmt, ...) {
     util_abort(1);
 }
 
+static FILE* g_log_stream;  // NULL until log_set_stream: stdout
+static int g_log_off;
+
+void log_set_stream(FILE* f) {
+    g_log_stream = f;
+    g_log_off = f == NULL;
+}
+
 void log_info(const char* fmt, ...) {
-    if (g_rank != 0) return;
+    if (g_rank != 0 || g_log_off) return;
+    FILE* f = g_log_stream ? g_log_stream : stdout;
     va_list ap;
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vfprintf(f, fmt, ap);
     va_end(ap);
-    fflush(stdout);
+    fflush(f);
 }
 
 void* xmalloc(size_t n) {

@@ -28,6 +28,8 @@ void util_abort(int code) __attribute__((noreturn));
 
 // Logging to stdout; rank 0 only unless log_all.
 void log_info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Where log_info writes (stdout until set; NULL = nowhere): `generate` keeps stdout for the text.
+void log_set_stream(FILE* f);
 
 void* xmalloc(size_t n);           // aborts on failure; never returns NULL
 void* xcalloc(size_t n, size_t sz);

@@ -1,0 +1,357 @@
+// generate.c — `moetrain generate --ckpt DIR|HF_DIR (--prompt TEXT ... | --prompt-file F |
+// --prompt-ids 1,2,3 ...) [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+// [--tokenizer bytes|PATH] [--eos ID] [--print-ids] [--device D] [--dtype D] [section.key=value ...]`:
+// continuations of several prompts at once, decoded with a KV cache (src/generate.c,
+// docs/generate.md). The weights load as `eval` loads them (a checkpoint or an export), onto the
+// layout of this launch: under mpirun the experts are sharded over parallel.ep as in training,
+// every rank runs the same batch, and rank 0's draw is every rank's token.
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt_cmds.h"
+#include "cli.h"
+#include "comm.h"
+#include "generate.h"
+#include "hf.h"
+#include "train.h"
+
+static const char* USAGE =
+    "moetrain generate --ckpt DIR|HF_DIR (--prompt TEXT ... | --prompt-file F | --prompt-ids 1,2,3 ...)\n"
+    "         [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer bytes|PATH]\n"
+    "         [--eos ID] [--print-ids] [--device auto|cpu|cuda] [--dtype bf16|fp32] [section.key=value ...]";
+
+typedef struct Prompts {
+    int n;
+    char** text;     // [n] or NULL entries for --prompt-ids
+    int32_t** ids;   // [n] token ids
+    int* len;        // [n]
+} Prompts;
+
+static void add_prompt(Prompts* p, const char* text) {
+    p->text = realloc(p->text, sizeof(char*) * (size_t)(p->n + 1));
+    p->ids = realloc(p->ids, sizeof(int32_t*) * (size_t)(p->n + 1));
+    p->len = realloc(p->len, sizeof(int) * (size_t)(p->n + 1));
+    CHECK(p->text && p->ids && p->len, "out of memory");
+    p->text[p->n] = text ? xstrdup(text) : NULL;
+    p->ids[p->n] = NULL;
+    p->len[p->n] = 0;
+    p->n++;
+}
+
+static int parse_ids(const char* s, int32_t** out, int* n, int V, Err* e) {
+    int cap = 16, k = 0;
+    int32_t* v = xmalloc(sizeof(int32_t) * (size_t)cap);
+    const char* q = s;
+    while (*q) {
+        char* end;
+        long x = strtol(q, &end, 10);
+        if (end == q || x < 0 || x >= V) {
+            free(v);
+            return err_set(e, "--prompt-ids '%s': want comma-separated token ids in [0, %d)", s, V);
+        }
+        if (k == cap) v = realloc(v, sizeof(int32_t) * (size_t)(cap *= 2));
+        v[k++] = (int32_t)x;
+        q = end;
+        while (*q == ',' || *q == ' ') q++;
+    }
+    if (!k) {
+        free(v);
+        return err_set(e, "--prompt-ids '%s' holds no ids", s);
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+static int is_override(const char* a) { return strncmp(a, "--", 2) && strchr(a, '='); }
+
+int cmd_generate(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s\n  continues each prompt (batched) with a KV cache; greedy at --temperature 0. Tokenizer:\n"
+                   "  bytes for a vocabulary of 256, else a SentencePiece tokenizer.model (--tokenizer, the\n"
+                   "  export's own, or the one the run recorded). Defaults: --max-new 64 --temperature 1 --top-k 0\n"
+                   "  (off) --top-p 1 (off) --seed 0. Stops at EOS. Launch with mpirun to shard the experts.\n"
+                   "  docs/generate.md\n",
+                   USAGE);
+            return 0;
+        }
+    int world = 1;
+    const int rank = dist_init(&argc, &argv, &world);
+    Err e = {{0}};
+    int st = 0;
+    const char *ck = NULL, *pfile = NULL, *tokspec = NULL, *dev = NULL, *dt = NULL, *cfgname = NULL;
+    int max_new = 64, top_k = 0, eos = -2, print_ids = 0;
+    double temperature = 1.0, top_p = 1.0, seedd = 0;
+    Prompts P = {0};
+    static const char* const known[] = {"--ckpt", "--prompt", "--prompt-file", "--prompt-ids", "--max-new",
+                                        "--temperature", "--top-k", "--top-p", "--seed", "--tokenizer",
+                                        "--eos", "--print-ids", "--device", "--dtype", NULL};
+    // the config's argv: --config and the section.key=value overrides (prompts may hold '=')
+    char** cargv = xcalloc((size_t)argc + 1, sizeof(char*));
+    int cargc = 0;
+    cargv[cargc++] = argv[0];
+    int n_ids_prompts = 0;
+    for (int i = 1; i < argc && !st; i++) {
+        const char* a = argv[i];
+        const char* val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--print-ids")) {
+            print_ids = 1;
+        } else if (!strcmp(a, "--prompt") || !strcmp(a, "--prompt-ids")) {
+            if (!val) err_set(&e, "%s needs a value", a), st = 2;
+            else {
+                add_prompt(&P, a[8] ? NULL : val);
+                if (a[8]) {
+                    P.text[P.n - 1] = NULL;
+                    P.ids[P.n - 1] = (int32_t*)xstrdup(val);  // parsed once the vocabulary is known
+                    n_ids_prompts++;
+                }
+                i++;
+            }
+        } else if (!strcmp(a, "--config") || !strcmp(a, "-c")) {
+            if (!val) err_set(&e, "--config needs a value"), st = 2;
+            else cfgname = val, cargv[cargc++] = (char*)a, cargv[cargc++] = argv[++i];
+        } else if (is_override(a)) {
+            cargv[cargc++] = (char*)a;
+        } else if (!strncmp(a, "--", 2)) {
+            if (val && strncmp(val, "--", 2)) i++;
+        } else {
+            err_set(&e, "unexpected argument '%s'; usage:\n%s", a, USAGE), st = 2;
+        }
+    }
+    (void)cfgname;
+    if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
+    if (!st && (!cli_flag(argc, argv, 1, "--ckpt", &ck) || !ck || !ck[0]))
+        err_set(&e, "generate needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage:\n%s", USAGE), st = 2;
+    if (!st) {
+        cli_flag(argc, argv, 1, "--prompt-file", &pfile);
+        cli_flag(argc, argv, 1, "--tokenizer", &tokspec);
+        cli_flag(argc, argv, 1, "--device", &dev);
+        cli_flag(argc, argv, 1, "--dtype", &dt);
+        if (cli_flag_int(argc, argv, 1, "--max-new", 0, 1 << 20, &max_new, &e) ||
+            cli_flag_int(argc, argv, 1, "--top-k", 0, 1 << 30, &top_k, &e) ||
+            cli_flag_int(argc, argv, 1, "--eos", -1, 1 << 30, &eos, &e) ||
+            cli_flag_double(argc, argv, 1, "--temperature", 0, 1e6, &temperature, &e) ||
+            cli_flag_double(argc, argv, 1, "--top-p", 0, 1, &top_p, &e) ||
+            cli_flag_double(argc, argv, 1, "--seed", 0, 9.0e15, &seedd, &e))
+            st = 2;
+    }
+    if (!st && pfile) {
+        FILE* f = fopen(pfile, "r");
+        if (!f) err_set(&e, "--prompt-file %s: cannot open it", pfile), st = 2;
+        else {
+            char* line = NULL;
+            size_t cap = 0;
+            ssize_t r;
+            while ((r = getline(&line, &cap, f)) >= 0) {
+                while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
+                if (r) add_prompt(&P, line);
+            }
+            free(line);
+            fclose(f);
+        }
+    }
+    if (!st && P.n == 0) err_set(&e, "no prompt: give --prompt TEXT, --prompt-file F or --prompt-ids 1,2,3"), st = 2;
+
+    Config c;
+    const int hf = !st && ckpt_is_hf_dir(ck);
+    int ref_world = 0;
+    if (!st && eval_load_config(&c, cargc, cargv, ck, hf, &ref_world, &e)) st = 2;
+    const int V = st ? 0 : c.model.vocab_size;
+
+    // the tokenizer: bytes for 256 entries, else SentencePiece (--tokenizer, the export's, the run's)
+    SpModel* sp = NULL;
+    int bytes = 0;
+    if (!st) {
+        char runtok[4096];
+        const char* spec = tokspec;
+        if (!spec && hf) spec = ck;
+        if (!spec && V != 256 && hf_tokenizer_of_run(&c.data, runtok, sizeof runtok)) spec = runtok;
+        if (spec && !strcmp(spec, "bytes")) {
+            if (V != 256) err_set(&e, "--tokenizer bytes needs a vocabulary of 256 (the model has %d)", V), st = 2;
+            bytes = 1;
+        } else if (spec && (tokspec || V != 256)) {
+            Err te = {{0}};
+            if (sp_open(&sp, spec, &te)) {
+                if (tokspec || P.n > n_ids_prompts) err_set(&e, "tokenizer: %s", te.msg), st = 2;
+            } else if (sp_vocab(sp) > V) {
+                err_set(&e, "tokenizer %s has %d pieces, more than the model's vocabulary of %d", spec, sp_vocab(sp), V), st = 2;
+            }
+        } else if (V == 256) {
+            bytes = 1;
+        }
+        if (!st && !bytes && !sp && P.n > n_ids_prompts)
+            st = err_set(&e, "the model's vocabulary has %d entries and no tokenizer was found: give --tokenizer "
+                         "PATH (a SentencePiece tokenizer.model) or --prompt-ids", V), st = 2;
+        if (eos == -2) eos = sp ? sp_eos(sp) : -1;
+    }
+    // prompts → ids
+    for (int i = 0; i < P.n && !st; i++) {
+        if (!P.text[i]) {
+            char* s = (char*)P.ids[i];
+            if (parse_ids(s, &P.ids[i], &P.len[i], V, &e)) st = 2;
+            free(s);
+        } else if (bytes) {
+            const size_t n = strlen(P.text[i]);
+            P.ids[i] = xmalloc(sizeof(int32_t) * (n + 1));
+            for (size_t j = 0; j < n; j++) P.ids[i][j] = (uint8_t)P.text[i][j];
+            P.len[i] = (int)n;
+        } else {
+            P.len[i] = sp_encode(sp, P.text[i], 1, &P.ids[i]);
+        }
+        if (!st && P.len[i] == 0) err_set(&e, "prompt %d is empty", i + 1), st = 2;
+    }
+    int maxlen = 0;
+    for (int i = 0; i < P.n && !st; i++) maxlen = P.len[i] > maxlen ? P.len[i] : maxlen;
+
+    if (!st) {  // the launch's layout, as eval does; one micro-batch of every prompt, no data
+        if (world % c.parallel.ep || c.model.experts % c.parallel.ep) {
+            int g = gcd(world, c.model.experts), ep = 1;
+            for (int d = 1; d <= g; d++)
+                if (g % d == 0 && d <= c.parallel.ep) ep = d;
+            c.parallel.ep = ep;
+        }
+        c.train.micro_batch = P.n;
+        c.train.seq_len = maxlen;
+        c.train.global_batch = P.n * world;
+        c.train.keep_swiglu = 0;
+        c.data.format = DATA_RANDOM;
+        c.data.path[0] = c.data.val_path[0] = c.data.weights[0] = 0;
+        c.data.required = 0;
+        c.checkpoint.dir[0] = 0;
+        c.checkpoint.every = 0;
+        c.checkpoint.required = 0;
+        c.log.dir[0] = 0;
+        if (hf) {
+            snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", ck);
+            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
+        } else {
+            c.checkpoint.init_from[0] = 0;
+            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "%s", ck);
+        }
+        Err oe = {{0}};
+        char kv[64];
+        if (dev) {
+            snprintf(kv, sizeof kv, "train.device=%s", dev);
+            if (config_override(&c, kv, &oe)) err_set(&e, "--device %s: %s", dev, oe.msg), st = 2;
+        }
+        if (!st && dt) {
+            snprintf(kv, sizeof kv, "precision.dtype=%s", dt);
+            if (config_override(&c, kv, &oe)) err_set(&e, "--dtype %s: %s", dt, oe.msg), st = 2;
+        }
+    }
+    if (!st && config_validate(&c, world, &e)) st = 2;
+    if (dist_agree_error(st, &e)) {
+        if (rank == 0) cli_exit_error("generate", &e);
+        dist_finalize();
+        return 2;
+    }
+    Trainer t;
+    log_set_stream(NULL);  // the trainer's setup notes (data, resume position) say nothing here
+    st = trainer_init(&t, &c, &e) ? 2 : 0;
+    log_set_stream(stderr);
+    if (dist_agree_error(st, &e)) {
+        if (rank == 0) cli_exit_error("generate", &e);
+        dist_finalize();
+        return 2;
+    }
+    const int B = P.n, Tmax = maxlen + (max_new > 0 ? max_new : 1);
+    if (rank == 0 && Tmax > c.model.max_seq)
+        log_info("generate: note: %d positions exceed model.max_seq=%d (RoPE extrapolates; quality may drop)\n", Tmax,
+                 c.model.max_seq);
+    Gen g;
+    gen_create(&g, &t.model, Tmax);
+    int32_t* tok = xcalloc((size_t)B * maxlen, sizeof(int32_t));
+    int *last = xmalloc(sizeof(int) * B), *adv = xmalloc(sizeof(int) * B), *done = xcalloc((size_t)B, sizeof(int));
+    int32_t** out = xcalloc((size_t)B, sizeof(int32_t*));
+    int* nout = xcalloc((size_t)B, sizeof(int));
+    Rng* rng = xmalloc(sizeof(Rng) * B);
+    float* scratch = xmalloc(sizeof(float) * V);
+    double* pick = xmalloc(sizeof(double) * B);
+    const uint64_t seed = (uint64_t)seedd;
+    for (int b = 0; b < B; b++) {
+        memcpy(tok + (size_t)b * maxlen, P.ids[b], sizeof(int32_t) * P.len[b]);
+        last[b] = P.len[b] - 1;
+        out[b] = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
+        rng_seed(&rng[b], seed * 0x9E3779B97F4A7C15ull + (uint64_t)b);  // per sequence: independent of the batch
+    }
+    t.be->sync(t.be);
+    const double t0 = now_sec();
+    gen_forward(&g, tok, maxlen, P.len, last);
+    t.be->sync(t.be);
+    const double t1 = now_sec();
+    int steps = 0, gen_tokens = 0;
+    for (int s = 0; s < max_new; s++) {
+        for (int b = 0; b < B; b++) {
+            pick[b] = 0;
+            if (!done[b] && rank == 0)
+                pick[b] = gen_sample(g.h_logits + (size_t)b * V, V, (float)temperature, top_k, (float)top_p, scratch, &rng[b]);
+        }
+        if (world > 1) t.comm->host_all_reduce_f64(t.comm, GROUP_WORLD, pick, (size_t)B);  // rank 0's draw everywhere
+        int live = 0;
+        for (int b = 0; b < B; b++) {
+            adv[b] = 0;
+            tok[b] = 0;
+            if (done[b]) continue;
+            const int32_t x = (int32_t)pick[b];
+            out[b][nout[b]++] = x;
+            gen_tokens++;
+            if (x == eos) {
+                done[b] = 1;
+                continue;
+            }
+            adv[b] = 1;
+            tok[b] = x;
+            live++;
+        }
+        if (!live || s + 1 == max_new) break;
+        gen_forward(&g, tok, 1, adv, NULL);
+        steps++;
+    }
+    t.be->sync(t.be);
+    const double t2 = now_sec();
+    if (rank == 0) {
+        for (int b = 0; b < B; b++) {
+            if (print_ids) {
+                for (int j = 0; j < nout[b]; j++) printf("%s%d", j ? "," : "", out[b][j]);
+                printf("\n");
+                continue;
+            }
+            if (B > 1) printf("--- %d\n", b + 1);
+            if (P.text[b]) fputs(P.text[b], stdout);
+            else {
+                for (int j = 0; j < P.len[b]; j++) printf("%s%d", j ? "," : "[", P.ids[b][j]);
+                printf("]");
+            }
+            for (int j = 0; j < nout[b]; j++) {
+                if (out[b][j] == eos) break;
+                if (bytes) putchar(out[b][j]);
+                else if (sp) {
+                    char buf[256];
+                    size_t n = sp_piece_text(sp, out[b][j], buf, sizeof buf);
+                    fwrite(buf, 1, n, stdout);
+                } else printf(" %d", out[b][j]);
+            }
+            printf("\n");
+        }
+        fflush(stdout);
+        int prompt_tok = 0;
+        for (int b = 0; b < B; b++) prompt_tok += P.len[b];
+        log_info("generate: %s (step %d): %d sequence(s), %d prompt tokens, %d new tokens on %s (world %d, ep %d, %s): prefill %.3f s, "
+                 "%d decode steps in %.3f s (%.1f tokens/s)\n",
+                 ck, t.step, B, prompt_tok, gen_tokens, t.be->name, world, c.parallel.ep, dtype_name(t.be->act_dtype), t1 - t0,
+                 steps, t2 - t1, steps ? (double)steps * B / (t2 - t1) : 0.0);
+    }
+    gen_free(&g);
+    for (int b = 0; b < B; b++) free(out[b]), free(P.ids[b]), free(P.text[b]);
+    free(out), free(nout), free(rng), free(scratch), free(pick), free(tok), free(last), free(adv), free(done);
+    free(P.ids), free(P.text), free(P.len), free(cargv);
+    if (sp) sp_close(sp);
+    trainer_free(&t);
+    dist_finalize();
+    return 0;
+}
