@@ -18,7 +18,7 @@
 #include "train.h"
 
 static const char* USAGE =
-    "moetrain generate --ckpt DIR|HF_DIR (--prompt TEXT ... | --prompt-file F | --prompt-ids 1,2,3 ...)\n"
+    "moetrain generate --ckpt DIR|HF_DIR|none (--prompt TEXT ... | --prompt-file F | --prompt-ids 1,2,3 ...)\n"
     "         [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer bytes|PATH]\n"
     "         [--eos ID] [--print-ids] [--device auto|cpu|cuda] [--dtype bf16|fp32] [section.key=value ...]";
 
@@ -76,6 +76,7 @@ int cmd_generate(int argc, char** argv) {
                    "  bytes for a vocabulary of 256, else a SentencePiece tokenizer.model (--tokenizer, the\n"
                    "  export's own, or the one the run recorded). Defaults: --max-new 64 --temperature 1 --top-k 0\n"
                    "  (off) --top-p 1 (off) --seed 0. Stops at EOS. Launch with mpirun to shard the experts.\n"
+                   "  --ckpt none --config X: random weights of X's model (decode benchmarks).\n"
                    "  docs/generate.md\n",
                    USAGE);
             return 0;
@@ -123,7 +124,6 @@ int cmd_generate(int argc, char** argv) {
             err_set(&e, "unexpected argument '%s'; usage:\n%s", a, USAGE), st = 2;
         }
     }
-    (void)cfgname;
     if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
     if (!st && (!cli_flag(argc, argv, 1, "--ckpt", &ck) || !ck || !ck[0]))
         err_set(&e, "generate needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage:\n%s", USAGE), st = 2;
@@ -158,7 +158,9 @@ int cmd_generate(int argc, char** argv) {
     if (!st && P.n == 0) err_set(&e, "no prompt: give --prompt TEXT, --prompt-file F or --prompt-ids 1,2,3"), st = 2;
 
     Config c;
-    const int hf = !st && ckpt_is_hf_dir(ck);
+    const int random_init = !st && !strcmp(ck, "none");  // decode benchmarks: --config's model, random weights
+    if (random_init && !cfgname) err_set(&e, "--ckpt none (random weights) needs --config NAME|PATH"), st = 2;
+    const int hf = !st && !random_init && ckpt_is_hf_dir(ck);
     int ref_world = 0;
     if (!st && eval_load_config(&c, cargc, cargv, ck, hf, &ref_world, &e)) st = 2;
     const int V = st ? 0 : c.model.vocab_size;
@@ -226,8 +228,8 @@ int cmd_generate(int argc, char** argv) {
         c.checkpoint.every = 0;
         c.checkpoint.required = 0;
         c.log.dir[0] = 0;
-        if (hf) {
-            snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", ck);
+        if (hf || random_init) {
+            snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", hf ? ck : "");
             snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
         } else {
             c.checkpoint.init_from[0] = 0;

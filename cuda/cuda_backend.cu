@@ -458,6 +458,9 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuCo
     be->rope_qkv = cuda_rope_qkv;
     be->attn_fwd = cuda_attn_fwd;
     be->attn_bwd = cuda_attn_bwd;
+    be->rope_qkv_at = cuda_rope_qkv_at;
+    be->kv_append = cuda_kv_append;
+    be->attn_decode = cuda_attn_decode;
 
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;

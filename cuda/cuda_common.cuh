@@ -169,6 +169,13 @@ void cuda_rmsnorm_bwd(Backend*, void* dx, float* dw, const void* dy, const void*
 // cuda_rope.cu
 void cuda_rope_qkv(Backend*, void* qkv, void* q, void* k, void* v, int B, int T, int Hq, int Hkv, int D, float theta,
                    int inverse, const int32_t* pos);
+// cuda_decode.cu
+void cuda_rope_qkv_at(Backend*, void* qkv, void* q, void* k, void* v, const int32_t* pos, int B, int n, int Hq,
+                      int Hkv, int D, float theta);
+void cuda_kv_append(Backend*, void* kc, void* vc, const void* k, const void* v, const int32_t* pos, int B, int n,
+                    int Hkv, int D, int Tmax);
+void cuda_attn_decode(Backend*, void* out, const void* q, const void* kc, const void* vc, const int32_t* pos, int B,
+                      int n, int Hq, int Hkv, int D, int Tmax);
 // cuda_attn.cu, cuda_attn_bwd.cu
 void cuda_attn_fwd(Backend*, void* out, float* lse, const void* q, const void* k, const void* v, int B, int T,
                    int Hq, int Hkv, int D, const int32_t* doc);

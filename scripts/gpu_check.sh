@@ -19,6 +19,9 @@
 #   comm   parallel.comm=mpi, two ranks on one GPU (scripts/gpu_comm_mpi.sh): L0_sanity at EP=2
 #          against the GPU at EP=1 and the CPU at EP=2, a save at EP=2 resumed at EP=1 on the GPU
 #          and on the CPU, memcheck on both ranks, probe_gpu_mem against `moetrain plan`
+#   generate  greedy `moetrain generate` on an fp32 export against transformers' generate (every
+#          token, 64 new, fp32; bf16 agreement reported: scripts/generate_check.py), and decode
+#          throughput at the bench shapes, batch 1 and 32 (scripts/generate_bench.sh)
 #   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all,
 #          and attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench)
 #
@@ -128,6 +131,17 @@ step_comm() {
   cat "$OUT/comm_mpi/summary.txt"
 }
 
+step_generate() {
+  if python3 -c "import torch, transformers" 2>/dev/null; then
+    check generate.hf python3 scripts/generate_check.py --moetrain "$BUILD/moetrain" --work "$OUT/generate"
+    tail -1 "$OUT/generate.hf.log"
+  else
+    echo "SKIP generate.hf (no torch/transformers)" | tee -a "$SUM"
+  fi
+  check generate.bench scripts/generate_bench.sh "$BUILD/moetrain"
+  grep -a '^generate' "$OUT/generate.bench.log"
+}
+
 step_timings() {
   [ -x "$BUILD/dev/gpu_bench" ] && [ -x "$BUILD/dev/attn_docs_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
@@ -137,8 +151,8 @@ step_timings() {
 for s in $STEPS; do
   echo "== $s"
   case $s in
-    tests | san | ckpt | l0 | comm | timings) "step_$s" ;;
-    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, timings)" | tee -a "$SUM"; fail=1 ;;
+    tests | san | ckpt | l0 | comm | generate | timings) "step_$s" ;;
+    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, timings)" | tee -a "$SUM"; fail=1 ;;
   esac
 done
 

@@ -157,6 +157,8 @@ struct Backend {
     // new rows of each sequence (sequences of different lengths decode in one batch).
     // rope_qkv_at: rope_qkv's forward (inverse 0) with row (b, i) of qkv [B, n, (Hq+2·Hkv)·D] at
     // position pos[b] + i instead of i (the same angle arithmetic: pos = 0 gives rope_qkv's bits).
+    // (rope_qkv's own pos, for packed documents, stays inside the window [0, T); decode rows sit
+    // anywhere in the cache.)
     void (*rope_qkv_at)(Backend*, void* qkv, void* q, void* k, void* v, const int32_t* pos, int B, int n,
                         int Hq, int Hkv, int D, float theta);
     // kv_append: kc[b, h, pos[b] + i, :] = k[b, i, h, :] and vc likewise from v [B, n, Hkv, D],

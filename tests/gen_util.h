@@ -24,7 +24,12 @@ static inline void gen_test_weights(Model* m, uint64_t seed) {
         model_init_tensor(&m->c, &q, seed, tmp);
         if (p->no_decay)
             for (size_t j = 0; j < p->numel; j++) tmp[j] = 1.0f + 0.2f * tmp[j];
-        m->be->f32_to_act(m->be, (char*)m->w[p->arena] + p->offset * dtype_size(m->be->act_dtype), tmp, p->numel);
+        Backend* be = m->be;
+        float* dtmp = be->alloc(be, sizeof(float) * p->numel);
+        be->to_device(be, dtmp, tmp, sizeof(float) * p->numel);
+        be->f32_to_act(be, (char*)m->w[p->arena] + p->offset * dtype_size(be->act_dtype), dtmp, p->numel);
+        be->sync(be);
+        be->free(be, dtmp);
         free(tmp);
     }
 }

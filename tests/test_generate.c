@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 // test_generate.c — decoding with a KV cache (src/generate.c) on the CPU backend, the spec:
 // * the decode ops against the training ops: rope_qkv_at at position 0 is rope_qkv; attn_decode
 //   over a cache filled by kv_append gives attn_fwd's rows for any block of new rows (GQA);
@@ -5,8 +6,12 @@
 //   different prompt lengths batched together (right-padded), the logits of a full forward
 //   (model_step) of the same tokens, within fp32 rounding;
 // * sampling: the filter (temperature, top-k, top-p) as generate.h specifies; draws follow the
-//   filtered distribution and repeat with the seed.
+//   filtered distribution and repeat with the seed;
+// * the SentencePiece reader (hf.h sp_*): BPE and unigram models made by spm_train encode texts
+//   to spm_encode's ids, and the pieces decode to spm_decode's text.
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +19,7 @@
 #include "comm.h"
 #include "gen_util.h"
 #include "generate.h"
+#include "hf.h"
 #include "model.h"
 #include "test.h"
 
@@ -32,10 +38,10 @@ static void test_decode_ops(void) {
     randv(qkv, (size_t)B * T * QKV, 1.0f);
     float *q = xmalloc(sizeof(float) * B * T * QD), *k = xmalloc(sizeof(float) * B * T * KD),
           *v = xmalloc(sizeof(float) * B * T * KD);
-    be->rope_qkv(be, qkv, q, k, v, B, T, Hq, Hkv, D, 10000.f, 0);
+    be->rope_qkv(be, qkv, q, k, v, B, T, Hq, Hkv, D, 10000.f, 0, NULL);
     float* out = xmalloc(sizeof(float) * B * T * QD);
     float* lse = xmalloc(sizeof(float) * B * Hq * T);
-    be->attn_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D);
+    be->attn_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, NULL);
     // rope_qkv_at, position 0 onwards: the same bits as rope_qkv
     float *q2 = xmalloc(sizeof(float) * B * T * QD), *k2 = xmalloc(sizeof(float) * B * T * KD),
           *v2 = xmalloc(sizeof(float) * B * T * KD);
@@ -221,6 +227,89 @@ static void test_sampling(void) {
     EXPECT(gen_sample(lg, V, 0.f, 0, 1.f, scratch, &r1) == 1, "temperature 0 is the argmax");
 }
 
+
+static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char* fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return system(cmd);
+}
+
+static void test_sentencepiece(void) {
+    if (sh("command -v spm_train >/dev/null && command -v spm_encode >/dev/null && command -v spm_decode >/dev/null")) {
+        EXPECT(0, "spm_train/spm_encode/spm_decode not found: run scripts/deps.sh (Debian package sentencepiece)");
+        return;
+    }
+    char dir[] = "/tmp/test_generate_spXXXXXX";
+    CHECK(mkdtemp(dir), "mkdtemp");
+    // training text: hairpin sequences and some prose (multi-byte characters too)
+    int rc = sh("zcat data/hairpin.fa.gz | head -4000 > %s/train.txt && printf '%%s\\n' 'The stem-loop folds back on "
+                "itself.' 'Ribonucleic acid, 22 nucleotides: mature miRNA.' 'Lin-4 (1993): the first microRNA.' "
+                ">> %s/train.txt",
+                dir, dir);
+    EXPECT(rc == 0, "making the training text failed");
+    static const char* texts[] = {"UGAGGUAGUAGGUUGUAUAGUU", "The first microRNA folds back.",
+                                  "a  double space, caf\xc3\xa9 \xe2\x9c\x93 and <tags>", ">hsa-let-7a-1 MI0000060"};
+    const char* types[] = {"bpe", "unigram"};
+    for (int t = 0; t < 2; t++) {
+        rc = sh("spm_train --input=%s/train.txt --model_prefix=%s/%s --vocab_size=600 --model_type=%s "
+                "--character_coverage=1.0 --byte_fallback=true --normalization_rule_name=identity "
+                "--minloglevel=2 > %s/train_%s.log 2>&1",
+                dir, dir, types[t], types[t], dir, types[t]);
+        EXPECT(rc == 0, "spm_train %s failed", types[t]);
+        if (rc) continue;
+        char model[300];
+        snprintf(model, sizeof model, "%s/%s.model", dir, types[t]);
+        SpModel* sp = NULL;
+        Err e = {{0}};
+        EXPECT(sp_open(&sp, model, &e) == 0, "sp_open %s: %s", model, e.msg);
+        if (!sp) continue;
+        EXPECT(sp_vocab(sp) == 600, "%s: %d pieces", types[t], sp_vocab(sp));
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+            char in[300], out[300];
+            snprintf(in, sizeof in, "%s/in.txt", dir);
+            snprintf(out, sizeof out, "%s/ids.txt", dir);
+            FILE* fi = fopen(in, "w");
+            fprintf(fi, "%s\n", texts[i]);
+            fclose(fi);
+            EXPECT(sh("spm_encode --model=%s --output_format=id < %s > %s", model, in, out) == 0, "spm_encode");
+            int want[512], nw = 0;
+            FILE* fo = fopen(out, "r");
+            while (fo && nw < 512 && fscanf(fo, "%d", &want[nw]) == 1) nw++;
+            if (fo) fclose(fo);
+            int32_t* ids = NULL;
+            const int n = sp_encode(sp, texts[i], 0, &ids);
+            int same = n == nw;
+            for (int j = 0; same && j < n; j++) same = ids[j] == want[j];
+            EXPECT(same, "%s: '%s' encodes to %d ids, spm_encode gives %d (first difference at %d)", types[t], texts[i],
+                   n, nw, ({ int j = 0; while (j < n && j < nw && ids[j] == want[j]) j++; j; }));
+            // decode: the pieces' text is the text (SentencePiece drops the dummy prefix's space)
+            char txt[1024];
+            size_t k = 0;
+            for (int j = 0; j < n; j++) k += sp_piece_text(sp, ids[j], txt + k, sizeof txt - 1 - k);
+            txt[k] = 0;
+            const char* dec = txt[0] == ' ' ? txt + 1 : txt;
+            char dref[1024] = "";
+            EXPECT(sh("spm_decode --model=%s --input_format=id < %s > %s/dec.txt", model, out, dir) == 0, "spm_decode");
+            snprintf(in, sizeof in, "%s/dec.txt", dir);
+            FILE* fd = fopen(in, "r");
+            if (fd && fgets(dref, sizeof dref, fd)) dref[strcspn(dref, "\n")] = 0;
+            if (fd) fclose(fd);
+            EXPECT(dref[0] && !strcmp(dec, dref), "%s: '%s' decodes to '%s', spm_decode to '%s'", types[t], texts[i], dec, dref);
+            int32_t* withbos = NULL;
+            const int nb = sp_encode(sp, texts[i], 1, &withbos);
+            EXPECT(nb == n + 1 && withbos[0] == sp_bos(sp), "%s: BOS first", types[t]);
+            free(ids), free(withbos);
+        }
+        EXPECT(sp_eos(sp) == 2 && sp_bos(sp) == 1, "%s: bos %d eos %d (SentencePiece's defaults)", types[t], sp_bos(sp), sp_eos(sp));
+        sp_close(sp);
+    }
+    if (!t_cur_failed) sh("rm -rf %s", dir);
+}
+
 int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
@@ -231,6 +320,7 @@ int main(int argc, char** argv) {
     RUN(test_kv_equals_full);
     RUN(test_filter);
     RUN(test_sampling);
+    RUN(test_sentencepiece);
     g_comm->destroy(g_comm);
     be->destroy(be);
     dist_finalize();

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""generate_check.py — greedy `moetrain generate` against transformers' generate(do_sample=False)
+on the same Hugging Face export.
+
+    scripts/generate_check.py [--moetrain build/moetrain] [--work DIR] [--hf HF_DIR] [--max-new 64]
+                              [--device cuda] [--steps 30]
+
+Without --hf it trains L0_sanity (GQA, 4 experts, top-2, byte vocabulary) for --steps steps on
+--device, saves a checkpoint and exports it in fp32. Then, for three prompts of different
+lengths batched in one moetrain run (--prompt-ids, --print-ids, no EOS), it compares the new
+tokens with transformers' greedy generation of each prompt alone:
+  fp32: every token must match (exit 1 otherwise);
+  bf16 (moetrain --dtype bf16 against transformers in bf16): the agreement is reported (the
+        length of the matching prefix per prompt), not required.
+Prints one JSON line with the results.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+PROMPTS = [
+    b">hsa-mir-21 MI0000077\nUGUCGGGUAGCUUAUCAGACUGAUGUUGACUGUUGAAUCUCAUGGCAACACCAGUCGAUGGGCUGUC",
+    b">mmu-let-7g MI0000137\n",
+    b"UGAGGUAGUAGUUUGUACAGUU",
+]
+
+
+def run(cmd, **kw):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, **kw).stdout
+
+
+def ours(args, hf, dtype, device):
+    cmd = [args.moetrain, "generate", "--ckpt", hf, "--max-new", str(args.max_new), "--temperature", "0",
+           "--print-ids", "--eos", "-1", "--device", device, "--dtype", dtype]
+    for p in PROMPTS:
+        cmd += ["--prompt-ids", ",".join(str(b) for b in p)]
+    out = run(cmd).strip().splitlines()
+    assert len(out) == len(PROMPTS), out
+    return [[int(x) for x in line.split(",")] for line in out]
+
+
+def theirs(hf, dtype, max_new):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    td = torch.float32 if dtype == "fp32" else torch.bfloat16
+    m = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=td).to(dev).eval()
+    m.generation_config.eos_token_id = None
+    res = []
+    for p in PROMPTS:
+        ids = torch.tensor([list(p)], device=dev)
+        with torch.no_grad():
+            g = m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
+                           pad_token_id=0)
+        res.append(g[0, ids.shape[1]:].tolist())
+    return res
+
+
+def prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--moetrain", default="build/moetrain")
+    ap.add_argument("--work", default="build/generate_check")
+    ap.add_argument("--hf", default="")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    hf = args.hf
+    if not hf:
+        ck = os.path.join(args.work, "ckpt")
+        hf = os.path.join(args.work, "hf")
+        run([args.moetrain, "--config", "L0_sanity", f"train.steps={args.steps}", f"train.device={args.device}",
+             "parallel.ep=1", "train.micro_batch=16", f"checkpoint.dir={ck}", f"checkpoint.every={args.steps}",
+             f"log.dir={os.path.join(args.work, 'log')}", "train.eval_every=0"])
+        run([args.moetrain, "export", "--ckpt", ck, "--out", hf, "--dtype", "fp32"])
+    result = {"hf": hf, "max_new": args.max_new, "device": args.device}
+    ok = True
+    for dtype in ("fp32", "bf16"):
+        a = ours(args, hf, dtype, args.device)
+        b = theirs(hf, dtype, args.max_new)
+        pre = [prefix(x, y) for x, y in zip(a, b)]
+        result[dtype] = {"matching_prefix": pre, "equal": a == b}
+        if dtype == "fp32" and a != b:
+            ok = False
+            for i, (x, y) in enumerate(zip(a, b)):
+                if x != y:
+                    print(f"fp32 prompt {i}: moetrain {x}\n              transformers {y}", file=sys.stderr)
+    result["ok"] = ok
+    print(json.dumps(result))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
