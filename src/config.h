@@ -64,6 +64,9 @@ typedef struct TrainConfig {
     int eval_every;     // validation every N steps (0 = only at the end)
     int eval_batches;   // micro-batches per validation
     int timeout_s;      // watchdog: a rank waiting longer in one stage ends the job (0 = off)
+    int sample_every;   // a sample of sample_len tokens after train.sample_prompt every N steps (0 = off)
+    int sample_len;
+    char sample_prompt[CFG_STR];
     int keep_swiglu;    // keep the experts' SwiGLU output h from the forward for the backward
                         // (+ R·F·dtype bytes per layer) instead of recomputing it
 } TrainConfig;

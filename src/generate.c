@@ -19,13 +19,16 @@ static void linear(Model* m, void* C, const void* A, const void* Wt, int M, int 
     m->be->gemm(m->be, &d, A, Wt, C);
 }
 
-void gen_create(Gen* g, Model* m, int Tmax) {
+void gen_create(Gen* g, Model* m, int Tmax) { gen_create_batch(g, m, m->B, Tmax); }
+
+void gen_create_batch(Gen* g, Model* m, int B, int Tmax) {
     memset(g, 0, sizeof *g);
     Backend* be = m->be;
     CHECK(be->rope_qkv_at && be->kv_append && be->attn_decode, "the %s backend has no decode ops", be->name);
     CHECK(Tmax >= 1, "generate: cache of %d positions", Tmax);
+    CHECK(B >= 1 && B <= m->N, "generate: %d sequences for a model of %d rows", B, m->N);
     g->m = m;
-    g->B = m->B;
+    g->B = B;
     g->Tmax = Tmax;
     const ModelConfig* c = &m->c;
     const size_t kv = (size_t)g->B * c->kv_heads * Tmax * m->pl.head_dim;

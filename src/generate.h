@@ -29,6 +29,8 @@ typedef struct Gen {
 } Gen;
 
 void gen_create(Gen* g, Model* m, int Tmax);
+// The same with B sequences of the model's rows (B ≤ m->N; prefills then hold m->N / B rows each).
+void gen_create_batch(Gen* g, Model* m, int B, int Tmax);
 void gen_free(Gen* g);
 // Forgets every sequence (lengths 0).
 void gen_reset(Gen* g);

@@ -438,6 +438,11 @@ int trainer_run(Trainer* t) {
         }
         if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
             log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);
+        if (tc->sample_every > 0 && (s + 1) % tc->sample_every == 0) {  // src/train_sample.c
+            watchdog_timeout(step_to * (1 + (double)tc->sample_len));
+            watchdog_stage(s + 1, "sample (train.sample_every)");
+            trainer_sample(t, s + 1);
+        }
         // checkpoint.async: commit the save in flight once every rank has written its files
         watchdog_timeout(save_to);
         watchdog_stage(s + 1, "checkpoint commit (async save)");

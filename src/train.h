@@ -74,6 +74,10 @@ typedef struct EvalResult {
 // Validation loss over `batches` micro-batches per rank of the validation split (0 = all).
 EvalResult trainer_eval(Trainer* t, int batches);
 
+// train.sample_every (train_sample.c): prints a sample continuing train.sample_prompt after
+// `step` steps; collective.
+void trainer_sample(Trainer* t, int step);
+
 // Fills the micro-batch host buffers from split/sequence indices: sequence `first + b` for b in
 // [0, B) → inputs t->h_tok, targets t->h_tgt; with data.documents, the document starts t->h_doc,
 // the positions t->h_pos (data.reset_positions) and, with data.mask_boundary_loss, target −1

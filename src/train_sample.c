@@ -1,0 +1,88 @@
+// train_sample.c — train.sample_every: a short continuation of train.sample_prompt printed into
+// the log while training (llm.c's habit), decoded with the KV cache of src/generate.c on the
+// training model's current weights. Collective: every rank runs it (the experts stay sharded);
+// rank 0's draw is every rank's token.
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+#include "hf.h"
+#include "train.h"
+#include "util.h"
+
+void trainer_sample(Trainer* t, int step) {
+    const TrainConfig* tc = &t->cfg.train;
+    Model* m = &t->model;
+    const int V = m->c.vocab_size, len = tc->sample_len;
+    SpModel* sp = NULL;
+    if (V != 256) {
+        char path[4096];
+        Err e = {{0}};
+        if (hf_tokenizer_of_run(&t->cfg.data, path, sizeof path) && sp_open(&sp, path, &e)) sp = NULL;
+    }
+    const char* prompt = tc->sample_prompt[0] ? tc->sample_prompt : (V == 256 ? "\n" : "");
+    int32_t* ids = NULL;
+    int n = 0;
+    if (V == 256) {
+        n = (int)strlen(prompt);
+        ids = xmalloc(sizeof(int32_t) * (size_t)n);
+        for (int i = 0; i < n; i++) ids[i] = (uint8_t)prompt[i];
+    } else if (sp) {
+        n = sp_encode(sp, prompt, 1, &ids);
+    }
+    if (n == 0) {  // no tokenizer (or an empty prompt without BOS): start from token 0
+        free(ids);
+        ids = xcalloc(1, sizeof(int32_t));
+        n = 1;
+    }
+    if (n > m->N) {  // the longest prompt the model's rows hold: its last m->N tokens
+        memmove(ids, ids + (n - m->N), sizeof(int32_t) * (size_t)m->N);
+        n = m->N;
+    }
+    Gen g;
+    gen_create_batch(&g, m, 1, n + len);
+    gen_forward(&g, ids, n, NULL, NULL);
+    int32_t* out = xmalloc(sizeof(int32_t) * (size_t)len);
+    float* scratch = xmalloc(sizeof(float) * (size_t)V);
+    Rng r;
+    rng_seed(&r, tc->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step);
+    const int eos = sp ? sp_eos(sp) : -1;
+    int k = 0;
+    for (; k < len; k++) {
+        double x = t->rank == 0 ? gen_sample(g.h_logits, V, 1.0f, 0, 1.0f, scratch, &r) : 0;
+        if (t->world > 1) t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &x, 1);
+        out[k] = (int32_t)x;
+        if (out[k] == eos) break;
+        if (k + 1 < len) gen_forward(&g, &out[k], 1, NULL, NULL);
+    }
+    gen_free(&g);
+    if (t->rank == 0) {
+        // the prompt and the sample as text (bytes or pieces; other bytes escaped), else ids
+        size_t cap = 64 + (size_t)(n + k) * 64;
+        char* s = xmalloc(cap);
+        size_t at = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t* v = pass ? out : ids;
+            const int cnt = pass ? k : n;
+            if (pass) at += (size_t)snprintf(s + at, cap - at, "|");
+            for (int i = 0; i < cnt; i++) {
+                char buf[128];
+                size_t bl = 0;
+                if (V == 256) buf[0] = (char)v[i], bl = 1;
+                else if (sp) bl = sp_piece_text(sp, v[i], buf, sizeof buf);
+                else bl = (size_t)snprintf(buf, sizeof buf, "%s%d", i ? " " : "", v[i]);
+                for (size_t j = 0; j < bl && at + 8 < cap; j++) {
+                    const unsigned char c = (unsigned char)buf[j];
+                    if (c == '\n') at += (size_t)snprintf(s + at, cap - at, "\\n");
+                    else if (c < 32 || c == 127 || (V == 256 && c >= 128)) at += (size_t)snprintf(s + at, cap - at, "\\x%02x", c);
+                    else s[at++] = (char)c;
+                }
+            }
+        }
+        s[at] = 0;
+        log_info("sample (step %d, %d tokens): %s\n", step, k, s);
+        free(s);
+    }
+    free(out), free(scratch), free(ids);
+    if (sp) sp_close(sp);
+}
