@@ -3,10 +3,11 @@
 on the same Hugging Face export.
 
     scripts/generate_check.py [--moetrain build/moetrain] [--work DIR] [--hf HF_DIR] [--max-new 64]
-                              [--device cuda] [--steps 30]
+                              [--device cuda] [--steps 300]
 
-Without --hf it trains L0_sanity (GQA, 4 experts, top-2, byte vocabulary) for --steps steps on
---device, saves a checkpoint and exports it in fp32. Then, for three prompts of different
+Without --hf it makes two fp32 exports of L0_sanity (GQA, 4 experts, top-2, byte vocabulary) on
+--device: trained for --steps steps, and untrained with wide weights (model.init_std=0.5, so the
+greedy tokens vary). Then, for three prompts of different
 lengths batched in one moetrain run (--prompt-ids, --print-ids, no EOS), it compares the new
 tokens with transformers' greedy generation of each prompt alone:
   fp32: every token must match (exit 1 otherwise);
@@ -74,29 +75,40 @@ def main():
     ap.add_argument("--hf", default="")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    hf = args.hf
-    if not hf:
-        ck = os.path.join(args.work, "ckpt")
-        hf = os.path.join(args.work, "hf")
-        run([args.moetrain, "--config", "L0_sanity", f"train.steps={args.steps}", f"train.device={args.device}",
-             "parallel.ep=1", "train.micro_batch=16", f"checkpoint.dir={ck}", f"checkpoint.every={args.steps}",
-             f"log.dir={os.path.join(args.work, 'log')}", "train.eval_every=0"])
-        run([args.moetrain, "export", "--ckpt", ck, "--out", hf, "--dtype", "fp32"])
-    result = {"hf": hf, "max_new": args.max_new, "device": args.device}
+    if args.hf:
+        models = [("given", args.hf)]
+    else:
+        # two exports: L0_sanity trained --steps steps, and untrained weights drawn wide
+        # (init_std 0.5: large logit gaps, diverse greedy tokens rather than a repeated one)
+        models = []
+        for name, extra in (("trained", [f"train.steps={args.steps}"]),
+                            ("random", ["train.steps=1", "optim.lr=0", "model.init_std=0.5"])):
+            ck = os.path.join(args.work, name, "ckpt")
+            hf = os.path.join(args.work, name, "hf")
+            steps = args.steps if name == "trained" else 1
+            run([args.moetrain, "--config", "L0_sanity", f"train.device={args.device}", "parallel.ep=1",
+                 "train.micro_batch=16", f"checkpoint.dir={ck}", f"checkpoint.every={steps}", "checkpoint.resume=none",
+                 "checkpoint.overwrite=true", f"log.dir={os.path.join(args.work, name, 'log')}", "train.eval_every=0"]
+                + extra)
+            run([args.moetrain, "export", "--ckpt", ck, "--out", hf, "--dtype", "fp32"])
+            models.append((name, hf))
+    result = {"max_new": args.max_new, "device": args.device}
     ok = True
-    for dtype in ("fp32", "bf16"):
-        a = ours(args, hf, dtype, args.device)
-        b = theirs(hf, dtype, args.max_new)
-        pre = [prefix(x, y) for x, y in zip(a, b)]
-        result[dtype] = {"matching_prefix": pre, "equal": a == b}
-        if dtype == "fp32" and a != b:
-            ok = False
-            for i, (x, y) in enumerate(zip(a, b)):
-                if x != y:
-                    print(f"fp32 prompt {i}: moetrain {x}\n              transformers {y}", file=sys.stderr)
+    for name, hf in models:
+        for dtype in ("fp32", "bf16"):
+            a = ours(args, hf, dtype, args.device)
+            b = theirs(hf, dtype, args.max_new)
+            pre = [prefix(x, y) for x, y in zip(a, b)]
+            result[f"{name}.{dtype}"] = {"matching_prefix": pre, "equal": a == b,
+                                         "distinct_tokens": len({t for x in a for t in x})}
+            if dtype == "fp32" and a != b:
+                ok = False
+                for i, (x, y) in enumerate(zip(a, b)):
+                    if x != y:
+                        print(f"{name} fp32 prompt {i}: moetrain {x}\n    transformers {y}", file=sys.stderr)
     result["ok"] = ok
     print(json.dumps(result))
     sys.exit(0 if ok else 1)
