@@ -9,7 +9,7 @@ set -eu
 M=${1:-build/moetrain}
 CFG=${2:-bench_8x7B_L2}
 DT=${3:-bf16}
-ids=$(seq 1 128 | awk '{printf "%s%d", NR > 1 ? "," : "", ($1 * 7919) % 32000}')
+ids=$(seq 1 128 | awk '{printf "%s%d", (NR > 1 ? "," : ""), ($1 * 7919) % 32000}')
 for B in 1 32; do
   args=()
   for ((i = 0; i < B; i++)); do args+=(--prompt-ids "$i,$ids"); done
