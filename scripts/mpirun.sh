@@ -36,7 +36,9 @@ trap 'kill -USR1 "$child" 2>/dev/null || true' USR1
 set +e
 "${sid[@]}" mpirun "${extra[@]}" -x OMP_NUM_THREADS "$@" &
 child=$!
+# wait returns early (128 + signal) when a trapped signal arrives, and mpirun may end while the
+# trap runs: wait until it is gone, then once more for its own exit code, which bash keeps.
+wait "$child"
+while kill -0 "$child" 2>/dev/null; do wait "$child"; done
 wait "$child"; rc=$?
-# wait returns early (rc > 128) when a trapped signal arrives: wait again until mpirun ends
-while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
 exit "$rc"

@@ -92,6 +92,7 @@ static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
 
 int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     memset(t, 0, sizeof *t);
+    t->metrics.fd = -1;  // not open (trainer_free may run after any failure below; fd 0 is stdin)
     t->cfg = *cfg;
     t->t_start = now_sec();
     const TrainConfig* tc = &cfg->train;
@@ -182,7 +183,6 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     if (trainer_restore(t, e)) return -1;
     if (trainer_own_after(t, e)) return -1;
 
-    t->metrics.fd = -1;
     if (t->rank == 0 && cfg->log.dir[0]) {
         if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
         char p[CFG_STR + 32];

@@ -19,11 +19,12 @@
 #define TOL 2e-5
 
 static char g_bin[4096];  // BUILD/moetrain of this test binary's BUILD (find_moetrain)
+static char g_dir[256];   // this process's scratch directory (scratch_dir): one run directory per layout
 
 // Runs the trainer; reads "loss" of each step from metrics.jsonl. Returns 0 on success.
 static int run(const char* name, int np, const char* args, double* loss) {
-    char cmd[8192], dir[128];
-    snprintf(dir, sizeof dir, "/tmp/moetrain_layout_%d_%s", (int)getpid(), name);
+    char cmd[8192], dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
     snprintf(cmd, sizeof cmd,
              "scripts/mpirun.sh -np %d %s --config L0_sanity train.steps=%d optim.warmup=2 "
              "train.eval_every=0 train.eval_batches=1 log.every=1 log.dir=%s %s > %s.log 2>&1",
@@ -32,7 +33,7 @@ static int run(const char* name, int np, const char* args, double* loss) {
         fprintf(stderr, "  run %s failed: see %s.log\n", name, dir);
         return -1;
     }
-    char p[256];
+    char p[600];
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
     FILE* f = fopen(p, "r");
     if (!f) return -1;
@@ -84,6 +85,7 @@ static void test_ep8(void) {
 
 int main(int argc, char** argv) {
     if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
+    scratch_dir(g_dir, sizeof g_dir, "moetrain_layout");
     RUN(test_world1);
     RUN(test_ep2);
     RUN(test_ep4);
@@ -91,8 +93,6 @@ int main(int argc, char** argv) {
     RUN(test_zero1_off);
     RUN(test_accumulation);
     RUN(test_ep8);
-    char rm[128];  // this process's runs only: another test_layout may be running beside it
-    snprintf(rm, sizeof rm, "rm -rf /tmp/moetrain_layout_%d_*", (int)getpid());
-    if (system(rm)) {}
+    scratch_done(g_dir, "test_layout", t_failed);
     TEST_END();
 }

@@ -244,7 +244,9 @@ static void test_export_init_from(void) {
     snprintf(arg, sizeof arg, "checkpoint.init_from=%s/nothing_here", g_dir);
     const char* ex2[] = {arg};
     EXPECT(init(&t, ex2, 1, &e) == -1 && strstr(e.msg, "nothing_here"), "missing HF dir: %s", e.msg);
+    EXPECT(t.metrics.fd == -1, "no metrics file after a failed start (fd %d)", t.metrics.fd);
     trainer_free(&t);
+    EXPECT(fcntl(0, F_GETFD) != -1, "trainer_free after a failed start leaves stdin open");
 }
 
 static void test_keep_every(void) {
@@ -562,6 +564,7 @@ int main(int argc, char** argv) {
     int world;
     dist_init(&argc, &argv, &world);
     scratch_dir(g_dir, sizeof g_dir, "test_resume");
+    if (fcntl(0, F_GETFD) == -1 && open("/dev/null", O_RDONLY) != 0) return 1;  // a stdin to keep open
     RUN(test_validate_run);
     RUN(test_exact_resume);
     RUN(test_bad_checkpoints);
