@@ -8,7 +8,7 @@
 #   make dev        build dev/: experiments and timings, never linked into moetrain (dev/README.md)
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
-#   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/configs
+#   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/{configs,data,scripts}
 #   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib, SentencePiece)
 
 PREFIX ?= /usr/local
@@ -52,6 +52,8 @@ else
 endif
 LIB := $(BUILD)/libmoetrain.a
 
+# The user's scripts beside the binary (make install): tokenizing data, plotting metrics.
+USER_SCRIPTS := $(wildcard scripts/tokenize.py scripts/plot.py)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
@@ -155,6 +157,8 @@ install: $(BUILD)/moetrain
 	install -m 755 $(BUILD)/moetrain $(DESTDIR)$(PREFIX)/bin/moetrain
 	install -m 644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/moetrain/configs/
 	install -m 644 data/*.gz $(DESTDIR)$(PREFIX)/share/moetrain/data/
+	install -d $(DESTDIR)$(PREFIX)/share/moetrain/scripts
+	install -m 755 $(USER_SCRIPTS) $(DESTDIR)$(PREFIX)/share/moetrain/scripts/
 
 clean:
 	rm -rf $(BUILD)

@@ -99,7 +99,7 @@ def load_config(path):
     return merged
 
 
-# moetrain's defaults for the keys a config may leave out (src/config_keys.h)
+# moetrain's defaults for the keys a config may leave out (the key table in src/config.c)
 MODEL_DEFAULTS = dict(rope_theta=1e6, rms_eps=1e-5, init_std=0.02, aux_coef=0.02)
 OPTIM_DEFAULTS = dict(lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 

@@ -1,7 +1,7 @@
 // config.h — the resolved run configuration: YAML file(s) + command-line overrides.
 //
-// Every key is `section.key`; the table of keys (name, type, default, range, doc) lives in
-// config_keys.h and is the single source for parsing, validation, printing and docs/config.md.
+// Every key is `section.key`; the table of keys (name, type, default, range, doc) is KEYS in
+// config.c (its row type in config_keys.h) and is the single source for parsing, validation, printing and docs/config.md.
 #pragma once
 #include <stdint.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
-// config_keys.h — internal to the config system (config.c, config_load.c): the table of keys.
+// config_keys.h — internal to the config system (config.c, config_load.c): the row type of the
+// key table (the table itself is KEYS in config.c).
 //
 // Every key of Config is one row: name, type, where it lives, default (as text, parsed like a
 // YAML value), range, doc. Defaults, YAML loading, overrides, validation, printing and the
