@@ -385,39 +385,42 @@ extern "C" int cuda_device_count(void) {
     return count;
 }
 
-extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuConfig* gpu, Err* e) {
+// A usable GPU `device` for activations in act_dtype: made current, its properties in *prop.
+static int open_device(DType act_dtype, int device, cudaDeviceProp* prop, Err* e) {
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || count == 0) {
         err_set(e, "no usable CUDA GPU (cudaGetDeviceCount: %s); run on a machine with an NVIDIA GPU and driver, or set "
                    "train.device=cpu", ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
         cudaGetLastError();  // clear the sticky status of the failed query
-        return NULL;
+        return -1;
     }
     if (device < 0 || device >= count) {
         err_set(e, "GPU %d requested but only %d visible (one rank per GPU: launch at most %d ranks per node, "
                    "check CUDA_VISIBLE_DEVICES, or set parallel.comm=mpi to let ranks share GPUs)", device, count, count);
-        return NULL;
+        return -1;
     }
     if (act_dtype != DTYPE_BF16 && act_dtype != DTYPE_F32) {
         err_set(e, "cuda backend: activation dtype must be bf16 or fp32");
-        return NULL;
+        return -1;
     }
     CUDA_CK(cudaSetDevice(device));
     g_device = device;
-    cudaDeviceProp prop;
-    CUDA_CK(cudaGetDeviceProperties(&prop, device));
-    if (prop.major < 8) {
+    CUDA_CK(cudaGetDeviceProperties(prop, device));
+    if (prop->major < 8) {
         err_set(e, "GPU %d (%s) has compute capability %d.%d; the CUDA backend needs 8.0 or newer (bf16 tensor "
-                   "cores); set train.device=cpu", device, prop.name, prop.major, prop.minor);
-        return NULL;
+                   "cores); set train.device=cpu", device, prop->name, prop->major, prop->minor);
+        return -1;
     }
+    return 0;
+}
 
-    Backend* be = (Backend*)xcalloc(1, sizeof *be);
+// The backend's state on the current device: stream, cuBLASLt handle and workspace, op scratch.
+static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuConfig* gpu) {
     CudaImpl* c = (CudaImpl*)xcalloc(1, sizeof *c);
     c->device = device;
-    c->sms = prop.multiProcessorCount;
-    c->cc_major = prop.major;
+    c->sms = prop->multiProcessorCount;
+    c->cc_major = prop->major;
     if (gpu) c->opt = *gpu;  // else zeros: the defaults
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
     c->debug_sync = dbg && dbg[0] == '1';
@@ -428,11 +431,10 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuCo
     c->scratch_bytes = SCRATCH_BYTES;
     CUDA_CK(cudaMalloc(&c->scratch, c->scratch_bytes));
     c->gemm = gemm_cache_create();
+    return c;
+}
 
-    be->name = "cuda";
-    be->act_dtype = act_dtype;
-    be->impl = c;
-
+static void set_ops(Backend* be) {
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->to_host = cu_to_host;
@@ -492,6 +494,17 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuCo
     be->event_destroy = cu_event_destroy;
     be->comm_create = cu_comm_create;
     be->destroy = cu_destroy;
+}
+
+extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuConfig* gpu, Err* e) {
+    cudaDeviceProp prop;
+    if (open_device(act_dtype, device, &prop, e)) return NULL;
+    Backend* be = (Backend*)xcalloc(1, sizeof *be);
+    CudaImpl* c = impl_create(device, &prop, gpu);
+    be->name = "cuda";
+    be->act_dtype = act_dtype;
+    be->impl = c;
+    set_ops(be);
     CUDA_CK(cudaStreamSynchronize(c->stream));
     return be;
 }

@@ -17,61 +17,64 @@ typedef struct Big {
     const StTensor* t;
 } Big;
 
-int ckpt_inspect(const char* path, FILE* out, Err* e) {
-    char dir[CKPT_PATH];
-    if (ckpt_resolve(path, dir, sizeof dir, e)) return -1;
-    fprintf(out, "checkpoint %s\n", dir);
-    Manifest m;
+// The trainer state's layout line; returns 1 when the file cannot be read as one.
+static int inspect_state(const char* dir, FILE* out) {
     Err le = {{0}};
-    if (manifest_read(&m, dir, &le)) {
-        fprintf(out, "  manifest: BAD: %s\nresult: BAD\n", le.msg);
-        return 1;
-    }
-    fprintf(out, "  step %lld, %d rank file%s\n", (long long)m.step, m.world, m.world == 1 ? "" : "s");
     char p[CKPT_PATH];
     ckpt_join(p, dir, CKPT_STATE);
     char* state = ckpt_read_text(p, 64u << 20, NULL, &le);
-    int unreadable = 0;  // files present but not readable as what they should be
     if (!state) {
         fprintf(out, "  trainer state: BAD: %s\n", le.msg);
-        unreadable++;
-    } else {
-        TrainerState ts;
-        char cfg[8];
-        // The config block does not fit cfg: parse the scalars only, via a trimmed copy.
-        char* cut = strstr(state, "\nconfig:");
-        if (cut) cut[1] = 0;
-        if (trainer_state_parse(state, &ts, cfg, sizeof cfg, &le) == 0)
-            fprintf(out, "  layout: world %d, ep %d, edp %d; tokens %lld; seed %llu\n", ts.world, ts.ep,
-                    ts.ep ? ts.world / ts.ep : 0, (long long)ts.tokens, (unsigned long long)ts.seed);
-        else {
-            fprintf(out, "  trainer state: BAD: unreadable: %s\n", le.msg);
-            unreadable++;
-        }
-        free(state);
+        return 1;
     }
+    TrainerState ts;
+    char cfg[8];
+    // The config block does not fit cfg: parse the scalars only, via a trimmed copy.
+    char* cut = strstr(state, "\nconfig:");
+    if (cut) cut[1] = 0;
+    const int ok = trainer_state_parse(state, &ts, cfg, sizeof cfg, &le) == 0;
+    free(state);
+    if (!ok) {
+        fprintf(out, "  trainer state: BAD: unreadable: %s\n", le.msg);
+        return 1;
+    }
+    fprintf(out, "  layout: world %d, ep %d, edp %d; tokens %lld; seed %llu\n", ts.world, ts.ep,
+            ts.ep ? ts.world / ts.ep : 0, (long long)ts.tokens, (unsigned long long)ts.seed);
+    return 0;
+}
+
+// Every file of the manifest with its size and checksum; returns how many fail.
+static int inspect_files(const char* dir, const Manifest* m, FILE* out) {
+    Err le = {{0}};
     fprintf(out, "files:\n");
     int bad = 0;
     uint64_t total = 0;
-    for (int i = 0; i < m.n; i++) {
+    for (int i = 0; i < m->n; i++) {
         char sz[32];
-        human(sz, sizeof sz, (double)m.f[i].bytes);
-        total += m.f[i].bytes;
-        int ok = ckpt_check_file(dir, &m.f[i], m.algo, 1, &le) == 0;
+        human(sz, sizeof sz, (double)m->f[i].bytes);
+        total += m->f[i].bytes;
+        int ok = ckpt_check_file(dir, &m->f[i], m->algo, 1, &le) == 0;
         bad += !ok;
-        fprintf(out, "  %-28s %10s  %s %08x  %s%s\n", m.f[i].name, sz, cksum_name((CksumAlgo)m.algo), m.f[i].crc, ok ? "OK" : "BAD: ", ok ? "" : le.msg);
+        fprintf(out, "  %-28s %10s  %s %08x  %s%s\n", m->f[i].name, sz, cksum_name((CksumAlgo)m->algo), m->f[i].crc, ok ? "OK" : "BAD: ", ok ? "" : le.msg);
     }
     char tot[32];
     human(tot, sizeof tot, (double)total);
     fprintf(out, "  total %s\n", tot);
+    return bad;
+}
 
-    // Tensors of every rank file whose header still parses.
+// The tensors of every rank file whose header still parses: counts and the largest; returns how
+// many rank files cannot be read.
+static int inspect_tensors(const char* dir, const Manifest* m, FILE* out) {
+    Err le = {{0}};
+    char p[CKPT_PATH];
+    int unreadable = 0;
     enum { NBIG = 5 };
     Big big[NBIG] = {{0}};
     int64_t count[2] = {0, 0};
     double numel[2] = {0, 0};
-    StFile** f = xcalloc((size_t)m.world, sizeof *f);
-    for (int r = 0; r < m.world; r++) {
+    StFile** f = xcalloc((size_t)m->world, sizeof *f);
+    for (int r = 0; r < m->world; r++) {
         char rn[64];
         ckpt_rank_name(rn, sizeof rn, r);
         ckpt_join(p, dir, rn);
@@ -104,8 +107,25 @@ int ckpt_inspect(const char* path, FILE* out, Err* e) {
         st_shape_str(s, sizeof s, big[k].t->ndim, big[k].t->shape);
         fprintf(out, "  %-60s %-18s %s\n", big[k].name, s, st_dtype_name(big[k].t->dtype));
     }
-    for (int r = 0; r < m.world; r++) st_close(f[r]);
+    for (int r = 0; r < m->world; r++) st_close(f[r]);
     free(f);
+    return unreadable;
+}
+
+int ckpt_inspect(const char* path, FILE* out, Err* e) {
+    char dir[CKPT_PATH];
+    if (ckpt_resolve(path, dir, sizeof dir, e)) return -1;
+    fprintf(out, "checkpoint %s\n", dir);
+    Manifest m;
+    Err le = {{0}};
+    if (manifest_read(&m, dir, &le)) {
+        fprintf(out, "  manifest: BAD: %s\nresult: BAD\n", le.msg);
+        return 1;
+    }
+    fprintf(out, "  step %lld, %d rank file%s\n", (long long)m.step, m.world, m.world == 1 ? "" : "s");
+    int unreadable = inspect_state(dir, out);  // files present but not readable as what they should be
+    const int bad = inspect_files(dir, &m, out);
+    unreadable += inspect_tensors(dir, &m, out);
     if (bad) fprintf(out, "result: BAD (%d of %d files fail their checksum or size)\n", bad, m.n);
     else if (unreadable) fprintf(out, "result: BAD (%d file(s) cannot be read as a checkpoint's; see above)\n", unreadable);
     else fprintf(out, "result: OK (every checksum holds, every file reads)\n");

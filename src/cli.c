@@ -70,12 +70,10 @@ static int resolve_list(char* list, size_t cap, const char* key, Err* e) {
     char in[CFG_STR], outs[CFG_STR] = "";
     snprintf(in, sizeof in, "%s", list);
     size_t o = 0;
-    char* save = NULL;
-    for (char* it = strtok_r(in, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
-        while (*it == ' ' || *it == '\t') it++;
-        char* end = it + strlen(it);
-        while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
-        if (!*it) continue;
+    char* items[CFG_STR / 2];  // a list of CFG_STR characters has fewer items
+    const int n = split_list_inplace(in, items, CFG_STR / 2);
+    for (int i = 0; i < n; i++) {
+        char* it = items[i];
         char p[CFG_STR];
         snprintf(p, sizeof p, "%s", it);
         struct stat st;

@@ -566,6 +566,17 @@ void config_print(const Config* c, FILE* f) {
     }
 }
 
+char* config_print_text(const Config* c, size_t* len) {
+    char* text = NULL;
+    size_t n = 0;
+    FILE* f = open_memstream(&text, &n);
+    CHECK(f, "open_memstream: %s", strerror(errno));
+    config_print(c, f);
+    fclose(f);
+    if (len) *len = n;
+    return text;
+}
+
 // Markdown cell text: '|' escaped so it stays in its column.
 static void md(FILE* f, const char* s) {
     for (; *s; s++) {

@@ -171,6 +171,8 @@ int config_validate_run(const Config* c, Err* e);
 
 // Prints the resolved config as YAML (loadable again by config_load_file).
 void config_print(const Config* c, FILE* f);
+// The same as a malloc'd string (free it); its length in *len when len is not NULL.
+char* config_print_text(const Config* c, size_t* len);
 
 // Prints the table of keys as Markdown (docs/config.md, `moetrain --keys`).
 void config_print_keys(FILE* f);

@@ -200,6 +200,66 @@ static int load_include(Config* c, const char* inc, const yaml_node_t* node, con
 }
 
 // Applies one parsed document. `dir` resolves defaults: names.
+// `defaults:` NAME or [NAME, ...]: each loaded into c, in order.
+static int apply_defaults(Config* c, yaml_document_t* doc, yaml_node_t* vn, const char* name, const char* dir, Load* ld) {
+    if (vn->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t* it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+            yaml_node_t* in = yaml_document_get_node(doc, *it);
+            if (load_include(c, scalar(in), in, name, dir, ld)) return -1;
+        }
+    } else if (load_include(c, is_null(vn) ? NULL : scalar(vn), vn, name, dir, ld)) {
+        return -1;
+    }
+    return 0;
+}
+
+// An error for a top-level name that is no section (with a hint: a dotted key, a near name).
+static int unknown_section(const char* sec, const yaml_node_t* kn, const char* name, Err* e) {
+    const char* dot = strchr(sec, '.');
+    if (dot && dot - sec < 64) {
+        char s2[64];
+        snprintf(s2, sizeof s2, "%.*s", (int)(dot - sec), sec);
+        if (config_is_section(s2))
+            return err_set(e, "%s:%zu:%zu: '%.100s' at the top level: put '%.60s:' under a '%s:' "
+                           "section line", AT(kn), sec, dot + 1, s2);
+    }
+    char hint[512];
+    config_suggest_section(sec, hint, sizeof hint);
+    return err_set(e, "%s:%zu:%zu: unknown section '%.100s'%s", AT(kn), sec, hint);
+}
+
+// The keys of one section mapping; seen[i]: the line where key i was set in this file.
+static int apply_section(Config* c, yaml_document_t* doc, const char* sec, yaml_node_t* vn, int* seen, const char* name,
+                         Err* e) {
+    int nk;
+    char hint[512];
+    for (yaml_node_pair_t* q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
+        yaml_node_t* kk = yaml_document_get_node(doc, q->key);
+        yaml_node_t* kv = yaml_document_get_node(doc, q->value);
+        const char* key = scalar(kk);
+        if (!key) return err_set(e, "%s:%zu:%zu: expected a key in section '%s', got %s", AT(kk), sec, node_kind(kk));
+        char full[300];
+        snprintf(full, sizeof full, "%s.%.200s", sec, key);
+        const ConfigKey* k = config_key(full);
+        if (!k) {
+            config_suggest_key(sec, key, hint, sizeof hint);
+            return err_set(e, "%s:%zu:%zu: unknown key '%s'%s", AT(kk), full, hint);
+        }
+        int idx = (int)(k - config_keys(&nk));
+        if (seen[idx])
+            return err_set(e, "%s:%zu:%zu: %s is set twice (first on line %d)", AT(kk), full, seen[idx]);
+        seen[idx] = (int)kk->start_mark.line + 1;
+        const char* v = scalar(kv);
+        if (kv->type != YAML_SCALAR_NODE)
+            return err_set(e, "%s:%zu:%zu: %s: expected a single value, got %s", AT(kv), full, node_kind(kv));
+        if (!v) return err_set(e, "%s:%zu:%zu: %s: the value contains a NUL character", AT(kv), full);
+        char where[PATH_MAX + 64];
+        snprintf(where, sizeof where, "%.4000s:%zu:%zu", AT(kv));
+        if (config_set_value(c, k, is_null(kv) ? "" : v, is_null(kv), where, e)) return -1;
+    }
+    return 0;
+}
+
 static int apply_doc(Config* c, yaml_document_t* doc, const char* name, const char* dir, Load* ld) {
     Err* e = ld->e;
     yaml_node_t* root = yaml_document_get_root_node(doc);
@@ -231,30 +291,11 @@ static int apply_doc(Config* c, yaml_document_t* doc, const char* name, const ch
             if (!sec) return err_set(e, "%s:%zu:%zu: expected a section name, got %s", AT(kn), node_kind(kn));
             if (!strcmp(sec, "defaults")) {
                 if (pass) continue;
-                if (vn->type == YAML_SEQUENCE_NODE) {
-                    for (yaml_node_item_t* it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
-                        yaml_node_t* in = yaml_document_get_node(doc, *it);
-                        if (load_include(c, scalar(in), in, name, dir, ld)) return -1;
-                    }
-                } else if (load_include(c, is_null(vn) ? NULL : scalar(vn), vn, name, dir, ld)) {
-                    return -1;
-                }
+                if (apply_defaults(c, doc, vn, name, dir, ld)) return -1;
                 continue;
             }
             if (!pass) continue;
-            char hint[512];
-            if (!config_is_section(sec)) {
-                const char* dot = strchr(sec, '.');
-                if (dot && dot - sec < 64) {
-                    char s2[64];
-                    snprintf(s2, sizeof s2, "%.*s", (int)(dot - sec), sec);
-                    if (config_is_section(s2))
-                        return err_set(e, "%s:%zu:%zu: '%.100s' at the top level: put '%.60s:' under a '%s:' "
-                                       "section line", AT(kn), sec, dot + 1, s2);
-                }
-                config_suggest_section(sec, hint, sizeof hint);
-                return err_set(e, "%s:%zu:%zu: unknown section '%.100s'%s", AT(kn), sec, hint);
-            }
+            if (!config_is_section(sec)) return unknown_section(sec, kn, name, e);
             for (int i = 0; i < nsect; i++)
                 if (!strcmp(sect_seen[i], sec))
                     return err_set(e, "%s:%zu:%zu: section '%s' appears twice (first on line %d); merge them", AT(kn),
@@ -265,30 +306,7 @@ static int apply_doc(Config* c, yaml_document_t* doc, const char* name, const ch
             if (vn->type != YAML_MAPPING_NODE)
                 return err_set(e, "%s:%zu:%zu: section '%s' must be a mapping of keys (indented 'key: value' lines "
                                "under '%s:'), got %s", AT(vn), sec, sec, node_kind(vn));
-            for (yaml_node_pair_t* q = vn->data.mapping.pairs.start; q < vn->data.mapping.pairs.top; q++) {
-                yaml_node_t* kk = yaml_document_get_node(doc, q->key);
-                yaml_node_t* kv = yaml_document_get_node(doc, q->value);
-                const char* key = scalar(kk);
-                if (!key) return err_set(e, "%s:%zu:%zu: expected a key in section '%s', got %s", AT(kk), sec, node_kind(kk));
-                char full[300];
-                snprintf(full, sizeof full, "%s.%.200s", sec, key);
-                const ConfigKey* k = config_key(full);
-                if (!k) {
-                    config_suggest_key(sec, key, hint, sizeof hint);
-                    return err_set(e, "%s:%zu:%zu: unknown key '%s'%s", AT(kk), full, hint);
-                }
-                int idx = (int)(k - config_keys(&nk));
-                if (seen[idx])
-                    return err_set(e, "%s:%zu:%zu: %s is set twice (first on line %d)", AT(kk), full, seen[idx]);
-                seen[idx] = (int)kk->start_mark.line + 1;
-                const char* v = scalar(kv);
-                if (kv->type != YAML_SCALAR_NODE)
-                    return err_set(e, "%s:%zu:%zu: %s: expected a single value, got %s", AT(kv), full, node_kind(kv));
-                if (!v) return err_set(e, "%s:%zu:%zu: %s: the value contains a NUL character", AT(kv), full);
-                char where[PATH_MAX + 64];
-                snprintf(where, sizeof where, "%.4000s:%zu:%zu", AT(kv));
-                if (config_set_value(c, k, is_null(kv) ? "" : v, is_null(kv), where, e)) return -1;
-            }
+            if (apply_section(c, doc, sec, vn, seen, name, e)) return -1;
         }
     }
     return 0;

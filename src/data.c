@@ -421,19 +421,6 @@ static int expand_item(const char* item, int for_val, PathList* out, PathList* d
     return 0;
 }
 
-// Splits a comma list into trimmed, non-empty items (in place in buf).
-static int split_list(char* buf, char** items, int max) {
-    int n = 0;
-    char* save = NULL;
-    for (char* it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
-        while (*it == ' ' || *it == '\t') it++;
-        char* end = it + strlen(it);
-        while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
-        if (*it && n < max) items[n++] = it;
-    }
-    return n;
-}
-
 // ---- the separator ------------------------------------------------------------------------------
 
 // eos_id of the manifest.json beside a shard, or -1.
@@ -482,7 +469,7 @@ static int parse_weights(const char* text, int nitems, double* w, Err* e) {
     char buf[CFG_STR];
     snprintf(buf, sizeof buf, "%s", text);
     char* it[256];
-    int n = split_list(buf, it, 256);
+    int n = split_list_inplace(buf, it, 256);
     if (n != nitems)
         return err_set(e, "data.weights has %d weights for %d data.path items; give one weight per item", n, nitems);
     double sum = 0;
@@ -534,7 +521,7 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
     snprintf(vlist, sizeof vlist, "%s", dc->val_path);
     char* items[256];
     char* vitems[256];
-    int n = split_list(list, items, 256), nv = split_list(vlist, vitems, 256);
+    int n = split_list_inplace(list, items, 256), nv = split_list_inplace(vlist, vitems, 256);
     if (!n) return err_set(e, "data.path = '%s' names no file", dc->path);
     const int mix = dc->weights[0] != 0;
     double w[256];
@@ -603,7 +590,7 @@ int data_is_byte_level(const DataConfig* dc) {
     char list[CFG_STR];
     snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
     char* items[1];
-    if (!split_list(list, items, 1)) return 0;
+    if (!split_list_inplace(list, items, 1)) return 0;
     char path[PATH_MAX];
     if (strpbrk(items[0], "*?[")) {
         glob_t g;

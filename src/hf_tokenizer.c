@@ -360,6 +360,21 @@ static void kv_tok(Sb* b, const char* key, const char* name, int last) {
     sb_printf(b, "%s\n", last ? "" : ",");
 }
 
+// "bos_token" .. "unk_token" from names (bos, eos, pad, unk); `last`: no comma after the unk one.
+static void kv_special_tokens(Sb* b, char names[4][128], int last) {
+    static const char* const keys[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
+    for (int k = 0; k < 4; k++) kv_tok(b, keys[k], names[k], last && k == 3);
+}
+
+// Writes b's text to out_dir/name; b is freed and empty for the next file.
+static int write_json(Sb* b, const char* out_dir, const char* name, Err* e) {
+    char p[CKPT_PATH];
+    ckpt_join(p, out_dir, name);
+    int rc = ckpt_write_file(p, b->s, b->len, NULL, e);
+    sb_free(b);  // empties it
+    return rc;
+}
+
 int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, int max_seq, HfTokenIds* ids,
                         char* desc, size_t dn, Err* e) {
     TokFiles t;
@@ -397,45 +412,28 @@ int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, i
     if (t.model[0] && copy_file(t.model, out_dir, "tokenizer.model", e)) return -1;
     if (t.json[0] && copy_file(t.json, out_dir, "tokenizer.json", e)) return -1;
     Sb b = {0};
-    char p[CKPT_PATH];
     int rc = 0;
     if (t.config[0] && t.json[0]) {
         rc = copy_file(t.config, out_dir, "tokenizer_config.json", e);
     } else {
         sb_printf(&b, "{\n  \"tokenizer_class\": \"%s\",\n", t.json[0] ? "PreTrainedTokenizerFast" : "LlamaTokenizer");
-        kv_tok(&b, "bos_token", names[0], 0);
-        kv_tok(&b, "eos_token", names[1], 0);
-        kv_tok(&b, "pad_token", names[2], 0);
-        kv_tok(&b, "unk_token", names[3], 0);
+        kv_special_tokens(&b, names, 0);
         sb_printf(&b, "  \"add_bos_token\": %s,\n  \"add_eos_token\": false,\n  \"legacy\": true,\n"
                   "  \"clean_up_tokenization_spaces\": false,\n  \"spaces_between_special_tokens\": false,\n"
                   "  \"model_max_length\": %d\n}\n", ids->bos >= 0 ? "true" : "false", max_seq);
-        ckpt_join(p, out_dir, "tokenizer_config.json");
-        rc = ckpt_write_file(p, b.s, b.len, NULL, e);
-        sb_free(&b);
+        rc = write_json(&b, out_dir, "tokenizer_config.json", e);
     }
     if (rc) return -1;
-    memset(&b, 0, sizeof b);
     sb_printf(&b, "{\n");
-    kv_tok(&b, "bos_token", names[0], 0);
-    kv_tok(&b, "eos_token", names[1], 0);
-    kv_tok(&b, "pad_token", names[2], 0);
-    kv_tok(&b, "unk_token", names[3], 1);
+    kv_special_tokens(&b, names, 1);
     sb_printf(&b, "}\n");
-    ckpt_join(p, out_dir, "special_tokens_map.json");
-    rc = ckpt_write_file(p, b.s, b.len, NULL, e);
-    sb_free(&b);
-    if (rc) return -1;
-    memset(&b, 0, sizeof b);
+    if (write_json(&b, out_dir, "special_tokens_map.json", e)) return -1;
     sb_printf(&b, "{\n  \"bos_token_id\": ");
     ids->bos >= 0 ? sb_printf(&b, "%d", ids->bos) : sb_printf(&b, "null");
     sb_printf(&b, ",\n  \"eos_token_id\": %d,\n  \"pad_token_id\": ", ids->eos);
     ids->pad >= 0 ? sb_printf(&b, "%d", ids->pad) : sb_printf(&b, "null");
     sb_printf(&b, "\n}\n");
-    ckpt_join(p, out_dir, "generation_config.json");
-    rc = ckpt_write_file(p, b.s, b.len, NULL, e);
-    sb_free(&b);
-    if (rc) return -1;
+    if (write_json(&b, out_dir, "generation_config.json", e)) return -1;
     snprintf(desc, dn, "%s%s%s (%d tokens; bos %d, eos %d, pad %d)", t.model[0] ? "tokenizer.model" : "",
              t.model[0] && t.json[0] ? " + " : "", t.json[0] ? "tokenizer.json" : "", n, ids->bos, ids->eos, ids->pad);
     return 0;

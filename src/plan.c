@@ -19,23 +19,8 @@ void plan_thousands(int64_t v, char* out, size_t n) {
     out[o] = 0;
 }
 
-int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
-    if (world <= 0) world = c->parallel.ep;
-    if (config_validate(c, world, e)) return -1;
-    memset(m, 0, sizeof *m);
-    const ModelConfig* mc = &c->model;
-    const ParamCounts pc = params_count(mc);
-    m->world = world;
-    m->ep = c->parallel.ep;
-    m->edp = world / m->ep;
-    m->e_local = mc->experts / m->ep;
-    m->grad_accum = c->train.global_batch / (c->train.micro_batch * world);
-    m->tokens = (int64_t)c->train.micro_batch * c->train.seq_len;
-    m->dense = pc.dense;
-    m->expert = pc.expert / m->ep;
-
-    // Compute dtype: bf16 on GPUs when asked; the CPU backend always computes in fp32.
-    const double a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
+// Weights, fp32 masters, gradients and Adam state of one rank; a = compute dtype bytes.
+static void plan_state(const Config* c, int world, double a, PlanMemory* m) {
     const double f4 = 4, held = (double)(m->dense + m->expert);
     // ZeRO-1 (optim.c): the dense arena is sharded over the world, the expert arena over edp,
     // each only when its group has more than one rank; a sharded arena also holds its reduced
@@ -51,7 +36,12 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     m->master = owned * (m->split_master ? 2 : f4);
     m->adam = 2 * owned * f4;
     m->grads = held * f4 + gshard * f4;
+}
 
+// Activations saved for the backward, scratch and the logits chunk; a = compute dtype bytes.
+static void plan_activations(const Config* c, double a, PlanMemory* m) {
+    const ModelConfig* mc = &c->model;
+    const double f4 = 4;
     // Activations, N = micro_batch × seq_len tokens, R = N·top_k expert rows a rank receives
     // with balanced routing (dropless: with EP > 1 the real R varies, and moe.c plans its arenas
     // with 25% slack; at EP = 1, R is exactly N·k).
@@ -94,17 +84,42 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
     m->logits = (double)(int64_t)chunk * V * a;
+}
+
+// What a GPU run holds besides the model.
+static void plan_runtime(const Config* c, int world, PlanMemory* m) {
     // GPU runs: the CUDA context, cuBLASLt's workspace and the op scratch, NCCL's buffers
-    if (c->train.device != DEVICE_CPU) {
-        m->cuda_context = PLAN_CUDA_CONTEXT_BYTES;
-        m->lib_workspace = (double)CUDA_LT_WS_BYTES + (double)CUDA_SCRATCH_BYTES;
-        if (c->parallel.comm != COMM_MPI) {
-            // comm_nccl.c: one communicator per group of > 1 rank; a group with the world's
-            // members (ep = world, or edp when ep = 1) shares the world's
-            m->nccl_comms = (world > 1) + (m->ep > 1 && m->ep < world) + (m->edp > 1 && m->edp < world);
-            m->nccl = m->nccl_comms * PLAN_NCCL_COMM_BYTES;
-        }
+    if (c->train.device == DEVICE_CPU) return;
+    m->cuda_context = PLAN_CUDA_CONTEXT_BYTES;
+    m->lib_workspace = (double)CUDA_LT_WS_BYTES + (double)CUDA_SCRATCH_BYTES;
+    if (c->parallel.comm != COMM_MPI) {
+        // comm_nccl.c: one communicator per group of > 1 rank; a group with the world's
+        // members (ep = world, or edp when ep = 1) shares the world's
+        m->nccl_comms = (world > 1) + (m->ep > 1 && m->ep < world) + (m->edp > 1 && m->edp < world);
+        m->nccl = m->nccl_comms * PLAN_NCCL_COMM_BYTES;
     }
+}
+
+int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
+    if (world <= 0) world = c->parallel.ep;
+    if (config_validate(c, world, e)) return -1;
+    memset(m, 0, sizeof *m);
+    const ModelConfig* mc = &c->model;
+    const ParamCounts pc = params_count(mc);
+    m->world = world;
+    m->ep = c->parallel.ep;
+    m->edp = world / m->ep;
+    m->e_local = mc->experts / m->ep;
+    m->grad_accum = c->train.global_batch / (c->train.micro_batch * world);
+    m->tokens = (int64_t)c->train.micro_batch * c->train.seq_len;
+    m->dense = pc.dense;
+    m->expert = pc.expert / m->ep;
+
+    // Compute dtype: bf16 on GPUs when asked; the CPU backend always computes in fp32.
+    const double a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
+    plan_state(c, world, a, m);
+    plan_activations(c, a, m);
+    plan_runtime(c, world, m);
     m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits +
                m->cuda_context + m->lib_workspace + m->nccl;
     return 0;

@@ -187,12 +187,8 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
         if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
         char p[CFG_STR + 32];
         snprintf(p, sizeof p, "%s/config.yaml", cfg->log.dir);
-        char* text = NULL;
         size_t len = 0;
-        FILE* mf = open_memstream(&text, &len);
-        CHECK(mf, "open_memstream: %s", strerror(errno));
-        config_print(cfg, mf);
-        fclose(mf);
+        char* text = config_print_text(cfg, &len);
         Err le = {{0}};
         int bad = logfile_write_whole(p, text, len, &le);
         free(text);

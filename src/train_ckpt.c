@@ -76,17 +76,6 @@ static int owns(const Trainer* t, const ParamInfo* p) {
     return (int)(p->offset / part) == s->grank;
 }
 
-// The resolved config as text (config_print).
-static char* config_text(const Config* c) {
-    char* buf = NULL;
-    size_t len = 0;
-    FILE* f = open_memstream(&buf, &len);
-    CHECK(f, "open_memstream: %s", strerror(errno));
-    config_print(c, f);
-    fclose(f);
-    return buf;
-}
-
 static char* state_text(const Trainer* t) {
     const Config* c = &t->cfg;
     const uint64_t pos = (uint64_t)t->step * (uint64_t)c->train.global_batch;
@@ -104,7 +93,7 @@ static char* state_text(const Trainer* t) {
              c->train.global_batch, c->train.micro_batch, c->train.seq_len, (unsigned long long)pos,
              (unsigned long long)(nwin ? pos / nwin : 0), c->train.steps, schedule_name(c->optim.schedule),
              (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false", t->run_id);
-    char* cfg = config_text(c);
+    char* cfg = config_print_text(c, NULL);
     TrainerState ts = {.step = t->step, .tokens = t->tokens, .world = t->world, .ep = t->model.ep,
                        .seed = c->train.seed, .rng = 0,  // no random stream advances after init
                        .bad_steps = t->skipped, .loss_ema = t->last_loss, .config_yaml = cfg, .extra_yaml = extra};
@@ -533,51 +522,63 @@ static int same_data(const char* a, const char* b) {
     return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
 }
 
-// verified: resume=auto has just verified path's checksums (find_auto)
-static int load_ckpt(Trainer* t, const char* path, int verified, Err* e) {
-    Model* m = &t->model;
-    Ckpt* ck = NULL;
-    double t0 = now_sec();
-    if (ckpt_open_comm_ex(t->comm, &ck, path, verified, e)) return -1;
+// What a checkpoint's trainer_state.yaml says, checked against its manifest, this run's model and
+// the tensors it holds.
+typedef struct {
+    TrainerState ts;
+    Config* cc;  // the saved run's config block (owned)
+    int64_t updates, skipped, bad, gb, sl;
+    int has_opt;  // the Adam moments are there
+} SavedState;
+
+static int read_saved_state(const Trainer* t, Ckpt* ck, SavedState* s, Err* e) {
+    const Model* m = &t->model;
     const char* dir = ckpt_dir(ck);
     const char* text = ckpt_trainer_state(ck);
     char where[CFG_STR + 64];
     snprintf(where, sizeof where, "%s/trainer_state.yaml", dir);
     size_t cn = strlen(text) + 1;
     char* cfg_text = xmalloc(cn);
-    TrainerState ts;
-    Config* cc = xcalloc(1, sizeof *cc);
-    config_defaults(cc);
+    memset(s, 0, sizeof *s);
+    s->cc = xcalloc(1, sizeof *s->cc);
+    config_defaults(s->cc);
     int rc = 0;
     Err le = {{0}};
-    if (trainer_state_parse(text, &ts, cfg_text, cn, &le)) rc = err_set(e, "%s: %s", dir, le.msg);
+    if (trainer_state_parse(text, &s->ts, cfg_text, cn, &le)) rc = err_set(e, "%s: %s", dir, le.msg);
     else if (!cfg_text[0]) rc = err_set(e, "%s has no config: block; cannot check the model it holds", where);
-    else if (config_load_string(cc, cfg_text, strlen(cfg_text), where, &le)) rc = err_set(e, "%s", le.msg);
-    else if (check_model(&cc->model, &t->cfg.model, where, e)) rc = -1;
-    int64_t updates = 0, skipped = 0, bad = 0, gb = 0, sl = 0;
-    if (!rc && (get_i64(text, "updates", &updates, ts.step) || get_i64(text, "skipped", &skipped, ts.bad_steps) ||
-                get_i64(text, "bad_in_row", &bad, 0) || get_i64(text, "global_batch", &gb, 0) ||
-                get_i64(text, "seq_len", &sl, 0)))
+    else if (config_load_string(s->cc, cfg_text, strlen(cfg_text), where, &le)) rc = err_set(e, "%s", le.msg);
+    else if (check_model(&s->cc->model, &t->cfg.model, where, e)) rc = -1;
+    free(cfg_text);
+    const int64_t step = s->ts.step;
+    if (!rc && (get_i64(text, "updates", &s->updates, step) || get_i64(text, "skipped", &s->skipped, s->ts.bad_steps) ||
+                get_i64(text, "bad_in_row", &s->bad, 0) || get_i64(text, "global_batch", &s->gb, 0) ||
+                get_i64(text, "seq_len", &s->sl, 0)))
         rc = err_set(e, "%s: updates / skipped / bad_in_row / global_batch / seq_len must be integers", where);
-    if (!rc && ts.step != ckpt_step(ck))
-        rc = err_set(e, "%s: step %lld, but the manifest says %lld", where, (long long)ts.step, (long long)ckpt_step(ck));
-    if (!rc && ts.step > (int64_t)1 << 30) rc = err_set(e, "%s: step %lld is out of range", where, (long long)ts.step);
+    if (!rc && step != ckpt_step(ck))
+        rc = err_set(e, "%s: step %lld, but the manifest says %lld", where, (long long)step, (long long)ckpt_step(ck));
+    if (!rc && step > (int64_t)1 << 30) rc = err_set(e, "%s: step %lld is out of range", where, (long long)step);
     // Whether the moments are there: the recorded flag, checked against the tensors themselves
     // (every rank indexes every rank file, so every rank sees the same names and decides alike).
-    const int has_opt = rc ? 1 : get_optimizer_state(text);
-    if (!rc && has_opt < 0) rc = err_set(e, "%s: optimizer_state must be true or false", where);
+    s->has_opt = rc ? 1 : get_optimizer_state(text);
+    if (!rc && s->has_opt < 0) rc = err_set(e, "%s: optimizer_state must be true or false", where);
     if (!rc && m->pl.n > 0) {
         char nm[128];
         state_name(nm, sizeof nm, 1, m->pl.p[0].name);
         const int present = ckpt_has(ck, nm) != 0;
-        if (present != has_opt)
+        if (present != s->has_opt)
             rc = err_set(e, "%s: optimizer_state: %s, but the checkpoint %s %s (an inconsistent checkpoint)", where,
-                         has_opt ? "true" : "false", present ? "holds" : "lacks", nm);
+                         s->has_opt ? "true" : "false", present ? "holds" : "lacks", nm);
     }
+    return rc;
+}
+
+// The weights (masters and compute copies) and, with has_opt, the Adam moments; gradients zeroed.
+static int load_tensors(Trainer* t, Ckpt* ck, int has_opt, Err* e) {
+    Model* m = &t->model;
     char ckwhere[CFG_STR + 32];
-    snprintf(ckwhere, sizeof ckwhere, "checkpoint %s", dir);
+    snprintf(ckwhere, sizeof ckwhere, "checkpoint %s", ckpt_dir(ck));
     float* host = xmalloc(sizeof(float) * max_numel(m));
-    if (!rc) rc = stage(t, rd_ckpt, ck, 0, ckwhere, host, e);
+    int rc = stage(t, rd_ckpt, ck, 0, ckwhere, host, e);
     if (!rc) {
         optim_load_from_staging(&t->opt, m);  // masters, compute weights; zeroes m, v, grads
         for (int which = 1; which < 3 && !rc && has_opt; which++) {
@@ -587,51 +588,73 @@ static int load_ckpt(Trainer* t, const char* path, int verified, Err* e) {
         zero_grads(m);
     }
     free(host);
+    return rc;
+}
+
+// The trainer continues from the saved counters (and the saved run's id).
+static void continue_saved(Trainer* t, Ckpt* ck, const SavedState* s) {
+    t->step = (int)s->ts.step;
+    t->tokens = s->ts.tokens;
+    // Adam's step count is the number of updates since the moments were zero: its bias
+    // correction divides m by 1 - β1^t and v by 1 - β2^t because m and v started from zero t
+    // updates ago (E[m_t] = (1 - β1^t) E[g]). Moments restarted from zero therefore need t to
+    // restart too: the first update is then m̂ / sqrt(v̂) = g / |g|, a fresh Adam's first step.
+    // Continuing the saved count (1 - β^t ≈ 1 for large t) would leave m̂ and v̂ scaled by
+    // (1 - β1^j) and (1 - β2^j) for j updates after the restart: the first update would be
+    // (1 - β1) / sqrt(1 - β2) times the normal size (0.45× at β2 = 0.95, 3.2× at 0.999) and
+    // the moments biased for ~1 / (1 - β2) steps. So a weight-only checkpoint resumes with
+    // updates = 0 (trainer_state.yaml's `updates` is the Adam step count, and the next save
+    // records the count since the restart). The lr schedule, data position and step go on.
+    t->updates = s->has_opt ? s->updates : 0;
+    t->skipped = s->skipped;
+    t->bad_in_row = (int)s->bad;
+    t->last_loss = s->ts.loss_ema;
+    snprintf(t->resumed_from, sizeof t->resumed_from, "%s", ckpt_dir(ck));
+    char rid[64] = "";
+    Err re = {{0}};
+    if (trainer_state_get(ckpt_trainer_state(ck), "run_id", rid, sizeof rid, &re) == 1 && rid[0] &&
+        strlen(rid) < sizeof t->run_id)
+        snprintf(t->run_id, sizeof t->run_id, "%s", rid);  // the run continues
+}
+
+// What was resumed, and where this run differs from the saved one.
+static void log_resumed(const Trainer* t, const char* dir, const SavedState* s, double secs) {
+    const TrainerState* ts = &s->ts;
+    const Config* cc = s->cc;
+    log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d) "
+             "(%.2f s)\n", dir, (long long)ts->step, (long long)ts->tokens, ts->world, ts->ep, t->world, t->model.ep, secs);
+    if (!s->has_opt)
+        log_info("checkpoint: %s has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments "
+                 "restart from zero; the run is not an exact continuation (Adam's bias correction restarts with them: "
+                 "step count 1, not the saved %lld updates)\n", dir, (long long)s->updates);
+    if ((s->gb && s->gb != t->cfg.train.global_batch) || (s->sl && s->sl != t->cfg.train.seq_len))
+        log_info("checkpoint: note: saved with train.global_batch=%lld, seq_len=%lld; this run uses %d, %d: the data "
+                 "position continues as step x global_batch, so the order differs from an uninterrupted run\n",
+                 (long long)s->gb, (long long)s->sl, t->cfg.train.global_batch, t->cfg.train.seq_len);
+    if (!same_data(cc->data.path, t->cfg.data.path) || cc->data.format != t->cfg.data.format)
+        log_info("checkpoint: warning: saved with data.path=\"%s\" (data.format=%s); this run reads \"%s\" (%s): "
+                 "training continues at the saved position (step x global_batch) of this run's data, which is "
+                 "not a continuation of the saved run's data stream%s\n",
+                 cc->data.path, data_format_name(cc->data.format), t->cfg.data.path, data_format_name(t->cfg.data.format),
+                 cc->data.path[0] && t->cfg.data.path[0] ? "" : " (an empty path is the shipped data/hairpin.fa.gz)");
+    if (ts->seed != t->cfg.train.seed)
+        log_info("checkpoint: note: saved with train.seed=%llu; this run uses %llu (the data order changes)\n",
+                 (unsigned long long)ts->seed, (unsigned long long)t->cfg.train.seed);
+}
+
+// verified: resume=auto has just verified path's checksums (find_auto)
+static int load_ckpt(Trainer* t, const char* path, int verified, Err* e) {
+    Ckpt* ck = NULL;
+    double t0 = now_sec();
+    if (ckpt_open_comm_ex(t->comm, &ck, path, verified, e)) return -1;
+    SavedState s;
+    int rc = read_saved_state(t, ck, &s, e);
+    if (!rc) rc = load_tensors(t, ck, s.has_opt, e);
     if (!rc) {
-        t->step = (int)ts.step;
-        t->tokens = ts.tokens;
-        // Adam's step count is the number of updates since the moments were zero: its bias
-        // correction divides m by 1 - β1^t and v by 1 - β2^t because m and v started from zero t
-        // updates ago (E[m_t] = (1 - β1^t) E[g]). Moments restarted from zero therefore need t to
-        // restart too: the first update is then m̂ / sqrt(v̂) = g / |g|, a fresh Adam's first step.
-        // Continuing the saved count (1 - β^t ≈ 1 for large t) would leave m̂ and v̂ scaled by
-        // (1 - β1^j) and (1 - β2^j) for j updates after the restart: the first update would be
-        // (1 - β1) / sqrt(1 - β2) times the normal size (0.45× at β2 = 0.95, 3.2× at 0.999) and
-        // the moments biased for ~1 / (1 - β2) steps. So a weight-only checkpoint resumes with
-        // updates = 0 (trainer_state.yaml's `updates` is the Adam step count, and the next save
-        // records the count since the restart). The lr schedule, data position and step go on.
-        t->updates = has_opt ? updates : 0;
-        t->skipped = skipped;
-        t->bad_in_row = (int)bad;
-        t->last_loss = ts.loss_ema;
-        snprintf(t->resumed_from, sizeof t->resumed_from, "%s", dir);
-        char rid[64] = "";
-        Err re = {{0}};
-        if (trainer_state_get(text, "run_id", rid, sizeof rid, &re) == 1 && rid[0] && strlen(rid) < sizeof t->run_id)
-            snprintf(t->run_id, sizeof t->run_id, "%s", rid);  // the run continues
-        log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d) "
-                 "(%.2f s)\n", dir, (long long)ts.step, (long long)ts.tokens, ts.world, ts.ep, t->world, t->model.ep,
-                 now_sec() - t0);
-        if (!has_opt)
-            log_info("checkpoint: %s has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments "
-                     "restart from zero; the run is not an exact continuation (Adam's bias correction restarts with them: "
-                     "step count 1, not the saved %lld updates)\n", dir, (long long)updates);
-        if ((gb && gb != t->cfg.train.global_batch) || (sl && sl != t->cfg.train.seq_len))
-            log_info("checkpoint: note: saved with train.global_batch=%lld, seq_len=%lld; this run uses %d, %d: the data "
-                     "position continues as step x global_batch, so the order differs from an uninterrupted run\n",
-                     (long long)gb, (long long)sl, t->cfg.train.global_batch, t->cfg.train.seq_len);
-        if (!same_data(cc->data.path, t->cfg.data.path) || cc->data.format != t->cfg.data.format)
-            log_info("checkpoint: warning: saved with data.path=\"%s\" (data.format=%s); this run reads \"%s\" (%s): "
-                     "training continues at the saved position (step x global_batch) of this run's data, which is "
-                     "not a continuation of the saved run's data stream%s\n",
-                     cc->data.path, data_format_name(cc->data.format), t->cfg.data.path, data_format_name(t->cfg.data.format),
-                     cc->data.path[0] && t->cfg.data.path[0] ? "" : " (an empty path is the shipped data/hairpin.fa.gz)");
-        if (ts.seed != t->cfg.train.seed)
-            log_info("checkpoint: note: saved with train.seed=%llu; this run uses %llu (the data order changes)\n",
-                     (unsigned long long)ts.seed, (unsigned long long)t->cfg.train.seed);
+        continue_saved(t, ck, &s);
+        log_resumed(t, ckpt_dir(ck), &s, now_sec() - t0);
     }
-    free(cc);
-    free(cfg_text);
+    free(s.cc);
     ckpt_close(ck);
     return rc;
 }

@@ -149,3 +149,15 @@ int edit_distance(const char* a, const char* b) {
     }
     return prev[m];
 }
+
+int split_list_inplace(char* buf, char** items, int max) {
+    int n = 0;
+    char* save = NULL;
+    for (char* it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+        while (*it == ' ' || *it == '\t') it++;
+        char* end = it + strlen(it);
+        while (end > it && (end[-1] == ' ' || end[-1] == '\t')) *--end = 0;
+        if (*it && n < max) items[n++] = it;
+    }
+    return n;
+}

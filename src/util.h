@@ -49,3 +49,6 @@ float bf16_to_f32(uint16_t h);
 
 // Levenshtein distance, for "did you mean" suggestions.
 int edit_distance(const char* a, const char* b);
+// Splits a comma list into trimmed (spaces, tabs), non-empty items, in place in buf: at most max
+// items into items[]; returns how many.
+int split_list_inplace(char* buf, char** items, int max);

@@ -127,24 +127,10 @@ static int ref_save(Trainer* t, const char* dir, const char* state, Err* e) {
 
 // ---- helpers ----------------------------------------------------------------------------------
 
-static char* slurp(const char* path, size_t* n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long k = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* b = xmalloc((size_t)k + 1);
-    size_t got = fread(b, 1, (size_t)k, f);
-    fclose(f);
-    b[got] = 0;
-    *n = got;
-    return got == (size_t)k ? b : (free(b), NULL);
-}
-
 // 0 when the two files have the same bytes.
 static int file_cmp(const char* a, const char* b) {
     size_t na = 0, nb = 0;
-    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    char *x = t_slurp(a, &na), *y = t_slurp(b, &nb);
     int d = !x || !y || na != nb || memcmp(x, y, na) != 0;
     free(x);
     free(y);
@@ -209,7 +195,7 @@ static void identical(const char* name, const char* const* layout, int nl) {
     size_t sn = 0;
     if (mt_rank == 0) {
         snprintf(p, sizeof p, "%s/%s/step_00000002/trainer_state.yaml", mt_dir, sa);
-        state = slurp(p, &sn);
+        state = t_slurp(p, &sn);
         EXPECT(state != NULL, "read %s", p);
     }
     set_dir(&T, sb);

@@ -14,13 +14,6 @@
 #include "test_resume_util.h"
 #include "train.h"
 
-
-static int init(Trainer* t, const char* const* extra, int n, Err* e) {
-    Config c;
-    if (tiny_config(&c, extra, n, e)) return -1;
-    return trainer_init(t, &c, e);
-}
-
 // Differences in this rank's optimizer shards and weights, summed over the ranks.
 static int state_diff(const Trainer* a, const Trainer* b) {
     int bad = 0;
@@ -46,14 +39,14 @@ static void exact(const char* name, const char* const* layout, int nl) {
     for (int i = 0; i < nl; i++) ea[2 + i] = eb[2 + i] = ec[3 + i] = layout[i];
     Err e = {{0}};
     Trainer A, B, C;
-    EXPECT(init(&A, ea, 2 + nl, &e) == 0, "init A: %s", e.msg);
+    EXPECT(tiny_trainer(&A, ea, 2 + nl, &e) == 0, "init A: %s", e.msg);
     EXPECT(A.world == 2, "world 2 (%d)", A.world);
     EXPECT(trainer_run(&A) == EXIT_OK && A.step == 6, "A runs 6 steps");
-    EXPECT(init(&B, eb, 2 + nl, &e) == 0, "init B: %s", e.msg);
+    EXPECT(tiny_trainer(&B, eb, 2 + nl, &e) == 0, "init B: %s", e.msg);
     B.stop_at = 3;
     EXPECT(trainer_run(&B) == EXIT_PREEMPTED && B.step == 3, "B stops after step 3 (step %d)", B.step);
     trainer_free(&B);
-    EXPECT(init(&C, ec, 3 + nl, &e) == 0 && C.step == 3, "C resumes at step 3: %s (step %d)", e.msg, C.step);
+    EXPECT(tiny_trainer(&C, ec, 3 + nl, &e) == 0 && C.step == 3, "C resumes at step 3: %s (step %d)", e.msg, C.step);
     EXPECT(trainer_run(&C) == EXIT_OK && C.step == 6, "C finishes");
     EXPECT(memcmp(&A.last_loss, &C.last_loss, sizeof(double)) == 0 && isfinite(A.last_loss), "last loss %.17g vs %.17g",
            C.last_loss, A.last_loss);

@@ -8,6 +8,33 @@
 #include <string.h>
 
 static int t_passed = 0, t_failed = 0, t_cur_failed = 0;
+
+// A file's text (at most n - 1 bytes) into out; "" when it cannot be read.
+static inline void t_read_text(const char* path, char* out, size_t n) {
+    out[0] = 0;
+    FILE* f = fopen(path, "r");
+    if (!f) return;
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = 0;
+    fclose(f);
+}
+
+// A whole file, NUL-terminated (free it); its length in *n when n is not NULL. NULL when the file
+// cannot be opened or read in full.
+static inline char* t_slurp(const char* path, size_t* n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long k = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char* b = k >= 0 ? malloc((size_t)k + 1) : NULL;
+    size_t got = b ? fread(b, 1, (size_t)k, f) : 0;
+    fclose(f);
+    if (!b || got != (size_t)k) return free(b), NULL;
+    b[got] = 0;
+    if (n) *n = got;
+    return b;
+}
 static const char* t_cur = "";
 
 #define EXPECT(cond, ...)                                                       \

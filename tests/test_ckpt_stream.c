@@ -26,21 +26,9 @@ static Comm g_comm = {.rank = {0, 0, 0}, .size = {1, 1, 1}, .host_all_gather = s
 
 static char g_dir[256];
 
-static char* slurp(const char* path, size_t* n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long k = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* b = xmalloc((size_t)k + 1);
-    *n = fread(b, 1, (size_t)k, f);
-    fclose(f);
-    return b;
-}
-
 static int same_file(const char* a, const char* b) {
     size_t na = 0, nb = 0;
-    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    char *x = t_slurp(a, &na), *y = t_slurp(b, &nb);
     int ok = x && y && na == nb && memcmp(x, y, na) == 0;
     free(x);
     free(y);

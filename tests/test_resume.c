@@ -31,24 +31,6 @@
 static char g_dir[256];
 static char g_bin[PATH_MAX];
 
-static int init(Trainer* t, const char* const* extra, int n, Err* e) {
-    Config c;
-    if (tiny_config(&c, extra, n, e)) return -1;
-    return trainer_init(t, &c, e);
-}
-
-static int arena_eq(const Trainer* a, const Trainer* b, const char** what) {
-    for (int r = 0; r < 2; r++) {
-        const OptShard *x = &a->opt.sh[r], *y = &b->opt.sh[r];
-        if (x->n != y->n) return *what = "shard size", 0;
-        if (memcmp(x->master, y->master, sizeof(float) * x->n)) return *what = "fp32 masters", 0;
-        if (memcmp(x->m, y->m, sizeof(float) * x->n)) return *what = "Adam m", 0;
-        if (memcmp(x->v, y->v, sizeof(float) * x->n)) return *what = "Adam v", 0;
-        if (memcmp(a->model.w[r], b->model.w[r], sizeof(float) * a->model.padded[r])) return *what = "compute weights", 0;
-    }
-    return 1;
-}
-
 static int nonzero(const float* x, size_t n) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += x[i] != 0;
@@ -64,11 +46,11 @@ static void test_exact_resume(void) {
     Err e = {{0}};
     Trainer A, B, C;
     const char* ea[] = {a1, a2};
-    EXPECT(init(&A, ea, 2, &e) == 0, "init A: %s", e.msg);
+    EXPECT(tiny_trainer(&A, ea, 2, &e) == 0, "init A: %s", e.msg);
     EXPECT(trainer_run(&A) == EXIT_OK && A.step == 6 && A.updates == 6, "A runs 6 steps (step %d)", A.step);
 
     const char* eb[] = {b1, b2};
-    EXPECT(init(&B, eb, 2, &e) == 0, "init B: %s", e.msg);
+    EXPECT(tiny_trainer(&B, eb, 2, &e) == 0, "init B: %s", e.msg);
     B.stop_at = 3;
     int rc = trainer_run(&B);
     EXPECT(rc == EXIT_PREEMPTED && B.step == 3, "B stops after step 3 with exit %d (got %d, step %d)", EXIT_PREEMPTED, rc, B.step);
@@ -78,7 +60,7 @@ static void test_exact_resume(void) {
     EXPECT(access(p, F_OK) == 0, "the stop wrote step 3");
 
     const char* ec[] = {b1, b2, "checkpoint.resume=auto"};
-    EXPECT(init(&C, ec, 3, &e) == 0, "init C: %s", e.msg);
+    EXPECT(tiny_trainer(&C, ec, 3, &e) == 0, "init C: %s", e.msg);
     EXPECT(C.step == 3 && C.updates == 3 && C.tokens == 3 * 8 * 16 && strstr(C.resumed_from, "step_00000003"),
            "C resumes at step 3 (step %d, updates %lld, tokens %lld, from '%s')", C.step, (long long)C.updates,
            (long long)C.tokens, C.resumed_from);
@@ -87,7 +69,7 @@ static void test_exact_resume(void) {
     EXPECT(isfinite(A.last_loss) && memcmp(&A.last_loss, &C.last_loss, sizeof(double)) == 0, "last loss %.17g vs %.17g",
            C.last_loss, A.last_loss);
     const char* what = "";
-    EXPECT(arena_eq(&A, &C, &what), "final %s differ", what);
+    EXPECT(trainer_state_eq(&A, &C, 1, &what), "final %s differ", what);
     EXPECT(nonzero(A.opt.sh[0].master, A.opt.sh[0].n / 2) && nonzero(A.opt.sh[1].v, A.opt.sh[1].n / 2), "state is not zeros");
     EXPECT(A.tokens == C.tokens && A.updates == C.updates && A.skipped == C.skipped, "counters");
 
@@ -119,7 +101,7 @@ static int try_resume(const char* resume, const char* dir, const char* more, Tra
     snprintf(r, sizeof r, "checkpoint.resume=%s", resume);
     snprintf(d, sizeof d, "checkpoint.dir=%s", dir ? dir : "");
     const char* ex[] = {r, d, more};
-    return init(t, ex, 3, e);
+    return tiny_trainer(t, ex, 3, e);
 }
 
 static void test_bad_checkpoints(void) {
@@ -203,7 +185,7 @@ static void test_export_init_from(void) {
         snprintf(arg, sizeof arg, "checkpoint.init_from=%s", pass ? hf16 : hf32);
         const char* ex[] = {arg};
         Trainer t;
-        EXPECT(init(&t, ex, 1, &e) == 0, "init_from: %s", e.msg);
+        EXPECT(tiny_trainer(&t, ex, 1, &e) == 0, "init_from: %s", e.msg);
         int bad = 0, n = 0;
         for (int i = 0; i < t.model.pl.n; i++) {
             const ParamInfo* p = &t.model.pl.p[i];
@@ -230,20 +212,20 @@ static void test_export_init_from(void) {
     Trainer t;
     snprintf(arg, sizeof arg, "checkpoint.init_from=%s", hf32);
     const char* ex[] = {arg, "model.ffn=40"};
-    EXPECT(init(&t, ex, 2, &e) == -1 && strstr(e.msg, "config.json") && strstr(e.msg, "model.ffn=48 there, 40"),
+    EXPECT(tiny_trainer(&t, ex, 2, &e) == -1 && strstr(e.msg, "config.json") && strstr(e.msg, "model.ffn=48 there, 40"),
            "config.json mismatch: %s", e.msg);
     trainer_free(&t);
     // without config.json the shapes are checked tensor by tensor
     snprintf(nocfg, sizeof nocfg, "%s/hf_nocfg", g_dir);
     sh("cp -r '%s' '%s' && rm '%s/config.json'", hf32, nocfg, nocfg);
     snprintf(arg, sizeof arg, "checkpoint.init_from=%s", nocfg);
-    EXPECT(init(&t, ex, 2, &e) == -1 && strstr(e.msg, nocfg) && strstr(e.msg, "experts.0.w1.weight") && strstr(e.msg, "shape"),
+    EXPECT(tiny_trainer(&t, ex, 2, &e) == -1 && strstr(e.msg, nocfg) && strstr(e.msg, "experts.0.w1.weight") && strstr(e.msg, "shape"),
            "shape mismatch: %s", e.msg);
     trainer_free(&t);
     // not a Hugging Face directory
     snprintf(arg, sizeof arg, "checkpoint.init_from=%s/nothing_here", g_dir);
     const char* ex2[] = {arg};
-    EXPECT(init(&t, ex2, 1, &e) == -1 && strstr(e.msg, "nothing_here"), "missing HF dir: %s", e.msg);
+    EXPECT(tiny_trainer(&t, ex2, 1, &e) == -1 && strstr(e.msg, "nothing_here"), "missing HF dir: %s", e.msg);
     EXPECT(t.metrics.fd == -1, "no metrics file after a failed start (fd %d)", t.metrics.fd);
     trainer_free(&t);
     EXPECT(fcntl(0, F_GETFD) != -1, "trainer_free after a failed start leaves stdin open");
@@ -255,7 +237,7 @@ static void test_keep_every(void) {
     const char* ex[] = {d, "train.steps=5", "checkpoint.every=2", "checkpoint.keep=2"};
     Err e = {{0}};
     Trainer t;
-    EXPECT(init(&t, ex, 4, &e) == 0, "init: %s", e.msg);
+    EXPECT(tiny_trainer(&t, ex, 4, &e) == 0, "init: %s", e.msg);
     EXPECT(trainer_run(&t) == EXIT_OK, "run");
     trainer_free(&t);
     const int want[] = {0, 0, 0, 0, 1, 1};  // steps 2 and 4 saved by every, 5 at the end; keep 2
@@ -330,22 +312,12 @@ static long file_size(const char* path) {
     return stat(path, &st) ? -1 : (long)st.st_size;
 }
 
-// Reads a whole file (at most n - 1 bytes) into out.
-static void read_text(const char* path, char* out, size_t n) {
-    out[0] = 0;
-    FILE* f = fopen(path, "r");
-    if (!f) return;
-    size_t k = fread(out, 1, n - 1, f);
-    out[k] = 0;
-    fclose(f);
-}
-
-// init() with stdout (log_info) going to a file.
+// tiny_trainer() with stdout (log_info) going to a file.
 static int init_logged(Trainer* t, const char* const* extra, int n, const char* log, Err* e) {
     fflush(stdout);
     int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) dup2(fd, 1), close(fd);
-    int rc = init(t, extra, n, e);
+    int rc = tiny_trainer(t, extra, n, e);
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
@@ -364,7 +336,7 @@ static void test_weight_only(void) {
     Err e = {{0}};
     Trainer W;
     const char* ew[] = {w1, w2, "checkpoint.save_optimizer=false"};
-    EXPECT(init(&W, ew, 3, &e) == 0, "init W: %s", e.msg);
+    EXPECT(tiny_trainer(&W, ew, 3, &e) == 0, "init W: %s", e.msg);
     W.stop_at = 3;
     int rc = trainer_run(&W);
     EXPECT(rc == EXIT_PREEMPTED && W.step == 3, "W stops after step 3 (exit %d, step %d)", rc, W.step);
@@ -432,7 +404,7 @@ static void test_weight_only(void) {
         char out[400], text[8192], want[64];
         snprintf(out, sizeof out, "%s/inspect_w.out", g_dir);
         EXPECT(sh("%s inspect %s > %s 2>&1", g_bin, wd, out) == 0, "inspect of the weight-only checkpoint exits 0");
-        read_text(out, text, sizeof text);
+        t_read_text(out, text, sizeof text);
         snprintf(want, sizeof want, "  %-6s %8lld tensors", "optim", 0LL);
         EXPECT(strstr(text, want) && strstr(text, "result: OK"), "inspect: no optimizer tensors, OK:\n%s", text);
         // eval: the same loss as the full checkpoint of the same step
@@ -453,7 +425,7 @@ static void test_weight_only(void) {
     const char* ed[] = {w1, w2, "checkpoint.resume=auto"};
     EXPECT(init_logged(&D, ed, 3, dlog, &e) == 0, "init D: %s", e.msg);
     char text[8192];
-    read_text(dlog, text, sizeof text);
+    t_read_text(dlog, text, sizeof text);
     EXPECT(strstr(text, NO_OPT_LINE) != NULL, "the resume logs the line:\n%s", text);
     EXPECT(D.step == 3 && D.updates == 0 && D.tokens == 3 * 8 * 16 && strstr(D.resumed_from, "w/step_00000003"),
            "D resumes at step 3, Adam step count 0 (step %d, updates %lld, tokens %lld, from '%s')", D.step,
@@ -468,7 +440,7 @@ static void test_weight_only(void) {
     snprintf(rlog, sizeof rlog, "%s/r.out", g_dir);
     const char* er[] = {r1, r2, r3};
     EXPECT(init_logged(&R, er, 3, rlog, &e) == 0 && R.step == 3 && R.updates == 3, "init R: %s", e.msg);
-    read_text(rlog, text, sizeof text);
+    t_read_text(rlog, text, sizeof text);
     EXPECT(!strstr(text, "has no optimizer state"), "a full checkpoint does not log the line");
     EXPECT(nonzero(R.opt.sh[1].v, R.opt.sh[1].n / 2), "R has its moments before the reset");
     for (int a = 0; a < 2; a++) {
@@ -477,13 +449,13 @@ static void test_weight_only(void) {
     }
     R.updates = 0;
     const char* what = "";
-    EXPECT(arena_eq(&D, &R, &what), "at the start: %s differ", what);
+    EXPECT(trainer_state_eq(&D, &R, 1, &what), "at the start: %s differ", what);
     EXPECT(trainer_run(&D) == EXIT_OK && D.step == 6 && D.updates == 3, "D finishes (step %d, updates %lld)", D.step,
            (long long)D.updates);
     EXPECT(trainer_run(&R) == EXIT_OK && R.step == 6, "R finishes");
     EXPECT(isfinite(D.last_loss) && memcmp(&D.last_loss, &R.last_loss, sizeof(double)) == 0, "last loss %.17g vs %.17g",
            D.last_loss, R.last_loss);
-    EXPECT(arena_eq(&D, &R, &what), "final %s differ", what);
+    EXPECT(trainer_state_eq(&D, &R, 1, &what), "final %s differ", what);
     trainer_free(&D);
     trainer_free(&R);
     // traces: D's steps 4..6 are R's; step 4 (weights of step 3, before any update) is the
@@ -513,7 +485,7 @@ static void test_weight_only(void) {
     snprintf(f1, sizeof f1, "checkpoint.resume=%s", wd);
     snprintf(f2, sizeof f2, "checkpoint.dir=%s/f", g_dir);
     const char* ef[] = {f1, f2, "optim.weight_decay=0"};
-    EXPECT(init(&F, ef, 3, &e) == 0 && F.step == 3 && F.updates == 0, "init F: %s", e.msg);
+    EXPECT(tiny_trainer(&F, ef, 3, &e) == 0 && F.step == 3 && F.updates == 0, "init F: %s", e.msg);
     float* w0[2];
     for (int a = 0; a < 2; a++) {
         w0[a] = xmalloc(sizeof(float) * F.opt.sh[a].n + 1);

@@ -21,23 +21,6 @@
 static char g_dir[256];
 static char g_bin[PATH_MAX];
 
-static int init(Trainer* t, const char* const* extra, int n, Err* e) {
-    Config c;
-    if (tiny_config(&c, extra, n, e)) return -1;
-    return trainer_init(t, &c, e);
-}
-
-static int state_eq(const Trainer* a, const Trainer* b, const char** what) {
-    for (int r = 0; r < 2; r++) {
-        const OptShard *x = &a->opt.sh[r], *y = &b->opt.sh[r];
-        if (x->n != y->n) return *what = "shard size", 0;
-        if (memcmp(x->master, y->master, sizeof(float) * x->n)) return *what = "fp32 masters", 0;
-        if (memcmp(x->m, y->m, sizeof(float) * x->n)) return *what = "Adam m", 0;
-        if (memcmp(x->v, y->v, sizeof(float) * x->n)) return *what = "Adam v", 0;
-    }
-    return 1;
-}
-
 static void opt(char* out, size_t n, const char* key, const char* sub) { snprintf(out, n, "%s=%s/%s", key, g_dir, sub); }
 
 static void latest_of(const char* root, char* out, size_t n) {
@@ -62,15 +45,15 @@ static void test_async_equals_sync(void) {
     opt(l2, sizeof l2, "log.dir", "lasync");
     Err e = {{0}};
     const char* ea[] = {d1, l1, "checkpoint.every=2"};
-    EXPECT(init(&g_sync, ea, 3, &e) == 0, "init sync: %s", e.msg);
+    EXPECT(tiny_trainer(&g_sync, ea, 3, &e) == 0, "init sync: %s", e.msg);
     EXPECT(trainer_run(&g_sync) == EXIT_OK && g_sync.step == 6, "sync run");
     Trainer B;
     const char* eb[] = {d2, l2, "checkpoint.every=2", "checkpoint.async=true"};
-    EXPECT(init(&B, eb, 4, &e) == 0, "init async: %s", e.msg);
+    EXPECT(tiny_trainer(&B, eb, 4, &e) == 0, "init async: %s", e.msg);
     EXPECT(trainer_run(&B) == EXIT_OK && B.step == 6, "async run");
     EXPECT(!trainer_save_in_flight(&B), "nothing in flight after the run");
     const char* what = "";
-    EXPECT(state_eq(&g_sync, &B, &what), "final %s differ", what);
+    EXPECT(trainer_state_eq(&g_sync, &B, 0, &what), "final %s differ", what);
     for (int s = 2; s <= 6; s += 2) {
         char a[400], b[400], msg[1100];
         snprintf(a, sizeof a, "%s/sync/step_%08d", g_dir, s);
@@ -101,7 +84,7 @@ static void test_async_exact_resume(void) {
     Err e = {{0}};
     Trainer B, C;
     const char* eb[] = {d, l, "checkpoint.every=2", "checkpoint.async=true"};
-    EXPECT(init(&B, eb, 4, &e) == 0, "init: %s", e.msg);
+    EXPECT(tiny_trainer(&B, eb, 4, &e) == 0, "init: %s", e.msg);
     B.stop_at = 3;
     int rc = trainer_run(&B);
     EXPECT(rc == EXIT_PREEMPTED && B.step == 3, "stops after step 3 (exit %d, step %d)", rc, B.step);
@@ -113,11 +96,11 @@ static void test_async_exact_resume(void) {
     snprintf(p, sizeof p, "%s/astop/step_00000002/manifest.txt", g_dir);
     EXPECT(access(p, F_OK) == 0, "the save of step 2 (in flight at the signal) is complete");
     const char* ec[] = {d, l, "checkpoint.every=2", "checkpoint.async=true", "checkpoint.resume=auto"};
-    EXPECT(init(&C, ec, 5, &e) == 0, "init resume: %s", e.msg);
+    EXPECT(tiny_trainer(&C, ec, 5, &e) == 0, "init resume: %s", e.msg);
     EXPECT(C.step == 3, "resumes at step 3 (%d)", C.step);
     EXPECT(trainer_run(&C) == EXIT_OK && C.step == 6, "finishes");
     const char* what = "";
-    EXPECT(state_eq(&g_sync, &C, &what), "final %s differ from the uninterrupted sync run", what);
+    EXPECT(trainer_state_eq(&g_sync, &C, 0, &what), "final %s differ from the uninterrupted sync run", what);
     EXPECT(memcmp(&g_sync.last_loss, &C.last_loss, sizeof(double)) == 0, "last loss %.17g vs %.17g", C.last_loss,
            g_sync.last_loss);
     char a[400], b[400], msg[1100];

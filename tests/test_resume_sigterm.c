@@ -11,7 +11,6 @@
 // validation loss (same world: the same digits; world 1: within 1e-5 relative, the reduction
 // order of the validation sums differs).
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <signal.h>
 #include <time.h>
 
@@ -23,46 +22,6 @@ static char g_dir[256], g_bin[4096];
 
 static const char* ARGS = "--config L0_sanity train.steps=24 optim.warmup=4 train.eval_every=8 train.eval_batches=2 "
                           "log.every=1 parallel.ep=2 train.micro_batch=8";
-
-// Processes below pid (children, grandchildren, ...) whose name is "moetrain".
-static int find_ranks(pid_t root, pid_t* out, int max) {
-    pid_t level[64];
-    int nl = 1, n = 0;
-    level[0] = root;
-    for (int depth = 0; depth < 4 && nl > 0; depth++) {
-        pid_t next[64];
-        int nn = 0;
-        DIR* d = opendir("/proc");
-        if (!d) return n;
-        struct dirent* de;
-        while ((de = readdir(d))) {
-            pid_t pid = (pid_t)atoi(de->d_name);
-            if (pid <= 0) continue;
-            char p[64], buf[512];
-            snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-            FILE* f = fopen(p, "r");
-            if (!f) continue;
-            size_t k = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[k] = 0;
-            char* rp = strrchr(buf, ')');  // "pid (comm) state ppid ..."
-            char* lp = strchr(buf, '(');
-            if (!rp || !lp) continue;
-            int ppid = 0;
-            char st;
-            if (sscanf(rp + 1, " %c %d", &st, &ppid) != 2) continue;
-            for (int i = 0; i < nl; i++)
-                if (ppid == level[i]) {
-                    if (nn < 64) next[nn++] = pid;
-                    if (rp - lp - 1 == 8 && !strncmp(lp + 1, "moetrain", 8) && n < max) out[n++] = pid;
-                }
-        }
-        closedir(d);
-        memcpy(level, next, sizeof(pid_t) * (size_t)nn);
-        nl = nn;
-    }
-    return n;
-}
 
 static int lines_of(const char* path) {
     FILE* f = fopen(path, "r");

@@ -5,6 +5,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "ckpt.h"
 #include "config.h"
 #include "test.h"
+#include "train.h"
 #include "util.h"
 
 // A tiny model on random tokens (fast, no data file), then `extra` overrides.
@@ -31,6 +33,28 @@ static inline int tiny_config(Config* c, const char* const* extra, int n, Err* e
     for (int i = 0; i < n; i++)
         if (extra[i] && config_override(c, extra[i], e)) return -1;
     return 0;
+}
+
+// trainer_init on tiny_config(extra).
+static inline int tiny_trainer(Trainer* t, const char* const* extra, int n, Err* e) {
+    Config c;
+    if (tiny_config(&c, extra, n, e)) return -1;
+    return trainer_init(t, &c, e);
+}
+
+// Whether two trainers hold the same optimizer shards (fp32 masters, Adam m and v) and, with
+// weights, the same compute weights; *what names the first difference.
+static inline int trainer_state_eq(const Trainer* a, const Trainer* b, int weights, const char** what) {
+    for (int r = 0; r < 2; r++) {
+        const OptShard *x = &a->opt.sh[r], *y = &b->opt.sh[r];
+        if (x->n != y->n) return *what = "shard size", 0;
+        if (memcmp(x->master, y->master, sizeof(float) * x->n)) return *what = "fp32 masters", 0;
+        if (memcmp(x->m, y->m, sizeof(float) * x->n)) return *what = "Adam m", 0;
+        if (memcmp(x->v, y->v, sizeof(float) * x->n)) return *what = "Adam v", 0;
+        if (weights && memcmp(a->model.w[r], b->model.w[r], sizeof(float) * a->model.padded[r]))
+            return *what = "compute weights", 0;
+    }
+    return 1;
 }
 
 static inline void strip_field(char* buf, const char* key) {
@@ -183,4 +207,45 @@ static inline int find_moetrain(const char* argv0, char* bin, size_t n) {
         return 1;
     }
     return 0;
+}
+
+// Processes below root (children, grandchildren, ... to depth 4) named "moetrain": at most max
+// into out; returns how many.
+static inline int find_ranks(pid_t root, pid_t* out, int max) {
+    pid_t level[64];
+    int nl = 1, n = 0;
+    level[0] = root;
+    for (int depth = 0; depth < 4 && nl > 0; depth++) {
+        pid_t next[64];
+        int nn = 0;
+        DIR* d = opendir("/proc");
+        if (!d) return n;
+        struct dirent* de;
+        while ((de = readdir(d))) {
+            pid_t pid = (pid_t)atoi(de->d_name);
+            if (pid <= 0) continue;
+            char p[64], buf[512];
+            snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+            FILE* f = fopen(p, "r");
+            if (!f) continue;
+            size_t k = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[k] = 0;
+            char* rp = strrchr(buf, ')');  // "pid (comm) state ppid ..."
+            char* lp = strchr(buf, '(');
+            if (!rp || !lp) continue;
+            int ppid = 0;
+            char st;
+            if (sscanf(rp + 1, " %c %d", &st, &ppid) != 2) continue;
+            for (int i = 0; i < nl; i++)
+                if (ppid == level[i]) {
+                    if (nn < 64) next[nn++] = pid;
+                    if (rp - lp - 1 == 8 && !strncmp(lp + 1, "moetrain", 8) && n < max) out[n++] = pid;
+                }
+        }
+        closedir(d);
+        memcpy(level, next, sizeof(pid_t) * (size_t)nn);
+        nl = nn;
+    }
+    return n;
 }

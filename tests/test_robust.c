@@ -107,15 +107,6 @@ static void test_metrics_injected_failure(void) {
 
 // ---- 2, 3. run ownership -----------------------------------------------------------------------
 
-static void slurp(const char* path, char* out, size_t n) {
-    out[0] = 0;
-    FILE* f = fopen(path, "r");
-    if (!f) return;
-    size_t k = fread(out, 1, n - 1, f);
-    out[k] = 0;
-    fclose(f);
-}
-
 // A fresh run into a used checkpoint.dir is refused with the choices; overwrite=true replaces the
 // checkpoints; a fresh run into a used log.dir rotates the old metrics.jsonl aside.
 static void test_used_checkpoint_dir(void) {
@@ -125,7 +116,7 @@ static void test_used_checkpoint_dir(void) {
     int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s log.dir=%s", g_bin, ck, lg);
     EXPECT(rc == 0, "run A (rc %d): %s", rc, out);
     snprintf(p, sizeof p, "%s/owner", ck);
-    slurp(p, own, sizeof own);
+    t_read_text(p, own, sizeof own);
     EXPECT(!strncmp(own, "run_id ", 7), "owner file: '%s'", own);
     rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s log.dir=%s", g_bin, ck, lg);
     EXPECT(rc == 2 && strstr(out, "already holds 1 checkpoint(s)") && strstr(out, "checkpoint.resume=auto") &&
@@ -139,15 +130,15 @@ static void test_used_checkpoint_dir(void) {
     EXPECT(access(p, F_OK) != 0, "run A's checkpoint is gone");
     char own2[256];
     snprintf(p, sizeof p, "%s/owner", ck);
-    slurp(p, own2, sizeof own2);
+    t_read_text(p, own2, sizeof own2);
     EXPECT(own2[0] && strcmp(own, own2), "a new owner ('%s' after '%s')", own2, own);
     snprintf(p, sizeof p, "%s/step_00000003/trainer_state.yaml", ck);
-    slurp(p, st, sizeof st);
+    t_read_text(p, st, sizeof st);
     EXPECT(strstr(st, own2 + 7) != NULL, "the checkpoint records the owner's run id");
     snprintf(p, sizeof p, "%s/metrics.jsonl.1", lg);
     EXPECT(count_lines(p) == 2, "the first run's metrics rotated to metrics.jsonl.1 (%d lines)", count_lines(p));
     snprintf(p, sizeof p, "%s/metrics.jsonl", lg);
-    slurp(p, st, sizeof st);
+    t_read_text(p, st, sizeof st);
     char want[64];
     snprintf(want, sizeof want, "{\"run_id\": \"%.16s\", \"step\": 1,", own2 + 7);
     EXPECT(count_lines(p) == 3 && strstr(st, want), "metrics.jsonl holds the new run's 3 lines with its id: %s", st);
@@ -457,49 +448,21 @@ static void test_signal_during_startup(void) {
 // The pid of the moetrain process below `root` (any depth up to 4) whose OMPI_COMM_WORLD_RANK is
 // `rank`; 0 when none.
 static pid_t find_rank(pid_t root, int rank) {
-    pid_t level[64], found = 0;
-    int nl = 1;
-    level[0] = root;
-    for (int depth = 0; depth < 4 && nl > 0 && !found; depth++) {
-        pid_t next[64];
-        int nn = 0;
-        DIR* d = opendir("/proc");
-        for (struct dirent* de; d && (de = readdir(d));) {
-            pid_t pid = (pid_t)atoi(de->d_name);
-            if (pid <= 0) continue;
-            char p[64], buf[512];
-            snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-            FILE* f = fopen(p, "r");
-            if (!f) continue;
-            size_t k = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[k] = 0;
-            char* rp = strrchr(buf, ')');
-            int ppid = 0;
-            char st;
-            if (!rp || sscanf(rp + 1, " %c %d", &st, &ppid) != 2) continue;
-            for (int i = 0; i < nl; i++)
-                if (ppid == level[i] && nn < 64) {
-                    next[nn++] = pid;
-                    if (!strstr(buf, "(moetrain)")) continue;
-                    char env[65536];
-                    snprintf(p, sizeof p, "/proc/%d/environ", (int)pid);
-                    f = fopen(p, "r");
-                    size_t m = f ? fread(env, 1, sizeof env - 1, f) : 0;
-                    if (f) fclose(f);
-                    char want[64];
-                    int wl = snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
-                    for (size_t o = 0; o < m; o += strlen(env + o) + 1) {
-                        env[m] = 0;
-                        if (!strncmp(env + o, want, (size_t)wl) && env[o + (size_t)wl] == 0) found = pid;
-                    }
-                }
-        }
-        if (d) closedir(d);
-        memcpy(level, next, sizeof(pid_t) * (size_t)nn);
-        nl = nn;
+    pid_t ranks[64];
+    const int n = find_ranks(root, ranks, 64);
+    char want[64];
+    const int wl = snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    for (int r = 0; r < n; r++) {
+        char p[64], env[65536];
+        snprintf(p, sizeof p, "/proc/%d/environ", (int)ranks[r]);
+        FILE* f = fopen(p, "r");
+        size_t m = f ? fread(env, 1, sizeof env - 1, f) : 0;
+        if (f) fclose(f);
+        env[m] = 0;
+        for (size_t o = 0; o < m; o += strlen(env + o) + 1)
+            if (!strncmp(env + o, want, (size_t)wl) && env[o + (size_t)wl] == 0) return ranks[r];
     }
-    return found;
+    return 0;
 }
 
 // SIGSTOP on rank 1 of `mpirun -np 2`: rank 0's watchdog ends the job with exit 1 within the

@@ -32,12 +32,7 @@ static void write_exe(const char* name, const char* body) {
 static void slurp(const char* name, char* out, size_t n) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    out[0] = 0;
-    FILE* f = fopen(p, "r");
-    if (!f) return;
-    size_t k = fread(out, 1, n - 1, f);
-    out[k] = 0;
-    fclose(f);
+    t_read_text(p, out, n);
 }
 
 static void clear_logs(void) {

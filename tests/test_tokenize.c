@@ -50,20 +50,6 @@ static void write_text(const char* name, const char* s, const char* mode) {
     fclose(f);
 }
 
-static char* slurp(const char* path, size_t* n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long k = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* b = malloc((size_t)k + 1);
-    size_t got = fread(b, 1, (size_t)k, f);
-    fclose(f);
-    b[got] = 0;
-    if (n) *n = got;
-    return b;
-}
-
 // A token stream with document starts.
 typedef struct Stream {
     int32_t* t;
@@ -94,7 +80,7 @@ static void index_docs(Stream* s, int32_t eos) {
 static Stream expected_stream(const char* ids_file, int bos, int eos) {
     Stream s = {0};
     size_t n;
-    char* b = slurp(ids_file, &n);
+    char* b = t_slurp(ids_file, &n);
     if (!b) return s;
     char* p = b;
     while (*p) {
@@ -233,7 +219,7 @@ static void test_stream(void) {
             tpath("back_ids.txt"), tpath("back.txt"), tpath("back.txt"), tpath("docs.txt"));
     EXPECT(rc == 0, "decode(the shards) != the documents: diff %s %s", tpath("back.txt"), tpath("docs.txt"));
     // the manifest
-    char* m = slurp(tpath("s1/manifest.json"), NULL);
+    char* m = t_slurp(tpath("s1/manifest.json"), NULL);
     EXPECT(m && strstr(m, "\"vocab_size\": 600") && strstr(m, "\"bos_id\": 1") && strstr(m, "\"eos_id\": 2") &&
            strstr(m, "\"sentencepiece\"") && strstr(m, "a_rec.fa.gz") && strstr(m, "\"bytes\": "),
            "manifest.json: %s", m ? m : "(missing)");
@@ -288,7 +274,7 @@ static void test_uint32(void) {
                 tpath("tok.model"), tpath("s3"), tpath("in"), tpath("s3.log"));
     EXPECT(rc == 0, "tokenize --dtype uint32 failed: see %s", tpath("s3.log"));
     size_t n = 0;
-    char* b = slurp(tpath("s3/train_000000.bin"), &n);
+    char* b = t_slurp(tpath("s3/train_000000.bin"), &n);
     int32_t h[3] = {0};
     if (b && n >= 12) memcpy(h, b, 12);
     EXPECT(h[0] == 20240801 && h[1] == 7 && (uint64_t)h[2] == g_want.n && n == 1024 + 4 * (size_t)h[2],
@@ -297,7 +283,7 @@ static void test_uint32(void) {
     Stream got = read_split(tpath("s3/train_000000.bin"), 0, 600, NULL);
     EXPECT(got.n == g_want.n && first_diff(&got, &g_want) == got.n, "uint32 stream differs");
     stream_free(&got);
-    b = slurp(tpath("s1/train_000000.bin"), &n);
+    b = t_slurp(tpath("s1/train_000000.bin"), &n);
     if (b && n >= 12) memcpy(h, b, 12);
     EXPECT(h[0] == 20240520 && h[1] == 1 && h[2] == 3000, "the uint16 shard's header: %d %d %d", h[0], h[1], h[2]);
     free(b);
@@ -310,7 +296,7 @@ static void test_bytes(void) {
                 tpath("in/c_notes.txt"), tpath("s4.log"));
     EXPECT(rc == 0, "tokenize --tokenizer bytes failed: see %s", tpath("s4.log"));
     Stream got = read_split(tpath("s4"), 0, 256, NULL);
-    char* src = slurp(tpath("in/c_notes.txt"), NULL);
+    char* src = t_slurp(tpath("in/c_notes.txt"), NULL);
     Stream want = {0};
     for (char* p = src; p && *p; p++) {
         if (*p == '\n') {
@@ -353,7 +339,7 @@ static void test_killed(void) {
     stream_free(&got);
     // every file under a shard name passes validation
     rc = sh("ls %s | grep -v '^\\.' | grep -c '\\.bin$' > %s", tpath("k"), tpath("k.count"));
-    char* c = slurp(tpath("k.count"), NULL);
+    char* c = t_slurp(tpath("k.count"), NULL);
     EXPECT(c && atoi(c) == 1, "shard files after the kill: %s", c ? c : "?");
     free(c);
     // a rerun with --force replaces the leftovers
@@ -376,7 +362,7 @@ static void test_train_export(void) {
                 "train.global_batch=2 train.micro_batch=2 train.seq_len=32 train.eval_batches=1 log.dir= "
                 "data.path=%s checkpoint.dir=%s >%s 2>&1", bin, tpath("s2"), tpath("ck"), tpath("train.log"));
     EXPECT(rc == 0, "training on the shards failed (%d): see %s", rc, tpath("train.log"));
-    char* log = slurp(tpath("train.log"), NULL);
+    char* log = t_slurp(tpath("train.log"), NULL);
     EXPECT(log && strstr(log, "bin uint16") && strstr(log, "validation data:"),
            "the log names the shards and the validation shards: %s", log ? log : "");
     free(log);
@@ -386,11 +372,11 @@ static void test_train_export(void) {
               tpath("tok.model"), tpath("hf/tokenizer.json"), tpath("s2/tokenizer/tokenizer.json"),
               tpath("hf/tokenizer_config.json"), tpath("hf/generation_config.json")) == 0,
            "the export carries tokenizer.model, tokenizer.json, tokenizer_config.json, generation_config.json");
-    char* cj = slurp(tpath("hf/config.json"), NULL);
+    char* cj = t_slurp(tpath("hf/config.json"), NULL);
     EXPECT(cj && strstr(cj, "\"bos_token_id\": 1,") && strstr(cj, "\"eos_token_id\": 2,") &&
            strstr(cj, "\"pad_token_id\": null,") && strstr(cj, "\"vocab_size\": 600"), "config.json: %s", cj ? cj : "");
     free(cj);
-    char* tc = slurp(tpath("hf/special_tokens_map.json"), NULL);
+    char* tc = t_slurp(tpath("hf/special_tokens_map.json"), NULL);
     EXPECT(tc && strstr(tc, "\"bos_token\": \"<s>\"") && strstr(tc, "\"eos_token\": \"</s>\"") &&
            strstr(tc, "\"unk_token\": \"<unk>\""), "special_tokens_map.json: %s", tc ? tc : "");
     free(tc);
@@ -402,20 +388,20 @@ static void test_train_export(void) {
             "train.micro_batch=2 train.seq_len=32 log.dir= checkpoint.dir=%s >/dev/null 2>&1 && "
             "%s export --ckpt %s --out %s --tokenizer %s > %s 2>&1", bin, tpath("ck256"), bin, tpath("ck256"),
             tpath("hf3"), tpath("s2"), tpath("export3.log"));
-    char* el = slurp(tpath("export3.log"), NULL);
+    char* el = t_slurp(tpath("export3.log"), NULL);
     EXPECT(rc == 2 && el && strstr(el, "600 tokens, the model's vocabulary only 256"), "vocab check: %d %s", rc,
            el ? el : "");
     free(el);
     // eval refuses the shipped byte data for a 600-token model
     rc = sh("%s eval --ckpt %s parallel.ep=1 data.path= > %s 2>&1", bin, tpath("ck"), tpath("eval.log"));
-    el = slurp(tpath("eval.log"), NULL);
+    el = t_slurp(tpath("eval.log"), NULL);
     EXPECT(rc == 2 && el && strstr(el, "byte-level sequence data"), "eval on byte data: %d %s", rc, el ? el : "");
     free(el);
     rc = sh("%s eval --ckpt %s parallel.ep=1 > %s 2>&1", bin, tpath("ck"), tpath("eval2.log"));
     EXPECT(rc == 0, "eval on the run's own shards: %d (see %s)", rc, tpath("eval2.log"));
     // the flagship config without data
     rc = sh("%s --config L1_8x7B_ep parallel.ep=1 checkpoint.dir=%s > %s 2>&1", bin, tpath("ckL1"), tpath("l1.log"));
-    el = slurp(tpath("l1.log"), NULL);
+    el = t_slurp(tpath("l1.log"), NULL);
     EXPECT(rc == 2 && el && strstr(el, "data.required") && strstr(el, "spm_train") && strstr(el, "scripts/tokenize.py"),
            "L1 without data.path: %d %s", rc, el ? el : "");
     free(el);

@@ -115,6 +115,39 @@ static void check_doc(const char* op, const int32_t* doc, int B, int T) {
         }
 }
 
+// One query row qr against the keys and values s = s_lo..t (row s at kb / vb + s·kst), flash
+// style: blocks of BK scores, a running max m and sum l. Writes the normalised output row o and
+// returns the row's log-sum-exp m + log l.
+static float attend_row(float* o, const float* qr, const float* kb, const float* vb, size_t kst, int s_lo, int t, int D,
+                        float scale) {
+    float acc[MAX_D], sc[BK];
+    for (int i = 0; i < D; i++) acc[i] = 0;
+    float m = -INFINITY, l = 0;
+    for (int s0 = s_lo; s0 <= t; s0 += BK) {
+        const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
+        float bm = -INFINITY;
+        for (int s = s0; s < s1; s++) {
+            sc[s - s0] = dotf(qr, kb + (size_t)s * kst, D) * scale;
+            if (sc[s - s0] > bm) bm = sc[s - s0];
+        }
+        const float mn = bm > m ? bm : m;
+        if (mn == -INFINITY) continue;  // every score so far is −inf
+        if (mn != m) {                   // rescale what was summed under the old max
+            const float corr = expf(m - mn);
+            l *= corr;
+            for (int i = 0; i < D; i++) acc[i] *= corr;
+            m = mn;
+        }
+        for (int s = s0; s < s1; s++) {
+            const float p = expf(sc[s - s0] - m);
+            l += p;
+            axpyf(acc, p, vb + (size_t)s * kst, D);
+        }
+    }
+    for (int i = 0; i < D; i++) o[i] = acc[i] / l;
+    return m + logf(l);
+}
+
 // out[b,t,h,:] = Σ_{d≤s≤t} softmax_s(q·k_s · scale) v_s with kv head h / (Hq/Hkv), d = t's
 // document start (0 without documents); lse[b,h,t] = log Σ_{d≤s≤t} exp(q·k_s · scale). The key
 // blocks start at d, so a token's result is the same bits as its document run alone.
@@ -135,33 +168,8 @@ void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const voi
                 const float* kb = k + ((size_t)b * T * Hkv + kh) * D;  // key s at kb + s·Hkv·D
                 const float* vb = v + ((size_t)b * T * Hkv + kh) * D;
                 const size_t kst = (size_t)Hkv * D;
-                float acc[MAX_D], sc[BK];
-                for (int i = 0; i < D; i++) acc[i] = 0;
-                float m = -INFINITY, l = 0;
-                for (int s0 = doc ? doc[(size_t)b * T + t] : 0; s0 <= t; s0 += BK) {
-                    const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
-                    float bm = -INFINITY;
-                    for (int s = s0; s < s1; s++) {
-                        sc[s - s0] = dotf(qr, kb + s * kst, D) * scale;
-                        if (sc[s - s0] > bm) bm = sc[s - s0];
-                    }
-                    const float mn = bm > m ? bm : m;
-                    if (mn == -INFINITY) continue;  // every score so far is −inf
-                    if (mn != m) {                   // rescale what was summed under the old max
-                        const float corr = expf(m - mn);
-                        l *= corr;
-                        for (int i = 0; i < D; i++) acc[i] *= corr;
-                        m = mn;
-                    }
-                    for (int s = s0; s < s1; s++) {
-                        const float p = expf(sc[s - s0] - m);
-                        l += p;
-                        axpyf(acc, p, vb + s * kst, D);
-                    }
-                }
                 float* o = out + (((size_t)b * T + t) * Hq + h) * D;
-                for (int i = 0; i < D; i++) o[i] = acc[i] / l;
-                lse[((size_t)b * Hq + h) * T + t] = m + logf(l);
+                lse[((size_t)b * Hq + h) * T + t] = attend_row(o, qr, kb, vb, kst, doc ? doc[(size_t)b * T + t] : 0, t, D, scale);
             }
 }
 
@@ -317,31 +325,6 @@ void cpu_attn_decode(Backend* be, void* out_, const void* q_, const void* kc_, c
                 const float* qr = q + (((size_t)b * n + i) * Hq + h) * D;
                 const float* kb = kc + ((size_t)b * Hkv + kh) * Tmax * D;  // key s at kb + s·D
                 const float* vb = vc + ((size_t)b * Hkv + kh) * Tmax * D;
-                float acc[MAX_D], sc[BK];
-                for (int x = 0; x < D; x++) acc[x] = 0;
-                float m = -INFINITY, l = 0;
-                for (int s0 = 0; s0 <= t; s0 += BK) {
-                    const int s1 = s0 + BK < t + 1 ? s0 + BK : t + 1;
-                    float bm = -INFINITY;
-                    for (int s = s0; s < s1; s++) {
-                        sc[s - s0] = dotf(qr, kb + (size_t)s * D, D) * scale;
-                        if (sc[s - s0] > bm) bm = sc[s - s0];
-                    }
-                    const float mn = bm > m ? bm : m;
-                    if (mn == -INFINITY) continue;
-                    if (mn != m) {
-                        const float corr = expf(m - mn);
-                        l *= corr;
-                        for (int x = 0; x < D; x++) acc[x] *= corr;
-                        m = mn;
-                    }
-                    for (int s = s0; s < s1; s++) {
-                        const float p = expf(sc[s - s0] - m);
-                        l += p;
-                        axpyf(acc, p, vb + (size_t)s * D, D);
-                    }
-                }
-                float* o = out + (((size_t)b * n + i) * Hq + h) * D;
-                for (int x = 0; x < D; x++) o[x] = acc[x] / l;
+                attend_row(out + (((size_t)b * n + i) * Hq + h) * D, qr, kb, vb, D, 0, t, D, scale);
             }
 }
