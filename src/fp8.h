@@ -3,6 +3,8 @@
 // and a GEMM emulated exactly. The CUDA kernels are tested against these functions. docs/fp8.md
 // states the numerics and the reasons behind them.
 //
+// Inputs are fp32; a bf16 tensor is quantised through its fp32 values (bf16 → fp32 is exact), which
+// is what a GPU kernel reading bf16 must reproduce.
 // Layouts: every matrix is row-major; "K" is the reduction dimension of the GEMM that consumes
 // a quantised operand, always the innermost (contiguous) one, because Hopper's FP8 tensor cores
 // take only the TN layout (both operands K-major).
