@@ -255,25 +255,12 @@ static void test_keep_every(void) {
     EXPECT(!strcmp(line, "step_00000005\n"), "latest: '%s'", line);
 }
 
-// The last val_loss value of a metrics.jsonl, as text.
-static void last_val(const char* path, char* out, size_t n) {
-    out[0] = 0;
-    FILE* f = fopen(path, "r");
-    if (!f) return;
-    char line[4096];
-    while (fgets(line, sizeof line, f)) {
-        char* s = strstr(line, "\"val_loss\": ");
-        if (s) snprintf(out, n, "%.*s", (int)strcspn(s + 12, ",}"), s + 12);
-    }
-    fclose(f);
-}
-
 static int run_eval(const char* args, char* val, size_t n) {
     char cmd[5000], out[400];
     snprintf(out, sizeof out, "%s/eval.out", g_dir);
     snprintf(cmd, sizeof cmd, "%s eval %s > %s 2>&1", g_bin, args, out);
     int rc = sh("%s", cmd);
-    last_val(out, val, n);
+    last_val_loss(out, val, n);
     if (rc) sh("cat %s >&2", out);
     return rc;
 }
@@ -285,7 +272,7 @@ static void test_eval_cmd(void) {
     }
     char want[64], got[64], p[400], args[800];
     snprintf(p, sizeof p, "%s/la/metrics.jsonl", g_dir);
-    last_val(p, want, sizeof want);
+    last_val_loss(p, want, sizeof want);
     EXPECT(want[0] && atof(want) > 0, "training logged a final validation loss ('%s')", want);
     snprintf(args, sizeof args, "--ckpt %s/a", g_dir);
     EXPECT(run_eval(args, got, sizeof got) == 0 && !strcmp(got, want), "eval of the checkpoint: '%s', training: '%s'", got, want);

@@ -23,15 +23,6 @@ static char g_dir[256], g_bin[4096];
 static const char* ARGS = "--config L0_sanity train.steps=24 optim.warmup=4 train.eval_every=8 train.eval_batches=2 "
                           "log.every=1 parallel.ep=2 train.micro_batch=8";
 
-static int lines_of(const char* path) {
-    FILE* f = fopen(path, "r");
-    if (!f) return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF) n += c == '\n';
-    fclose(f);
-    return n;
-}
-
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -53,7 +44,7 @@ static void test_sigterm_resume(void) {
         _exit(127);
     }
     int waited = 0;
-    while (lines_of(metrics) < 6 && waited < 60000) sleep_ms(20), waited += 20;
+    while (count_lines(metrics) < 6 && waited < 60000) sleep_ms(20), waited += 20;
     pid_t ranks[8];
     int nr = find_ranks(pid, ranks, 8);
     EXPECT(nr == 2, "found %d rank processes under mpirun %d", nr, (int)pid);
@@ -62,7 +53,7 @@ static void test_sigterm_resume(void) {
     waitpid(pid, &status, 0);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     EXPECT(code == 3, "the signalled run exits with code 3 (got %d; see %s/i1.log)", code, g_dir);
-    int stopped = lines_of(metrics);
+    int stopped = count_lines(metrics);
     char p[400], latest[64] = "";
     snprintf(p, sizeof p, "%s/i/latest", g_dir);
     FILE* f = fopen(p, "r");
@@ -108,36 +99,24 @@ static void test_sigterm_resume(void) {
     EXPECT(d == 0, "final checkpoints differ in %d tensors (%s)", d, msg);
 }
 
-static void val_of(const char* path, char* out, size_t n) {
-    out[0] = 0;
-    FILE* f = fopen(path, "r");
-    if (!f) return;
-    char line[4096];
-    while (fgets(line, sizeof line, f)) {
-        char* s = strstr(line, "\"val_loss\": ");
-        if (s) snprintf(out, n, "%.*s", (int)strcspn(s + 12, ",}"), s + 12);
-    }
-    fclose(f);
-}
-
 static void test_eval(void) {
     char want[64], got[64], p[400];
     snprintf(p, sizeof p, "%s/lu/metrics.jsonl", g_dir);
-    val_of(p, want, sizeof want);
+    last_val_loss(p, want, sizeof want);
     EXPECT(want[0] && atof(want) > 0, "the run logged a final validation loss");
     int rc = sh("scripts/mpirun.sh -np 2 %s eval --ckpt %s/u > %s/e2.log 2>&1", g_bin, g_dir, g_dir);
     snprintf(p, sizeof p, "%s/e2.log", g_dir);
-    val_of(p, got, sizeof got);
+    last_val_loss(p, got, sizeof got);
     EXPECT(rc == 0 && !strcmp(got, want), "eval at world 2: '%s', training: '%s' (exit %d)", got, want, rc);
     rc = sh("%s eval --ckpt %s/u/step_%08d > %s/e1.log 2>&1", g_bin, g_dir, STEPS, g_dir);
     snprintf(p, sizeof p, "%s/e1.log", g_dir);
-    val_of(p, got, sizeof got);
+    last_val_loss(p, got, sizeof got);
     EXPECT(rc == 0 && got[0] && fabs(atof(got) - atof(want)) <= 1e-5 * atof(want), "eval at world 1: '%s', training: '%s'",
            got, want);
     // an override of the data: the held-out part of another file gives another number
     rc = sh("%s eval --ckpt %s/u data.path=data/lambda_virus.fa.gz > %s/e3.log 2>&1", g_bin, g_dir, g_dir);
     snprintf(p, sizeof p, "%s/e3.log", g_dir);
-    val_of(p, got, sizeof got);
+    last_val_loss(p, got, sizeof got);
     EXPECT(rc == 0 && got[0] && strcmp(got, want), "eval on another data.path: '%s' (exit %d)", got, rc);
 }
 

@@ -249,3 +249,26 @@ static inline int find_ranks(pid_t root, pid_t* out, int max) {
     }
     return n;
 }
+
+// The last val_loss value of a metrics.jsonl, as text ("" when none).
+static inline void last_val_loss(const char* path, char* out, size_t n) {
+    out[0] = 0;
+    FILE* f = fopen(path, "r");
+    if (!f) return;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        char* s = strstr(line, "\"val_loss\": ");
+        if (s) snprintf(out, n, "%.*s", (int)strcspn(s + 12, ",}"), s + 12);
+    }
+    fclose(f);
+}
+
+// Lines of a file (0 when it cannot be read).
+static inline int count_lines(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}

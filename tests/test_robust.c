@@ -46,15 +46,6 @@ static int run(char* out, size_t n, double* secs, const char* fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static int count_lines(const char* path) {
-    FILE* f = fopen(path, "r");
-    if (!f) return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF) n += c == '\n';
-    fclose(f);
-    return n;
-}
-
 static long file_size(const char* path) {
     struct stat st;
     return stat(path, &st) ? -1 : (long)st.st_size;
