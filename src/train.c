@@ -90,12 +90,8 @@ static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
     return cpu_backend_create();
 }
 
-int trainer_init(Trainer* t, const Config* cfg, Err* e) {
-    memset(t, 0, sizeof *t);
-    t->metrics.fd = -1;  // not open (trainer_free may run after any failure below; fd 0 is stdin)
-    t->cfg = *cfg;
-    t->t_start = now_sec();
-    const TrainConfig* tc = &cfg->train;
+// The backend (every rank on the same kind, agreed first), its Comm, this rank's place in the world.
+static int open_backend(Trainer* t, const Config* cfg, Err* e) {
     Err why = {{0}};
     t->be = make_backend(cfg, e, &why);
     // Every rank must end up on the same kind of backend (NCCL and MPI communicators do not mix,
@@ -141,29 +137,74 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
         log_info("comm: parallel.comm=mpi: collectives over MPI, device buffers staged through page-locked host memory\n");
     t->world = t->comm->size[GROUP_WORLD];
     t->rank = t->comm->rank[GROUP_WORLD];
-    t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
+    return 0;
+}
 
+// The data, and whether packed documents stay apart (data.documents).
+static int open_data(Trainer* t, const Config* cfg, Err* e) {
+    const TrainConfig* tc = &cfg->train;
     if (data_open(&t->data, &cfg->data, cfg->model.vocab_size, tc->seq_len, tc->seed, e)) return -1;
     char desc[512];
     data_describe(t->data, desc, sizeof desc);
     log_info("data: %s\n", desc);
-    {
-        int natural = 0;
-        const int sep = data_doc_sep(t->data, &natural);
-        const DocMode dm = cfg->data.documents;
-        if (dm == DOCS_ON && sep < 0)
-            return err_set(e, "data.documents=on, but this data marks no document boundaries (byte-level records "
-                           "end with data.sep_token, which must not occur inside a record; .bin shards need their "
-                           "EOS token; random tokens have none); use data.documents=auto or off");
-        t->doc_sep = dm == DOCS_ON || (dm == DOCS_AUTO && natural) ? sep : -1;
-        if (t->doc_sep >= 0)
-            log_info("data: documents kept apart (end token %d): block-diagonal attention, positions %s, boundary "
-                     "predictions %s\n", t->doc_sep, cfg->data.reset_positions ? "restart per document" : "per window",
-                     cfg->data.mask_boundary_loss ? "not scored" : "scored");
-        else
-            log_info("data: documents off (data.documents=%s): attention and positions run across the window\n",
-                     dm == DOCS_OFF ? "off" : "auto");
+    int natural = 0;
+    const int sep = data_doc_sep(t->data, &natural);
+    const DocMode dm = cfg->data.documents;
+    if (dm == DOCS_ON && sep < 0)
+        return err_set(e, "data.documents=on, but this data marks no document boundaries (byte-level records "
+                       "end with data.sep_token, which must not occur inside a record; .bin shards need their "
+                       "EOS token; random tokens have none); use data.documents=auto or off");
+    t->doc_sep = dm == DOCS_ON || (dm == DOCS_AUTO && natural) ? sep : -1;
+    if (t->doc_sep >= 0)
+        log_info("data: documents kept apart (end token %d): block-diagonal attention, positions %s, boundary "
+                 "predictions %s\n", t->doc_sep, cfg->data.reset_positions ? "restart per document" : "per window",
+                 cfg->data.mask_boundary_loss ? "not scored" : "scored");
+    else
+        log_info("data: documents off (data.documents=%s): attention and positions run across the window\n",
+                 dm == DOCS_OFF ? "off" : "auto");
+    return 0;
+}
+
+// Rank 0 with log.dir: the resolved config.yaml, and metrics.jsonl open (trimmed to the resumed
+// step, or an earlier run's rotated aside).
+static int open_log_dir(Trainer* t, const Config* cfg, Err* e) {
+    if (t->rank != 0 || !cfg->log.dir[0]) return 0;
+    if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
+    char p[CFG_STR + 32];
+    snprintf(p, sizeof p, "%s/config.yaml", cfg->log.dir);
+    size_t len = 0;
+    char* text = config_print_text(cfg, &len);
+    Err le = {{0}};
+    int bad = logfile_write_whole(p, text, len, &le);
+    free(text);
+    if (bad) return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
+    if (t->step > 0 && metrics_trim(p, t->step, &le))
+        return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
+    struct stat ms;
+    if (t->step == 0 && stat(p, &ms) == 0 && S_ISREG(ms.st_mode) && ms.st_size > 0) {
+        // a fresh run into a used log.dir: the earlier run's metrics are kept, rotated aside
+        char q[CFG_STR + 48];
+        int k = 1;
+        do snprintf(q, sizeof q, "%s.%d", p, k++);
+        while (stat(q, &ms) == 0 && k < 100000);
+        if (rename(p, q)) return err_set(e, "log.dir: cannot move the earlier %s aside: %s", p, strerror(errno));
+        log_info("log: %s of an earlier run moved to %s (a fresh run; resume to append)\n", p, q);
     }
+    if (logfile_open(&t->metrics, p, t->step > 0, &le)) return err_set(e, "log.dir: %s", le.msg);
+    return 0;
+}
+
+int trainer_init(Trainer* t, const Config* cfg, Err* e) {
+    memset(t, 0, sizeof *t);
+    t->metrics.fd = -1;  // not open (trainer_free may run after any failure below; fd 0 is stdin)
+    t->cfg = *cfg;
+    t->t_start = now_sec();
+    const TrainConfig* tc = &cfg->train;
+    if (open_backend(t, cfg, e)) return -1;
+    t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
+
+    if (open_data(t, cfg, e)) return -1;
     const long slow = failpoint_int("train.startup_sleep", 0);  // tests: a slow start-up (signals during it)
     if (slow > 0) sleep((unsigned)slow);
 
@@ -183,31 +224,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     if (trainer_restore(t, e)) return -1;
     if (trainer_own_after(t, e)) return -1;
 
-    if (t->rank == 0 && cfg->log.dir[0]) {
-        if (mkdir_p(cfg->log.dir)) return err_set(e, "log.dir %s: cannot create it (%s)", cfg->log.dir, strerror(errno));
-        char p[CFG_STR + 32];
-        snprintf(p, sizeof p, "%s/config.yaml", cfg->log.dir);
-        size_t len = 0;
-        char* text = config_print_text(cfg, &len);
-        Err le = {{0}};
-        int bad = logfile_write_whole(p, text, len, &le);
-        free(text);
-        if (bad) return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
-        snprintf(p, sizeof p, "%s/metrics.jsonl", cfg->log.dir);
-        if (t->step > 0 && metrics_trim(p, t->step, &le))
-            return err_set(e, "log.dir: %s (free space there, or give another log.dir)", le.msg);
-        struct stat ms;
-        if (t->step == 0 && stat(p, &ms) == 0 && S_ISREG(ms.st_mode) && ms.st_size > 0) {
-            // a fresh run into a used log.dir: the earlier run's metrics are kept, rotated aside
-            char q[CFG_STR + 48];
-            int k = 1;
-            do snprintf(q, sizeof q, "%s.%d", p, k++);
-            while (stat(q, &ms) == 0 && k < 100000);
-            if (rename(p, q)) return err_set(e, "log.dir: cannot move the earlier %s aside: %s", p, strerror(errno));
-            log_info("log: %s of an earlier run moved to %s (a fresh run; resume to append)\n", p, q);
-        }
-        if (logfile_open(&t->metrics, p, t->step > 0, &le)) return err_set(e, "log.dir: %s", le.msg);
-    }
+    if (open_log_dir(t, cfg, e)) return -1;
     return 0;
 }
 
