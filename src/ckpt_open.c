@@ -278,13 +278,8 @@ int ckpt_read(const Ckpt* ck, const char* name, float* dst, int ndim, const int6
     if (i < 0) return err_set(e, "%s: no tensor '%s' in this checkpoint", ck->dir, name);
     const StFile* f = ck->files[ck->ref[i].file];
     const StTensor* t = tensor_at(ck, i);
-    int same = t->ndim == ndim;
-    for (int d = 0; d < ndim && same; d++) same = t->shape[d] == shape[d];
-    if (!same) {
-        char a[128], b[128];
-        st_shape_str(a, sizeof a, t->ndim, t->shape);
-        st_shape_str(b, sizeof b, ndim, shape);
+    char a[128], b[128];
+    if (st_shape_differs(t, ndim, shape, a, b, sizeof a))
         return err_set(e, "%s: shape %s in the checkpoint, %s expected (%s)", name, a, b, f->path);
-    }
     return st_read_f32(f, t, dst, e);
 }

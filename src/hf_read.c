@@ -138,14 +138,9 @@ int hf_read(const HfDir* h, const char* name, float* dst, int ndim, const int64_
     if (i < 0) return err_set(e, "%s: no tensor '%s' (is it a Mixtral model of this config?)", h->dir, name);
     const StFile* f = h->files[h->ref[i].file];
     const StTensor* t = &f->t[h->ref[i].idx];
-    int same = t->ndim == ndim;
-    for (int d = 0; d < ndim && same; d++) same = t->shape[d] == shape[d];
-    if (!same) {
-        char a[128], b[128];
-        st_shape_str(a, sizeof a, t->ndim, t->shape);
-        st_shape_str(b, sizeof b, ndim, shape);
+    char a[128], b[128];
+    if (st_shape_differs(t, ndim, shape, a, b, sizeof a))
         return err_set(e, "%s: shape %s in the checkpoint, %s in the config", name, a, b);
-    }
     return st_read_f32(f, t, dst, e);
 }
 

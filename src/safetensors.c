@@ -78,6 +78,15 @@ void st_shape_str(char* buf, size_t n, int ndim, const int64_t* shape) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+int st_shape_differs(const StTensor* t, int ndim, const int64_t* shape, char* got, char* want, size_t n) {
+    int same = t->ndim == ndim;
+    for (int d = 0; d < ndim && same; d++) same = t->shape[d] == shape[d];
+    if (same) return 0;
+    st_shape_str(got, n, t->ndim, t->shape);
+    st_shape_str(want, n, ndim, shape);
+    return 1;
+}
+
 static int parse_tensor(StFile* f, const char* name, const JsVal* v, uint64_t data_size, Err* e) {
     const char* P = f->path;
     if (!name[0]) return err_set(e, "%s: a tensor has an empty name", P);

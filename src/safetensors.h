@@ -79,6 +79,9 @@ int st_read_raw(const StFile* f, const StTensor* t, uint64_t off, void* dst, siz
 
 // "[4, 8]" into buf[n].
 void st_shape_str(char* buf, size_t n, int ndim, const int64_t* shape);
+// Whether t's shape differs from shape[ndim]; when it does, both as text ("[4, 8]") into
+// got[n] and want[n].
+int st_shape_differs(const StTensor* t, int ndim, const int64_t* shape, char* got, char* want, size_t n);
 
 // Element conversions (round to nearest even for narrowing).
 uint16_t st_f32_to_f16(float f);
