@@ -9,6 +9,15 @@
 
 static int t_passed = 0, t_failed = 0, t_cur_failed = 0;
 
+// DIR/NAME in one of 8 rotating buffers: valid until the eighth call after it.
+static inline const char* t_join(const char* dir, const char* name) {
+    static char p[8][512];
+    static int k = 0;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
 // A file's text (at most n - 1 bytes) into out; "" when it cannot be read.
 static inline void t_read_text(const char* path, char* out, size_t n) {
     out[0] = 0;

@@ -14,13 +14,7 @@
 
 static char g_dir[64];
 
-static const char* tpath(const char* name) {
-    static char p[8][256];
-    static int k = 0;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char* tpath(const char* name) { return t_join(g_dir, name); }
 
 static const char* write_file(const char* name, const void* data, size_t n, int gz) {
     const char* p = tpath(name);

@@ -17,13 +17,7 @@
 
 static char g_dir[64];
 
-static const char* tpath(const char* name) {
-    static char p[8][256];
-    static int k = 0;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char* tpath(const char* name) { return t_join(g_dir, name); }
 
 // A shard with header (magic, version, count) and tokens of width 2 or 4.
 static void write_shard(const char* name, const uint32_t* tok, size_t n, uint32_t magic, int version, int width) {

@@ -15,13 +15,7 @@
 
 static char g_dir[256];
 
-static const char* tpath(const char* name) {
-    static char p[4][512];
-    static int k = 0;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char* tpath(const char* name) { return t_join(g_dir, name); }
 
 // A file made of an 8-byte length (hlen, or strlen(header) when hlen == UINT64_MAX), the header
 // text and `data` bytes of a counting pattern.

@@ -22,13 +22,7 @@
 
 static char g_dir[64];
 
-static const char* tpath(const char* name) {
-    static char p[8][512];
-    static int k = 0;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
-    return p[k];
-}
+static const char* tpath(const char* name) { return t_join(g_dir, name); }
 
 // Runs a shell command; returns its exit status (128 + signal when killed), -1 if it could not run.
 static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
