@@ -69,6 +69,142 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 static int is_override(const char* a) { return strncmp(a, "--", 2) && strchr(a, '='); }
 
+// Each non-empty line of path is a prompt.
+static int read_prompt_file(Prompts* P, const char* path, Err* e) {
+    FILE* f = fopen(path, "r");
+    if (!f) return err_set(e, "--prompt-file %s: cannot open it", path);
+    char* line = NULL;
+    size_t cap = 0;
+    ssize_t r;
+    while ((r = getline(&line, &cap, f)) >= 0) {
+        while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
+        if (r) add_prompt(P, line);
+    }
+    free(line);
+    fclose(f);
+    return 0;
+}
+
+// The tokenizer: bytes for a vocabulary of 256, else SentencePiece (--tokenizer, the HF
+// directory's own, or the one the run recorded). need_text: some prompt is text (not ids).
+static int open_tokenizer(const char* tokspec, const char* hf_dir, const DataConfig* data, int V, int need_text,
+                          SpModel** sp, int* bytes, Err* e) {
+    char runtok[4096];
+    const char* spec = tokspec;
+    if (!spec && hf_dir) spec = hf_dir;
+    if (!spec && V != 256 && hf_tokenizer_of_run(data, runtok, sizeof runtok)) spec = runtok;
+    if (spec && !strcmp(spec, "bytes")) {
+        *bytes = 1;
+        if (V != 256) return err_set(e, "--tokenizer bytes needs a vocabulary of 256 (the model has %d)", V);
+    } else if (spec && (tokspec || V != 256)) {
+        Err te = {{0}};
+        if (sp_open(sp, spec, &te)) {
+            if (tokspec || need_text) return err_set(e, "tokenizer: %s", te.msg);
+        } else if (sp_vocab(*sp) > V) {
+            return err_set(e, "tokenizer %s has %d pieces, more than the model's vocabulary of %d", spec, sp_vocab(*sp), V);
+        }
+    } else if (V == 256) {
+        *bytes = 1;
+    }
+    if (!*bytes && !*sp && need_text)
+        return err_set(e, "the model's vocabulary has %d entries and no tokenizer was found: give --tokenizer "
+                       "PATH (a SentencePiece tokenizer.model) or --prompt-ids", V);
+    return 0;
+}
+
+// Every prompt as token ids: --prompt-ids parsed, text as bytes or SentencePiece pieces.
+static int encode_prompts(Prompts* P, int bytes, SpModel* sp, int V, Err* e) {
+    for (int i = 0; i < P->n; i++) {
+        int bad = 0;
+        if (!P->text[i]) {
+            char* s = (char*)P->ids[i];
+            bad = parse_ids(s, &P->ids[i], &P->len[i], V, e);
+            free(s);
+        } else if (bytes) {
+            const size_t n = strlen(P->text[i]);
+            P->ids[i] = xmalloc(sizeof(int32_t) * (n + 1));
+            for (size_t j = 0; j < n; j++) P->ids[i][j] = (uint8_t)P->text[i][j];
+            P->len[i] = (int)n;
+        } else {
+            P->len[i] = sp_encode(sp, P->text[i], 1, &P->ids[i]);
+        }
+        if (bad) return -1;
+        if (P->len[i] == 0) return err_set(e, "prompt %d is empty", i + 1);
+    }
+    return 0;
+}
+
+// The launch's layout, as eval does: one micro-batch of every prompt (B of at most maxlen
+// tokens), no data, nothing saved; the weights from init_from (an HF directory, "" for random
+// weights) or, with init_from NULL, resumed from the checkpoint ck; --device and --dtype.
+static int generate_config(Config* c, int world, int B, int maxlen, const char* ck, const char* init_from,
+                           const char* dev, const char* dt, Err* e) {
+    if (world % c->parallel.ep || c->model.experts % c->parallel.ep) {
+        int g = gcd(world, c->model.experts), ep = 1;
+        for (int d = 1; d <= g; d++)
+            if (g % d == 0 && d <= c->parallel.ep) ep = d;
+        c->parallel.ep = ep;
+    }
+    c->train.micro_batch = B;
+    c->train.seq_len = maxlen;
+    c->train.global_batch = B * world;
+    c->train.keep_swiglu = 0;
+    c->data.format = DATA_RANDOM;
+    c->data.path[0] = c->data.val_path[0] = c->data.weights[0] = 0;
+    c->data.required = 0;
+    c->checkpoint.dir[0] = 0;
+    c->checkpoint.every = 0;
+    c->checkpoint.required = 0;
+    c->log.dir[0] = 0;
+    if (init_from) {
+        snprintf(c->checkpoint.init_from, sizeof c->checkpoint.init_from, "%s", init_from);
+        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "none");
+    } else {
+        c->checkpoint.init_from[0] = 0;
+        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "%s", ck);
+    }
+    Err oe = {{0}};
+    char kv[64];
+    if (dev) {
+        snprintf(kv, sizeof kv, "train.device=%s", dev);
+        if (config_override(c, kv, &oe)) return err_set(e, "--device %s: %s", dev, oe.msg);
+    }
+    if (dt) {
+        snprintf(kv, sizeof kv, "precision.dtype=%s", dt);
+        if (config_override(c, kv, &oe)) return err_set(e, "--dtype %s: %s", dt, oe.msg);
+    }
+    return 0;
+}
+
+// Rank 0's output: each prompt and its continuation (up to EOS), or the new ids with --print-ids.
+static void print_outputs(const Prompts* P, int32_t* const* out, const int* nout, int print_ids, int bytes, SpModel* sp,
+                          int eos) {
+    const int B = P->n;
+    for (int b = 0; b < B; b++) {
+        if (print_ids) {
+            for (int j = 0; j < nout[b]; j++) printf("%s%d", j ? "," : "", out[b][j]);
+            printf("\n");
+            continue;
+        }
+        if (B > 1) printf("--- %d\n", b + 1);
+        if (P->text[b]) fputs(P->text[b], stdout);
+        else {
+            for (int j = 0; j < P->len[b]; j++) printf("%s%d", j ? "," : "[", P->ids[b][j]);
+            printf("]");
+        }
+        for (int j = 0; j < nout[b]; j++) {
+            if (out[b][j] == eos) break;
+            if (bytes) putchar(out[b][j]);
+            else if (sp) {
+                char buf[256];
+                size_t n = sp_piece_text(sp, out[b][j], buf, sizeof buf);
+                fwrite(buf, 1, n, stdout);
+            } else printf(" %d", out[b][j]);
+        }
+        printf("\n");
+    }
+}
+
 int cmd_generate(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -140,21 +276,7 @@ int cmd_generate(int argc, char** argv) {
             cli_flag_double(argc, argv, 1, "--seed", 0, 9.0e15, &seedd, &e))
             st = 2;
     }
-    if (!st && pfile) {
-        FILE* f = fopen(pfile, "r");
-        if (!f) err_set(&e, "--prompt-file %s: cannot open it", pfile), st = 2;
-        else {
-            char* line = NULL;
-            size_t cap = 0;
-            ssize_t r;
-            while ((r = getline(&line, &cap, f)) >= 0) {
-                while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
-                if (r) add_prompt(&P, line);
-            }
-            free(line);
-            fclose(f);
-        }
-    }
+    if (!st && pfile && read_prompt_file(&P, pfile, &e)) st = 2;
     if (!st && P.n == 0) err_set(&e, "no prompt: give --prompt TEXT, --prompt-file F or --prompt-ids 1,2,3"), st = 2;
 
     Config c;
@@ -168,84 +290,13 @@ int cmd_generate(int argc, char** argv) {
     // the tokenizer: bytes for 256 entries, else SentencePiece (--tokenizer, the export's, the run's)
     SpModel* sp = NULL;
     int bytes = 0;
-    if (!st) {
-        char runtok[4096];
-        const char* spec = tokspec;
-        if (!spec && hf) spec = ck;
-        if (!spec && V != 256 && hf_tokenizer_of_run(&c.data, runtok, sizeof runtok)) spec = runtok;
-        if (spec && !strcmp(spec, "bytes")) {
-            if (V != 256) err_set(&e, "--tokenizer bytes needs a vocabulary of 256 (the model has %d)", V), st = 2;
-            bytes = 1;
-        } else if (spec && (tokspec || V != 256)) {
-            Err te = {{0}};
-            if (sp_open(&sp, spec, &te)) {
-                if (tokspec || P.n > n_ids_prompts) err_set(&e, "tokenizer: %s", te.msg), st = 2;
-            } else if (sp_vocab(sp) > V) {
-                err_set(&e, "tokenizer %s has %d pieces, more than the model's vocabulary of %d", spec, sp_vocab(sp), V), st = 2;
-            }
-        } else if (V == 256) {
-            bytes = 1;
-        }
-        if (!st && !bytes && !sp && P.n > n_ids_prompts)
-            st = err_set(&e, "the model's vocabulary has %d entries and no tokenizer was found: give --tokenizer "
-                         "PATH (a SentencePiece tokenizer.model) or --prompt-ids", V), st = 2;
-        if (eos == -2) eos = sp ? sp_eos(sp) : -1;
-    }
-    // prompts → ids
-    for (int i = 0; i < P.n && !st; i++) {
-        if (!P.text[i]) {
-            char* s = (char*)P.ids[i];
-            if (parse_ids(s, &P.ids[i], &P.len[i], V, &e)) st = 2;
-            free(s);
-        } else if (bytes) {
-            const size_t n = strlen(P.text[i]);
-            P.ids[i] = xmalloc(sizeof(int32_t) * (n + 1));
-            for (size_t j = 0; j < n; j++) P.ids[i][j] = (uint8_t)P.text[i][j];
-            P.len[i] = (int)n;
-        } else {
-            P.len[i] = sp_encode(sp, P.text[i], 1, &P.ids[i]);
-        }
-        if (!st && P.len[i] == 0) err_set(&e, "prompt %d is empty", i + 1), st = 2;
-    }
+    if (!st && open_tokenizer(tokspec, hf ? ck : NULL, &c.data, V, P.n > n_ids_prompts, &sp, &bytes, &e)) st = 2;
+    if (!st && eos == -2) eos = sp ? sp_eos(sp) : -1;
+    if (!st && encode_prompts(&P, bytes, sp, V, &e)) st = 2;
     int maxlen = 0;
     for (int i = 0; i < P.n && !st; i++) maxlen = P.len[i] > maxlen ? P.len[i] : maxlen;
 
-    if (!st) {  // the launch's layout, as eval does; one micro-batch of every prompt, no data
-        if (world % c.parallel.ep || c.model.experts % c.parallel.ep) {
-            int g = gcd(world, c.model.experts), ep = 1;
-            for (int d = 1; d <= g; d++)
-                if (g % d == 0 && d <= c.parallel.ep) ep = d;
-            c.parallel.ep = ep;
-        }
-        c.train.micro_batch = P.n;
-        c.train.seq_len = maxlen;
-        c.train.global_batch = P.n * world;
-        c.train.keep_swiglu = 0;
-        c.data.format = DATA_RANDOM;
-        c.data.path[0] = c.data.val_path[0] = c.data.weights[0] = 0;
-        c.data.required = 0;
-        c.checkpoint.dir[0] = 0;
-        c.checkpoint.every = 0;
-        c.checkpoint.required = 0;
-        c.log.dir[0] = 0;
-        if (hf || random_init) {
-            snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", hf ? ck : "");
-            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
-        } else {
-            c.checkpoint.init_from[0] = 0;
-            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "%s", ck);
-        }
-        Err oe = {{0}};
-        char kv[64];
-        if (dev) {
-            snprintf(kv, sizeof kv, "train.device=%s", dev);
-            if (config_override(&c, kv, &oe)) err_set(&e, "--device %s: %s", dev, oe.msg), st = 2;
-        }
-        if (!st && dt) {
-            snprintf(kv, sizeof kv, "precision.dtype=%s", dt);
-            if (config_override(&c, kv, &oe)) err_set(&e, "--dtype %s: %s", dt, oe.msg), st = 2;
-        }
-    }
+    if (!st && generate_config(&c, world, P.n, maxlen, ck, hf || random_init ? (hf ? ck : "") : NULL, dev, dt, &e)) st = 2;
     if (!st && config_validate(&c, world, &e)) st = 2;
     if (dist_agree_error(st, &e)) {
         if (rank == 0) cli_exit_error("generate", &e);
@@ -317,29 +368,7 @@ int cmd_generate(int argc, char** argv) {
     t.be->sync(t.be);
     const double t2 = now_sec();
     if (rank == 0) {
-        for (int b = 0; b < B; b++) {
-            if (print_ids) {
-                for (int j = 0; j < nout[b]; j++) printf("%s%d", j ? "," : "", out[b][j]);
-                printf("\n");
-                continue;
-            }
-            if (B > 1) printf("--- %d\n", b + 1);
-            if (P.text[b]) fputs(P.text[b], stdout);
-            else {
-                for (int j = 0; j < P.len[b]; j++) printf("%s%d", j ? "," : "[", P.ids[b][j]);
-                printf("]");
-            }
-            for (int j = 0; j < nout[b]; j++) {
-                if (out[b][j] == eos) break;
-                if (bytes) putchar(out[b][j]);
-                else if (sp) {
-                    char buf[256];
-                    size_t n = sp_piece_text(sp, out[b][j], buf, sizeof buf);
-                    fwrite(buf, 1, n, stdout);
-                } else printf(" %d", out[b][j]);
-            }
-            printf("\n");
-        }
+        print_outputs(&P, out, nout, print_ids, bytes, sp, eos);
         fflush(stdout);
         int prompt_tok = 0;
         for (int b = 0; b < B; b++) prompt_tok += P.len[b];
