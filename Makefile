@@ -1,7 +1,7 @@
 # moetrain — build, test, run. `make help` lists the targets.
 #
 #   make            build/moetrain (CUDA backend included when nvcc is found; SM=90a default)
-#   make run        deps if missing, build, train L0_sanity with mpirun -np 2 (EP=2)
+#   make run        deps if missing, build, train L0_sanity with mpirun -np 2 (EP=2), plot it
 #   make test       the CPU test suite (what CI runs); ends with "N passed, N failed"
 #   make test-gpu   the GPU tests (needs a GPU)
 #   make gpu-tests  build the GPU tests without running them (CI does, so they keep compiling)
@@ -9,7 +9,7 @@
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/{configs,data,scripts}
-#   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib, SentencePiece)
+#   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib, SentencePiece, matplotlib)
 
 PREFIX ?= /usr/local
 SM ?= 90a
@@ -107,8 +107,13 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(SRC)
 	  $(FUZZ_SRC_$*) $(LIBYAML_A) -lz -lm
 
 # ---- run / test ------------------------------------------------------------------------------
+# RUN_DIR: L0_sanity's log.dir (metrics.jsonl; checkpoints under RUN_DIR/ckpt). The picture is
+# RUN_DIR/metrics.png; without matplotlib (and no way to install it) the run still counts.
+RUN_DIR ?= runs/L0_sanity
 run: $(BUILD)/moetrain
 	scripts/mpirun.sh -np $(NP) $(BUILD)/moetrain --config L0_sanity $(ARGS)
+	@scripts/deps.sh --plot || true
+	@scripts/plot.py $(RUN_DIR) -o $(RUN_DIR)/metrics.png || [ $$? -eq 3 ]
 
 test: $(BUILD)/moetrain $(TESTS)
 	@scripts/run_tests.sh $(TESTS)

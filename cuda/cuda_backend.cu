@@ -139,6 +139,13 @@ static void cu_host_free(Backend* be, void* p) {
     CUDA_CK(cudaFreeHost(p));
 }
 
+static void cu_mem_info(Backend* be, BackendMem* out) {
+    CudaImpl* c = CI(be);
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) fr = tot = 0;
+    *out = (BackendMem){.live = c->live, .peak = c->peak, .device_used = tot - fr, .device_total = tot};
+}
+
 static void cu_to_host(Backend* be, void* dst, const void* src, size_t n) {
     if (!n) return;
     CUDA_CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ST(be)));
@@ -422,6 +429,7 @@ static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuCo
     c->sms = prop->multiProcessorCount;
     c->cc_major = prop->major;
     if (gpu) c->opt = *gpu;  // else zeros: the defaults
+    snprintf(c->name, sizeof c->name, "%s", prop->name);
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
     c->debug_sync = dbg && dbg[0] == '1';
     CUDA_CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -493,6 +501,7 @@ static void set_ops(Backend* be) {
     be->event_elapsed = cu_event_elapsed;
     be->event_destroy = cu_event_destroy;
     be->comm_create = cu_comm_create;
+    be->mem_info = cu_mem_info;
     be->destroy = cu_destroy;
 }
 
@@ -504,6 +513,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int device, const GpuCo
     be->name = "cuda";
     be->act_dtype = act_dtype;
     be->impl = c;
+    be->device = c->name;  // the metrics' peak table and the summary
     set_ops(be);
     CUDA_CK(cudaStreamSynchronize(c->stream));
     return be;

@@ -63,6 +63,7 @@ typedef struct CudaImpl {
     size_t scratch_bytes;
     struct GemmCache* gemm;  // cuBLASLt plans by shape
     size_t live, peak;       // bytes allocated through be->alloc
+    char name[256];          // cudaDeviceProp.name
     AllocMap allocs;
 } CudaImpl;
 

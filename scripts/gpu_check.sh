@@ -113,16 +113,26 @@ step_ckpt() {
 }
 
 step_l0() {
-  local d=$OUT/l0
-  rm -rf "$d"; mkdir -p "$d"
-  check l0.cpu_ep2 scripts/mpirun.sh -np 2 "$BUILD/moetrain" --config L0_sanity train.device=cpu log.dir="$d/cpu_ep2"
+  local d=$OUT/l0 ck=${TMPDIR:-/tmp}/l0_ckpt  # checkpoints (with the best: keep_best) outside OUT
+  rm -rf "$d" "$ck"; mkdir -p "$d"
+  check l0.cpu_ep2 scripts/mpirun.sh -np 2 "$BUILD/moetrain" --config L0_sanity train.device=cpu log.dir="$d/cpu_ep2" \
+    checkpoint.dir="$ck/cpu_ep2"
   check l0.cuda_bf16 "$BUILD/moetrain" --config L0_sanity train.device=cuda parallel.ep=1 train.micro_batch=16 \
-    log.dir="$d/cuda_bf16"
+    log.dir="$d/cuda_bf16" checkpoint.dir="$ck/cuda_bf16"
   check l0.cuda_fp32 "$BUILD/moetrain" --config L0_sanity train.device=cuda parallel.ep=1 train.micro_batch=16 \
-    precision.dtype=fp32 log.dir="$d/cuda_fp32"
+    precision.dtype=fp32 log.dir="$d/cuda_fp32" checkpoint.dir="$ck/cuda_fp32"
   check l0.compare python3 scripts/l0_compare.py "$d/cpu_ep2/metrics.jsonl" "$d/cuda_bf16/metrics.jsonl" \
     "$d/cuda_fp32/metrics.jsonl"
   cat "$OUT/l0.compare.log"
+  # the best checkpoint (checkpoint.keep_best) evaluates to the validation loss logged at its step
+  check l0.eval_best "$BUILD/moetrain" eval --ckpt "$ck/cuda_bf16/best" train.device=cuda
+  local bs logged got
+  bs=$(sed 's/^step_0*//' "$ck/cuda_bf16/best/latest" 2>/dev/null)
+  logged=$(grep -a "^{\"step\": $bs," "$d/cuda_bf16/metrics.jsonl" | grep -o '"val_loss": [0-9.]*' | cut -d' ' -f2)
+  got=$(grep -a '^{"eval"' "$OUT/l0.eval_best.log" | grep -o '"val_loss": [0-9.]*' | cut -d' ' -f2)
+  echo "l0: eval on the best checkpoint (step $bs): val_loss $got; logged at that step: $logged" | tee -a "$SUM"
+  scripts/plot.py "$d/cpu_ep2" "$d/cuda_bf16" "$d/cuda_fp32" -o "$d/l0.png" >"$OUT/l0.plot.log" 2>&1 \
+    || echo "l0: no plot (see l0.plot.log)"
 }
 
 # ---- parallel.comm=mpi: EP=2 with both ranks on one GPU ----------------------------------------

@@ -73,6 +73,10 @@ typedef struct Comm Comm;          // comm.h
 typedef struct CommOpts CommOpts;  // comm.h
 typedef struct BackendEvent BackendEvent;  // a point in the backend's op order (event ops below)
 
+typedef struct BackendMem {
+    size_t live, peak, device_used, device_total;  // bytes (see Backend.mem_info)
+} BackendMem;
+
 typedef struct Backend Backend;
 struct Backend {
     const char* name;   // "cpu" or "cuda"
@@ -282,6 +286,12 @@ struct Backend {
 
     // Peak bytes of backend memory allocated so far (optional: NULL = unknown).
     size_t (*peak_bytes)(Backend*);
+    // Device memory now, for the log (optional: NULL on backends without device memory, the
+    // CPU): live / peak = bytes held through alloc now / at most so far; device_used /
+    // device_total = the whole device as the driver sees it (CUDA context, library workspaces
+    // and other processes included).
+    void (*mem_info)(Backend*, BackendMem* out);
+    const char* device;  // the device's name ("NVIDIA H200"; "cpu"), for the log and the MFU peak
 
     // ---- events (timing: src/prof.c) ---------------------------------------------------------
     // An event is recorded in order with the ops; the time between two recorded events is the

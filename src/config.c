@@ -55,6 +55,7 @@ static const ConfigKey KEYS[] = {
     KEY(train, sample_every, K_INT, "0", 0, IMAX, NULL, "print a sample into the log every N steps: train.sample_len tokens continuing train.sample_prompt, drawn at temperature 1 from the current weights with a KV cache, as `moetrain generate` does (0 = never; docs/generate.md)"),
     KEY(train, sample_len, K_INT, "64", 1, 4096, NULL, "tokens per train.sample_every sample (fewer when EOS comes first)"),
     STR(train, sample_prompt, "", "text the train.sample_every samples continue (bytes for a vocabulary of 256, else the run's SentencePiece tokenizer: data.tokenizer or the shards' manifest); empty = a newline for bytes, BOS otherwise"),
+    KEY(train, early_stop, K_INT, "0", 0, IMAX, NULL, "stop the run (exit 0, a checkpoint saved) after this many validations in a row without a new lowest validation loss (0 = off)"),
     BOOL(train, keep_swiglu, "false", "keep the experts' SwiGLU output h from the forward for the backward instead of recomputing it: one SwiGLU pass less per layer for micro_batch × seq_len × top_k × model.ffn × dtype bytes more saved activations per layer (1.25× that with parallel.ep > 1; `plan` counts it)"),
     KEY(optim, lr, K_FLOAT, "3e-4", 0, 10, NULL, "peak learning rate (AdamW)"),
     KEY(optim, min_lr_ratio, K_FLOAT, "0.1", 0, 1, NULL, "final learning rate as a fraction of optim.lr"),
@@ -85,13 +86,15 @@ static const ConfigKey KEYS[] = {
     STR(checkpoint, resume, "none", "none, auto (the latest under checkpoint.dir, if any) or a step directory"),
     STR(checkpoint, init_from, "", "Hugging Face directory to start from (empty = random init)"),
     BOOL(checkpoint, required, "false", "refuse to train without checkpoint.dir (set by large configs)"),
+    BOOL(checkpoint, keep_best, "false", "also keep the checkpoint with the lowest validation loss in <checkpoint.dir>/best (saved when a validation improves; outside the keep rotation; nothing without checkpoint.dir or a validation split)"),
     BOOL(checkpoint, async, "false", "write checkpoints from a background thread: the state is copied to host memory (page-locked on GPUs; as many bytes as the rank's checkpoint files, kept for the run) and training continues while it is written; latest moves only once every rank's files are written and verified; one save in flight (the next waits); the final and signal-triggered saves finish before exit"),
     BOOL(checkpoint, overwrite, "false", "a fresh run (resume=none) into a checkpoint.dir that holds checkpoints removes them first (without it such a run is refused; resume=auto continues them)"),
     KEY(checkpoint, grace_s, K_INT, "300", 0, IMAX, NULL, "seconds a preemption signal leaves for a step and a save (the batch script's --signal=B:USR1@300); the log warns up front when a save would take longer (0 = no check)"),
     BOOL(checkpoint, save_optimizer, "true", "save the Adam moments too (exact resume); false = fp32 master weights only, a third of the size: resume restarts the moments from zero"),
     STR(log, dir, "", "directory for metrics.jsonl and the resolved config.yaml (empty = none)"),
-    KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps"),
+    KEY(log, every, K_INT, "1", 1, IMAX, NULL, "print a log line every N steps (metrics.jsonl gets every step)"),
     ENUM(log, profile, "none", "none|sync|events", "print where a step's time goes, stage by stage, after the run: events = backend events, no syncs (the plain step's timeline); sync = a sync and a clock read after every stage (a slightly slower step)"),
+    KEY(log, peak_tflops, K_FLOAT, "0", 0, 1e9, NULL, "dense bf16 peak TFLOP/s of one device, for MFU (0 = from the device name: H100/H200 SXM 989.4, H100 PCIe 756, A100 312, B200 2250; none on the CPU)"),
     ENUM(gpu, attention, "auto", "auto|mma", "attention kernels of the CUDA backend: auto = the Hopper ones (wgmma; warp-specialised at head dim 128) where they apply (sm_90a build, compute capability 9, bf16, head dim 64 or 128), else the portable mma.sync ones; mma = the mma.sync kernels everywhere (debugging: docs/gpu.md)"),
     ENUM(gpu, gemm_tiles, "tuned", "tuned|heuristic", "cuBLASLt tiles of the CUDA backend: tuned = the table measured for Mixtral-8x7B's expert and attention-projection GEMMs on Hopper in bf16 (every other GEMM: the heuristic's first pick); heuristic = the heuristic's first pick for every GEMM"),
     BOOL(gpu, gemm_log, "false", "print every cuBLASLt GEMM plan as it is built: its (rounded) dims, the tile it runs on, the heuristic's first pick and the host time of its query (stderr)"),
@@ -485,6 +488,9 @@ int config_validate_run(const Config* c, Err* e) {
                        "  then: data.path=shards (docs/data.md)", src, c->model.vocab_size, c->model.vocab_size);
     if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir=/path/to/checkpoints", src);
+    if (c->train.early_stop > 0 && c->data.val_frac <= 0)
+        return err_set(e, "%s: train.early_stop=%d needs a validation split: data.val_frac > 0 (or train.early_stop=0)",
+                       src, c->train.early_stop);
     if (c->checkpoint.every > 0 && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.every=%d has nowhere to write: add checkpoint.dir=/path/to/checkpoints "
                        "(or checkpoint.every=0)", src, c->checkpoint.every);

@@ -69,6 +69,7 @@ typedef struct TrainConfig {
     char sample_prompt[CFG_STR];
     int keep_swiglu;    // keep the experts' SwiGLU output h from the forward for the backward
                         // (+ R·F·dtype bytes per layer) instead of recomputing it
+    int early_stop;     // stop after this many validations without a new best (0 = off)
 } TrainConfig;
 
 typedef struct OptimConfig {
@@ -108,12 +109,14 @@ typedef struct CheckpointConfig {
     int async;                // snapshot to host memory, write from a background thread
     int overwrite;            // a fresh run may replace the checkpoints already in dir
     int grace_s;              // seconds a preemption signal leaves for a step and a save (0 = no check)
+    int keep_best;            // keep the lowest-validation-loss checkpoint in <dir>/best
 } CheckpointConfig;
 
 typedef struct LogConfig {
     char dir[CFG_STR];  // metrics.jsonl and config.yaml go here ("" = none)
     int every;          // log a line every N steps
     ProfileMode profile;  // the per-stage time table after the run (src/prof.h)
+    float peak_tflops;  // dense bf16 peak per device for MFU (0 = from the device name)
 } LogConfig;
 
 // The CUDA backend's options (section gpu), handed to cuda_backend_create; all zeros = the defaults.

@@ -218,6 +218,7 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
     t->h_doc = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->best_val = INFINITY;  // until a validation, or the checkpoint's record
 
     if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
     if (trainer_own(t, e)) return -1;
@@ -298,8 +299,9 @@ EvalResult trainer_eval(Trainer* t, int batches) {
     return r;
 }
 
-static void log_step(Trainer* t, int step, double loss, double ce, double aux, const StepStats* st,
-                     double tok_s, double step_ms, const EvalResult* ev) {
+// The step's record for metrics.c (rank 0): metrics.jsonl always, the console line when `print`.
+static void log_step(Trainer* t, int step, double loss, double ce, double aux, const StepStats* st, double step_s,
+                     const EvalResult* ev, int print) {
     if (t->rank != 0) return;
     const int E = t->cfg.model.experts;
     double load[64], mx = 0, mean = 0;
@@ -308,32 +310,13 @@ static void log_step(Trainer* t, int step, double loss, double ce, double aux, c
         mean += load[i] / E;
         if (load[i] > mx) mx = load[i];
     }
-    double bal = mean > 0 ? mx / mean : 0;
-    double eta = (t->cfg.train.steps - step - 1) * step_ms / 1e3;
-    printf("step %5d/%d | loss %.4f | ce %.4f | aux %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.0f ms | load max/mean %.2f | eta %.0fs%s",
-           step + 1, t->cfg.train.steps, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, bal, eta,
-           st->skipped ? " | SKIPPED (non-finite)" : "");
-    if (ev) printf(" | val %.4f (%.3f bits)", ev->loss, ev->bits_per_token);
-    printf("\n");
-    static int stdout_warned = 0;
-    if ((fflush(stdout) || ferror(stdout)) && !stdout_warned) {  // the console copy; metrics.jsonl is the record
-        stdout_warned = 1;
-        fprintf(stderr, "moetrain: warning: writing the step lines to standard output failed (%s); training goes on%s\n",
-                strerror(errno), t->metrics.fd >= 0 ? ", metrics.jsonl keeps the record" : " (no log.dir: set one to keep a record)");
-    }
-    if (t->metrics.fd >= 0 && !t->log_failed) {
-        char line[1024];
-        int n = snprintf(line, sizeof line,
-                         "{\"run_id\": \"%s\", \"step\": %d, \"loss\": %.6f, \"ce_loss\": %.6f, \"aux_loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                         "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tokens\": %lld, \"expert_load_max_over_mean\": %.4f, \"skipped\": %d",
-                         t->run_id, step + 1, loss, ce, aux, st->lr, st->grad_norm, tok_s, step_ms, (long long)t->tokens, bal, st->skipped);
-        if (ev && n < (int)sizeof line)
-            n += snprintf(line + n, sizeof line - (size_t)n, ", \"val_loss\": %.6f, \"val_bits_per_token\": %.6f", ev->loss,
-                          ev->bits_per_token);
-        if (n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
-        CHECK(n < (int)sizeof line, "metrics line longer than %zu bytes", sizeof line);
-        if (logfile_write(&t->metrics, line, (size_t)n, &t->log_err)) t->log_failed = 1;
-    }
+    MetricsStep ms = {.step = step + 1, .loss = loss, .ce = ce, .aux = aux, .lr = st->lr, .grad_norm = st->grad_norm,
+                      .skipped = st->skipped, .step_s = step_s, .tokens = t->tokens,
+                      .load_max_over_mean = mean > 0 ? mx / mean : 0, .has_val = ev != NULL,
+                      .val_loss = ev ? ev->loss : NAN, .val_bits = ev ? ev->bits_per_token : NAN};
+    char line[2048];
+    const size_t n = metrics_step(&t->met, &ms, print, line, sizeof line);
+    if (t->metrics.fd >= 0 && !t->log_failed && logfile_write(&t->metrics, line, n, &t->log_err)) t->log_failed = 1;
 }
 
 int trainer_run(Trainer* t) {
@@ -350,8 +333,11 @@ int trainer_run(Trainer* t) {
     a.aux_scale = mc->aux_coef / (float)t->n_micro;
     a.z_scale = mc->z_coef / (float)t->n_micro;
     const double flops_tok = params_train_flops_per_token(mc, T);
-    double t_sum = 0;
-    int t_n = 0;
+    if (t->rank == 0) {
+        metrics_init(&t->met, t->be, stdout, tc->steps, t->world, gtok, flops_tok, t->cfg.log.peak_tflops, t->t_start);
+        t->met.run_id = t->run_id;  // first in every metrics.jsonl line
+    }
+    const char* stop = "steps";
     int rc = EXIT_OK;
     Err e = {{0}};
 
@@ -384,6 +370,8 @@ int trainer_run(Trainer* t) {
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
+    if (t->cfg.checkpoint.keep_best && !t->cfg.checkpoint.dir[0])
+        log_info("checkpoint: checkpoint.keep_best without checkpoint.dir: no checkpoint is saved\n");
     const long fail_rank = failpoint_int("train.fail_rank", -1);  // tests: this rank fails at its second step
     if (t->step >= tc->steps)
         log_info("train: the run is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
@@ -436,7 +424,6 @@ int trainer_run(Trainer* t) {
             t->updates++;
             t->bad_in_row = 0;
         }
-        if (s >= 2) t_sum += dt, t_n++;  // steady state: skip the first steps (warm-up)
         if (s >= 1 && dt > slowest) {  // the watchdog allows 10 x the slowest step after the first
             slowest = dt;
             if (base_to > 0) step_to = 10 * slowest > base_to ? 10 * slowest : base_to;
@@ -449,12 +436,21 @@ int trainer_run(Trainer* t) {
             ev = trainer_eval(t, tc->eval_batches);
             evp = &ev;
         }
-        if ((s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps)
-            log_step(t, s, loss, ce, aux, &st, gtok / dt, dt * 1e3, evp);
+        log_step(t, s, loss, ce, aux, &st, dt, evp,
+                 (s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps);
         if (tc->sample_every > 0 && (s + 1) % tc->sample_every == 0) {  // src/train_sample.c
             watchdog_timeout(step_to * (1 + (double)tc->sample_len));
             watchdog_stage(s + 1, "sample (train.sample_every)");
             trainer_sample(t, s + 1);
+        }
+        int early = 0;  // train.early_stop: this validation was the patience's last without a new best
+        if (evp) {  // checkpoint.keep_best may save here
+            watchdog_timeout(save_to);
+            watchdog_stage(s + 1, "checkpoint save (best)");
+        }
+        if (evp && trainer_after_eval(t, s + 1, ev.loss, &early, &e)) {
+            if (t->rank == 0) fprintf(stderr, "moetrain: error: saving the best checkpoint failed: %s\n", e.msg);
+            return EXIT_USAGE;
         }
         // checkpoint.async: commit the save in flight once every rank has written its files
         watchdog_timeout(save_to);
@@ -470,6 +466,7 @@ int trainer_run(Trainer* t) {
                                 "The last checkpoint, if any, is intact; lower optim.lr or raise optim.warmup, then resume.\n",
                         t->bad_in_row, s + 1);
             t->step++;
+            if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "diverged");
             return EXIT_DIVERGED;
         }
         // preemption: every rank agrees on the signal, saves, and stops
@@ -492,12 +489,12 @@ int trainer_run(Trainer* t) {
         }
         const int last = s + 1 == tc->steps;
         const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
-        if (t->cfg.checkpoint.dir[0] && (every || last || sig)) {
+        if (t->cfg.checkpoint.dir[0] && (every || last || sig || early)) {
             t->step++;
             watchdog_timeout(save_to);
             watchdog_stage(s + 1, "checkpoint save");
             int r = trainer_save(t, &e);
-            if (!r && (last || sig)) r = trainer_save_wait(t, &e);  // checkpoint.async: written before exit
+            if (!r && (last || sig || early)) r = trainer_save_wait(t, &e);  // checkpoint.async: written before exit
             t->step--;
             if (r) {
                 if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
@@ -512,15 +509,21 @@ int trainer_run(Trainer* t) {
                 log_info("train: signal %d at step %d: no checkpoint.dir, nothing saved; exiting with code %d\n", sig, s + 1,
                          EXIT_PREEMPTED);
             t->step++;
+            if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "signal");
             return EXIT_PREEMPTED;
         }
+        if (early && !last) {
+            if (t->rank == 0)
+                log_info("train: early stop after step %d: the validation loss has not improved on %.6f (step %d) in %d "
+                         "validation(s) (train.early_stop=%d)%s%s%s\n",
+                         s + 1, t->best_val, t->best_step, t->evals_since_best, tc->early_stop,
+                         t->cfg.checkpoint.keep_best ? "; best checkpoint: " : "",
+                         t->cfg.checkpoint.keep_best ? t->cfg.checkpoint.dir : "", t->cfg.checkpoint.keep_best ? "/best" : "");
+            t->step++;
+            stop = "early_stop";
+            break;
+        }
     }
-    if (t_n > 0 && t->rank == 0) {
-        double step_s = t_sum / t_n;
-        double tok_s = gtok / step_s;
-        double peak = t->be->peak_bytes ? (double)t->be->peak_bytes(t->be) / (1 << 30) : 0;  // GiB
-        printf("{\"bench\": \"%s\", \"step_ms\": %.1f, \"tokens_per_s\": %.0f, \"model_tflops\": %.1f, \"peak_gib\": %.1f, \"world\": %d, \"backend\": \"%s\"}\n",
-               t->cfg.source, step_s * 1e3, tok_s, tok_s * flops_tok / 1e12 / t->world, peak, t->world, t->be->name);
-    }
+    if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, stop);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "data.h"
 #include "logfile.h"
+#include "metrics.h"
 #include "model.h"
 #include "optim.h"
 
@@ -57,6 +58,10 @@ typedef struct Trainer {
     char run_id[40];         // this run (recorded in checkpoints and metrics.jsonl; train_own.c)
     char lock_path[4200];    // rank 0: checkpoint.dir/.lock while held ("" = none)
     char lock_text[1200];
+    Metrics met;          // the log: metrics.jsonl lines, console lines, summary (metrics.h)
+    double best_val;      // lowest validation loss so far (INFINITY before the first; kept in
+    int best_step;        // trainer_state.yaml with its step, 0 = none, and the validations
+    int evals_since_best; // since it, for train.early_stop)
 } Trainer;
 
 // Sets up everything for `cfg` (already validated for this world size). Recoverable errors
@@ -122,3 +127,11 @@ int trainer_save_wait(Trainer* t, Err* e);
 void trainer_save_release(Trainer* t);
 // 1 while an async save is in flight (begun, not committed).
 int trainer_save_in_flight(const Trainer* t);
+// checkpoint.keep_best: the same save into the root <checkpoint.dir>/best, keeping one (its
+// `latest` names it; written only after the save is complete, like every save). Collective.
+int trainer_save_best(Trainer* t, Err* e);
+// After a validation at `step` (steps done; every rank, the same value): a new lowest loss sets
+// best_val / best_step, resets evals_since_best and, with checkpoint.keep_best, saves the best
+// (collective); otherwise evals_since_best grows and *early says whether train.early_stop's
+// patience is used up. Returns -1 (with e) when the best save failed.
+int trainer_after_eval(Trainer* t, int step, double val_loss, int* early, Err* e);

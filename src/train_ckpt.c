@@ -80,6 +80,12 @@ static char* state_text(const Trainer* t) {
     const Config* c = &t->cfg;
     const uint64_t pos = (uint64_t)t->step * (uint64_t)c->train.global_batch;
     const uint64_t nwin = data_num_windows(t->data, 0);
+    char best[256] = "";
+    if (t->best_step > 0)
+        snprintf(best, sizeof best,
+                 "# the lowest validation loss so far, its step, and validations since (checkpoint.keep_best, train.early_stop)\n"
+                 "best_val_loss: %.17g\nbest_step: %d\nevals_since_best: %d\n",
+                 t->best_val, t->best_step, t->evals_since_best);
     char extra[2048];
     snprintf(extra, sizeof extra,
              "# the train split's sequence i of step s, micro-batch j, rank r is s*global_batch + j*micro_batch*world + r*micro_batch\n"
@@ -88,11 +94,12 @@ static char* state_text(const Trainer* t) {
              "# false: fp32 masters only (checkpoint.save_optimizer=false); resume restarts Adam from zero moments\n"
              "optimizer_state: %s\n"
              "# the run these checkpoints belong to (checkpoint.dir/owner; metrics.jsonl's run_id)\n"
-             "run_id: %s\n",
+             "run_id: %s\n%s",
              (long long)t->updates, (long long)t->skipped, t->bad_in_row, t->model.edp, c->parallel.zero1 ? "true" : "false",
              c->train.global_batch, c->train.micro_batch, c->train.seq_len, (unsigned long long)pos,
              (unsigned long long)(nwin ? pos / nwin : 0), c->train.steps, schedule_name(c->optim.schedule),
-             (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false", t->run_id);
+             (double)optim_lr(&c->optim, c->train.steps, t->step), c->checkpoint.save_optimizer ? "true" : "false", t->run_id,
+             best);
     char* cfg = config_print_text(c, NULL);
     TrainerState ts = {.step = t->step, .tokens = t->tokens, .world = t->world, .ep = t->model.ep,
                        .seed = c->train.seed, .rng = 0,  // no random stream advances after init
@@ -183,13 +190,14 @@ static int put_append(void* ctx, const float* values, size_t numel) {
 // Host memory: the largest owned tensor, plus the names. checkpoint.save_optimizer=false: the
 // masters only (a third of the bytes); every rank has the same config, so every rank makes the
 // same optim_gather calls.
-static int save_sync(Trainer* t, Err* e) {
+// root, keep: the checkpoint root and how many it keeps; what: "" or a word for the log line.
+static int save_sync(Trainer* t, const char* root, int keep, const char* what, Err* e) {
     SaveList L;
     save_list(t, &L);
     char* state = t->rank == 0 ? state_text(t) : NULL;
     double t0 = now_sec();
     CkptSave* cs = NULL;
-    int rc = ckpt_save_begin(&cs, t->comm, t->cfg.checkpoint.dir, t->step, L.ct, L.k, state, t->cfg.checkpoint.keep, e);
+    int rc = ckpt_save_begin(&cs, t->comm, root, t->step, L.ct, L.k, state, keep, e);
     free(state);
     if (!rc) {
         float* host = xmalloc(sizeof(float) * L.largest);
@@ -199,7 +207,7 @@ static int save_sync(Trainer* t, Err* e) {
     }
     if (!rc) {
         const double dt = now_sec() - t0;
-        log_info("checkpoint: saved %s/step_%08d (%d tensors on rank 0%s, %.2f s)\n", t->cfg.checkpoint.dir, t->step, L.k,
+        log_info("checkpoint: saved %s%s/step_%08d (%d tensors on rank 0%s, %.2f s)\n", what, root, t->step, L.k,
                  L.nwhich == 3 ? "" : ", weights only: checkpoint.save_optimizer=false", dt);
         const int grace = t->cfg.checkpoint.grace_s;
         if (grace > 0 && dt > grace && !t->grace_warned) {
@@ -330,7 +338,41 @@ static int save_async(Trainer* t, Err* e) {
     return 0;
 }
 
-int trainer_save(Trainer* t, Err* e) { return t->cfg.checkpoint.async ? save_async(t, e) : save_sync(t, e); }
+int trainer_save(Trainer* t, Err* e) {
+    const CheckpointConfig* c = &t->cfg.checkpoint;
+    return c->async ? save_async(t, e) : save_sync(t, c->dir, c->keep, "", e);
+}
+
+// Always synchronous: a save in flight (checkpoint.async) is committed first, so the two never
+// write at the same time.
+int trainer_save_best(Trainer* t, Err* e) {
+    if (trainer_save_wait(t, e)) return -1;
+    char root[CFG_STR + 16];
+    snprintf(root, sizeof root, "%s/best", t->cfg.checkpoint.dir);
+    char what[96];
+    snprintf(what, sizeof what, "the best (validation loss %.6f) ", t->best_val);
+    return save_sync(t, root, 1, what, e);
+}
+
+int trainer_after_eval(Trainer* t, int step, double val_loss, int* early, Err* e) {
+    *early = 0;
+    if (isfinite(val_loss) && (t->best_step == 0 || val_loss < t->best_val)) {
+        t->best_val = val_loss;
+        t->best_step = step;
+        t->evals_since_best = 0;
+        // t->step is the step being run (0-based); the save names the steps done
+        if (t->cfg.checkpoint.keep_best && t->cfg.checkpoint.dir[0]) {
+            t->step++;
+            int rc = trainer_save_best(t, e);
+            t->step--;
+            return rc;
+        }
+        return 0;
+    }
+    t->evals_since_best++;
+    *early = t->cfg.train.early_stop > 0 && t->evals_since_best >= t->cfg.train.early_stop;
+    return 0;
+}
 
 
 // ---- preflight --------------------------------------------------------------------------------
@@ -409,7 +451,7 @@ int trainer_preflight(Trainer* t, Err* e) {
         if (ckpt_list_steps(cc->dir, &sd, &n, &se) == 0)
             for (int i = 0; i < n; i++) have += sd[i].complete;
         free(sd);
-        const int copies = cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1;
+        const int copies = (cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1) + (cc->keep_best ? 1 : 0);
         const double need = t->ckpt_bytes * copies;
         if (statvfs(cc->dir, &vf) == 0) {
             const double avail = (double)vf.f_bavail * (double)vf.f_frsize;
@@ -528,6 +570,8 @@ typedef struct {
     TrainerState ts;
     Config* cc;  // the saved run's config block (owned)
     int64_t updates, skipped, bad, gb, sl;
+    int64_t best_step, since_best;  // checkpoint.keep_best / train.early_stop (0 = no validation yet)
+    double best_val;
     int has_opt;  // the Adam moments are there
 } SavedState;
 
@@ -550,10 +594,22 @@ static int read_saved_state(const Trainer* t, Ckpt* ck, SavedState* s, Err* e) {
     else if (check_model(&s->cc->model, &t->cfg.model, where, e)) rc = -1;
     free(cfg_text);
     const int64_t step = s->ts.step;
+    s->best_val = INFINITY;
     if (!rc && (get_i64(text, "updates", &s->updates, step) || get_i64(text, "skipped", &s->skipped, s->ts.bad_steps) ||
                 get_i64(text, "bad_in_row", &s->bad, 0) || get_i64(text, "global_batch", &s->gb, 0) ||
-                get_i64(text, "seq_len", &s->sl, 0)))
-        rc = err_set(e, "%s: updates / skipped / bad_in_row / global_batch / seq_len must be integers", where);
+                get_i64(text, "seq_len", &s->sl, 0) || get_i64(text, "best_step", &s->best_step, 0) ||
+                get_i64(text, "evals_since_best", &s->since_best, 0)))
+        rc = err_set(e, "%s: updates / skipped / bad_in_row / global_batch / seq_len / best_step / evals_since_best must be integers", where);
+    if (!rc && s->best_step > 0) {
+        char v[64];
+        Err ge = {{0}};
+        char* end = v;
+        if (trainer_state_get(text, "best_val_loss", v, sizeof v, &ge) == 1) s->best_val = strtod(v, &end);
+        if (end == v || *end || !isfinite(s->best_val) || s->best_step > step || s->best_step > (int64_t)1 << 30 ||
+            s->since_best < 0)
+            rc = err_set(e, "%s: best_step %lld needs a finite best_val_loss, a step not after the checkpoint's and "
+                            "evals_since_best >= 0", where, (long long)s->best_step);
+    }
     if (!rc && step != ckpt_step(ck))
         rc = err_set(e, "%s: step %lld, but the manifest says %lld", where, (long long)step, (long long)ckpt_step(ck));
     if (!rc && step > (int64_t)1 << 30) rc = err_set(e, "%s: step %lld is out of range", where, (long long)step);
@@ -609,6 +665,9 @@ static void continue_saved(Trainer* t, Ckpt* ck, const SavedState* s) {
     t->skipped = s->skipped;
     t->bad_in_row = (int)s->bad;
     t->last_loss = s->ts.loss_ema;
+    t->best_step = (int)s->best_step;
+    t->best_val = s->best_step > 0 ? s->best_val : INFINITY;
+    t->evals_since_best = (int)s->since_best;
     snprintf(t->resumed_from, sizeof t->resumed_from, "%s", ckpt_dir(ck));
     char rid[64] = "";
     Err re = {{0}};

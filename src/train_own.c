@@ -124,25 +124,32 @@ static int write_owner(const char* dir, const char* run, Err* e) {
     return ckpt_fsync_dir(dir, e);
 }
 
-// Rank 0: complete checkpoints under dir (their count; the newest name and its run).
+// Rank 0: complete checkpoints under dir and under dir/best (checkpoint.keep_best): their count;
+// the newest name (dir's first) and its run.
 static int complete_steps(const char* dir, char* newest, size_t n, char* run, size_t rn) {
-    StepDir* sd = NULL;
-    int ns = 0, c = 0;
-    Err le = {{0}};
+    int c = 0;
     newest[0] = run[0] = 0;
-    if (ckpt_list_steps(dir, &sd, &ns, &le)) return 0;
-    for (int i = 0; i < ns; i++)
-        if (sd[i].complete) {
-            if (!c++) {
-                ckpt_copy(newest, n, sd[i].name);
-                ckpt_step_run_id(dir, sd[i].name, run, rn);
+    for (int b = 0; b < 2; b++) {
+        char root[CKPT_PATH];
+        if (b) ckpt_join(root, dir, "best");
+        else ckpt_copy(root, sizeof root, dir);
+        StepDir* sd = NULL;
+        int ns = 0;
+        Err le = {{0}};
+        if (ckpt_list_steps(root, &sd, &ns, &le)) continue;
+        for (int i = 0; i < ns; i++)
+            if (sd[i].complete) {
+                if (!c++) {
+                    snprintf(newest, n, "%s%s", b ? "best/" : "", sd[i].name);
+                    ckpt_step_run_id(root, sd[i].name, run, rn);
+                }
             }
-        }
-    free(sd);
+        free(sd);
+    }
     return c;
 }
 
-// Rank 0, checkpoint.overwrite=true: moves every step_* and latest aside and removes them.
+// Rank 0, checkpoint.overwrite=true: moves every step_*, best/ and latest aside and removes them.
 static int remove_all(const char* dir, Err* e) {
     StepDir* sd = NULL;
     int ns = 0;
@@ -158,11 +165,18 @@ static int remove_all(const char* dir, Err* e) {
         }
     }
     free(sd);
+    ckpt_join(p, dir, "best");  // checkpoint.keep_best's root, whole
+    struct stat bs;
+    const int best = stat(p, &bs) == 0;
+    ckpt_join(q, dir, ".trash_best");
+    if (best && (rename(p, q) || ckpt_rm_rf(q)))
+        return err_set(e, "checkpoint.overwrite: cannot remove %s: %s", p, strerror(errno));
     ckpt_join(p, dir, CKPT_LATEST);
     unlink(p);
     ckpt_join(p, dir, "owner");
     unlink(p);
-    log_info("checkpoint: checkpoint.overwrite=true: removed %d earlier checkpoint(s) under %s\n", ns, dir);
+    log_info("checkpoint: checkpoint.overwrite=true: removed %d earlier checkpoint(s)%s under %s\n", ns,
+             best ? " and best/" : "", dir);
     return ckpt_fsync_dir(dir, e);
 }
 
@@ -186,7 +200,7 @@ int trainer_own(Trainer* t, Err* e) {
         ckpt_join(t->lock_path, cc->dir, ".lock");
         st = take_lock(t, t->lock_path, &le) ? 2 : 0;
         if (st) t->lock_path[0] = 0;
-        char newest[64], run[64];
+        char newest[96], run[64];
         int have = st ? 0 : complete_steps(cc->dir, newest, sizeof newest, run, sizeof run);
         if (!st && have && !strcmp(cc->resume, "none")) {
             if (!cc->overwrite)
@@ -215,7 +229,7 @@ int trainer_own_after(Trainer* t, Err* e) {
         char owner[64] = "";
         read_owner(cc->dir, owner, sizeof owner);
         if (owner[0] && strcmp(owner, t->run_id) && strcmp(cc->resume, "none")) {
-            char newest[64], run[64];
+            char newest[96], run[64];
             int have = complete_steps(cc->dir, newest, sizeof newest, run, sizeof run);
             if (have && !cc->overwrite)
                 st = err_set(&le, "checkpoint.dir %s holds checkpoints of run %s, but this run (%s, resumed from %s) is "

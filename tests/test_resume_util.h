@@ -63,17 +63,18 @@ static inline void strip_field(char* buf, const char* key) {
     if (end) memmove(s, end + 2, strlen(end + 2) + 1);
 }
 
-// The lines of metrics.jsonl without "tokens_per_s" and "step_ms" (which depend on the clock).
+// The lines of metrics.jsonl without the fields that depend on the clock (speed, times, ETA).
 // Returns the number of lines (at most max, -1 when the file is missing); each is malloc'd.
 static inline int read_trace(const char* path, char** lines, int max) {
     FILE* f = fopen(path, "r");
     if (!f) return -1;
     char buf[4096];
     int n = 0;
+    static const char* const clock_fields[] = {"\"tokens_per_s\": ", "\"step_ms\": ", "\"model_tflops\": ",
+                                               "\"mfu_pct\": ", "\"elapsed_s\": ", "\"eta_s\": "};
     while (n < max && fgets(buf, sizeof buf, f)) {
         strip_field(buf, "\"run_id\": ");  // differs between runs (or by design, a resumed run keeps it)
-        strip_field(buf, "\"tokens_per_s\": ");
-        strip_field(buf, "\"step_ms\": ");
+        for (size_t k = 0; k < sizeof clock_fields / sizeof clock_fields[0]; k++) strip_field(buf, clock_fields[k]);
         lines[n++] = xstrdup(buf);
     }
     fclose(f);

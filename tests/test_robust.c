@@ -67,19 +67,19 @@ static void test_metrics_disk_full(void) {
            "the message names the file, the reason and the step: %s", out);
 }
 
-// The injected failure: writes fail after 600 bytes (two lines and a part of the third); the
+// The injected failure: writes fail after 900 bytes (two lines of ~370 bytes and a part of the third); the
 // run stops at that step with exit 2; a resume trims the torn line and the trace joins.
 static void test_metrics_injected_failure(void) {
     char out[65536], d[400], ck[400], p[500];
     snprintf(d, sizeof d, "%s/inj", g_dir);
     snprintf(ck, sizeof ck, "%s/inj_ck", g_dir);
-    int rc = run(out, sizeof out, NULL, "MOETRAIN_METRICS_FAIL_AFTER=600 %s " TINY " train.steps=6 checkpoint.every=1 "
+    int rc = run(out, sizeof out, NULL, "MOETRAIN_METRICS_FAIL_AFTER=900 %s " TINY " train.steps=6 checkpoint.every=1 "
                  "checkpoint.dir=%s log.dir=%s", g_bin, ck, d);
     EXPECT(rc == 2, "exit code 2 (rc %d): %s", rc, out);
-    EXPECT(strstr(out, "write failed after 600 bytes: No space left on device") && strstr(out, "stopping at step 3"),
+    EXPECT(strstr(out, "write failed after 900 bytes: No space left on device") && strstr(out, "stopping at step 3"),
            "the message: %s", out);
     snprintf(p, sizeof p, "%s/metrics.jsonl", d);
-    EXPECT(file_size(p) == 600, "600 bytes written (%ld)", file_size(p));
+    EXPECT(file_size(p) == 900, "900 bytes written (%ld)", file_size(p));
     rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=6 checkpoint.every=1 checkpoint.dir=%s log.dir=%s "
              "checkpoint.resume=auto", g_bin, ck, d);
     EXPECT(rc == 0, "the resumed run (rc %d): %s", rc, out);
@@ -109,16 +109,23 @@ static void test_used_checkpoint_dir(void) {
     snprintf(p, sizeof p, "%s/owner", ck);
     t_read_text(p, own, sizeof own);
     EXPECT(!strncmp(own, "run_id ", 7), "owner file: '%s'", own);
-    rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s log.dir=%s", g_bin, ck, lg);
-    EXPECT(rc == 2 && strstr(out, "already holds 1 checkpoint(s)") && strstr(out, "checkpoint.resume=auto") &&
+    // the key's default (L0_sanity, a demo, sets checkpoint.overwrite: true)
+    rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s log.dir=%s checkpoint.overwrite=false",
+             g_bin, ck, lg);
+    // step_00000002 and best/step_00000002 (L0_sanity keeps the best)
+    EXPECT(rc == 2 && strstr(out, "already holds 2 checkpoint(s)") && strstr(out, "checkpoint.resume=auto") &&
                strstr(out, "another checkpoint.dir") && strstr(out, "checkpoint.overwrite=true"),
            "a fresh run into a used dir is refused with the choices: rc %d, %s", rc, out);
     snprintf(p, sizeof p, "%s/step_00000002", ck);
     EXPECT(access(p, F_OK) == 0, "run A's checkpoint is untouched");
     rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s log.dir=%s checkpoint.overwrite=true",
              g_bin, ck, lg);
-    EXPECT(rc == 0 && strstr(out, "removed 1 earlier checkpoint(s)"), "overwrite=true (rc %d): %s", rc, out);
+    EXPECT(rc == 0 && strstr(out, "removed 1 earlier checkpoint(s) and best/"), "overwrite=true (rc %d): %s", rc, out);
     EXPECT(access(p, F_OK) != 0, "run A's checkpoint is gone");
+    snprintf(p, sizeof p, "%s/best/step_00000002", ck);
+    EXPECT(access(p, F_OK) != 0, "run A's best checkpoint is gone");
+    snprintf(p, sizeof p, "%s/best/step_00000003", ck);
+    EXPECT(access(p, F_OK) == 0, "the new run's best checkpoint is there");
     char own2[256];
     snprintf(p, sizeof p, "%s/owner", ck);
     t_read_text(p, own2, sizeof own2);

@@ -195,6 +195,7 @@ Backend* cpu_backend_create(void) {
     be->event_elapsed = cpu_event_elapsed;
     be->event_destroy = cpu_event_destroy;
     be->comm_create = cpu_comm_create;
+    be->device = "cpu";  // no mem_info: host memory is not device memory
     be->destroy = cpu_destroy;
     return be;
 }

@@ -1,6 +1,6 @@
 // test_cuda_backend_ops.c — cuda/cuda_backend.cu's memory and elementwise ops against the CPU
-// backend (the spec), in fp32 and bf16 modes: alloc, copy, zero, peak_bytes, the casts, add,
-// scale, sumsq, nonfinite, row gathers and scatters.
+// backend (the spec), in fp32 and bf16 modes: alloc, copy, zero, peak_bytes, mem_info and the
+// device name, the casts, add, scale, sumsq, nonfinite, row gathers and scatters.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
 // the worst error per check is printed at the end. Needs a GPU: without one it fails.
 #include <math.h>
@@ -33,6 +33,13 @@ static void test_memory(void) {
         free(z);
         EXPECT(be->peak_bytes && be->peak_bytes(be) >= 2 * n * 4, "peak_bytes [%s] below what was allocated",
                m->name);
+        BackendMem mem = {0};
+        if (be->mem_info) be->mem_info(be, &mem);
+        EXPECT(be->mem_info && mem.live >= 2 * n * 4 && mem.peak >= mem.live && mem.device_total > 0 &&
+                   mem.device_used >= mem.live && mem.device_used <= mem.device_total,
+               "mem_info [%s]: live %zu, peak %zu, device %zu of %zu bytes", m->name, mem.live, mem.peak, mem.device_used,
+               mem.device_total);
+        EXPECT(be->device && be->device[0], "the device's name [%s]", m->name);
         free(x);
         dev_free_all();
     }
