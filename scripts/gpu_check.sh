@@ -128,7 +128,7 @@ step_l0() {
   check l0.eval_best "$BUILD/moetrain" eval --ckpt "$ck/cuda_bf16/best" train.device=cuda
   local bs logged got
   bs=$(sed 's/^step_0*//' "$ck/cuda_bf16/best/latest" 2>/dev/null)
-  logged=$(grep -a "^{\"step\": $bs," "$d/cuda_bf16/metrics.jsonl" | grep -o '"val_loss": [0-9.]*' | cut -d' ' -f2)
+  logged=$(grep -a "\"step\": $bs," "$d/cuda_bf16/metrics.jsonl" | grep -o '"val_loss": [0-9.]*' | cut -d' ' -f2)
   got=$(grep -a '^{"eval"' "$OUT/l0.eval_best.log" | grep -o '"val_loss": [0-9.]*' | cut -d' ' -f2)
   echo "l0: eval on the best checkpoint (step $bs): val_loss $got; logged at that step: $logged" | tee -a "$SUM"
   scripts/plot.py "$d/cpu_ep2" "$d/cuda_bf16" "$d/cuda_fp32" -o "$d/l0.png" >"$OUT/l0.plot.log" 2>&1 \
