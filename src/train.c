@@ -319,6 +319,64 @@ static void log_step(Trainer* t, int step, double loss, double ce, double aux, c
     if (t->metrics.fd >= 0 && !t->log_failed && logfile_write(&t->metrics, line, n, &t->log_err)) t->log_failed = 1;
 }
 
+// A job-wide token for the watchdog's heartbeat files (watchdog.h): rank 0's, on every rank.
+static void job_token(Trainer* t, char token[17]) {
+    token[0] = 0;
+    if (t->rank == 0) {
+        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
+        FILE* ur = fopen("/dev/urandom", "rb");
+        if (ur) {
+            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
+            fclose(ur);
+        }
+        snprintf(token, 17, "%016llx", (unsigned long long)r);
+    }
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
+}
+
+// Step s's forward and backward over this rank's micro-batches: *ce the mean CE over the world's
+// scored targets (count_scored: counted first, else every one of the gtok), *aux and *z this
+// rank's router losses (means over its micro-batches).
+static void forward_backward(Trainer* t, MicroArgs* a, int s, int count_scored, double gtok, double* ce, double* aux,
+                             double* z) {
+    const TrainConfig* tc = &t->cfg.train;
+    const int B = t->model.B;
+    double scored = gtok;
+    *ce = *aux = *z = 0;
+    watchdog_stage(s + 1, "forward/backward (expert all-to-all)");
+    if (count_scored) {
+        scored = 0;
+        for (int j = 0; j < t->n_micro; j++)
+            scored += (double)trainer_fill_batch(t, 0, (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world +
+                                                           (uint64_t)t->rank * B);
+        t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &scored, 1);
+        if (scored < 1) scored = 1;
+        a->ce_scale = (float)(1.0 / scored);
+    }
+    for (int j = 0; j < t->n_micro; j++) {
+        uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
+        trainer_fill_batch(t, 0, first);
+        a->fresh = j == 0;
+        StepLoss l = model_step(&t->model, a);
+        *ce += l.ce_sum;
+        *aux += l.aux / t->n_micro;
+        *z += l.z / t->n_micro;
+    }
+    watchdog_stage(s + 1, "loss all-reduce");
+    t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, ce, 1);
+    *ce /= scored;
+}
+
+// The optimizer's update for step s, or none for a non-finite loss (the gradients discarded).
+static StepStats update(Trainer* t, int s, double loss) {
+    watchdog_stage(s + 1, "optimizer (gradient reduction, ZeRO-1 gather)");
+    if (!isfinite(loss)) {  // skip the update; the gradients are discarded
+        for (int ar = 0; ar < 2; ar++) t->be->zero(t->be, t->model.grad[ar], sizeof(float) * t->model.padded[ar]);
+        return (StepStats){.grad_norm = NAN, .lr = optim_lr(&t->cfg.optim, t->cfg.train.steps, s), .skipped = 1};
+    }
+    return optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
+}
+
 int trainer_run(Trainer* t) {
     const TrainConfig* tc = &t->cfg.train;
     const ModelConfig* mc = &t->cfg.model;
@@ -346,17 +404,8 @@ int trainer_run(Trainer* t) {
                                      : (bf16_egrad ? " (bf16 expert gradients)" : "");
     stop_running();  // a signal from here on saves a checkpoint (start-up signals exit 3 at once)
     // The watchdog (watchdog.h): a job-wide token names this job's heartbeat files.
-    char token[17] = "";
-    if (t->rank == 0) {
-        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
-        FILE* ur = fopen("/dev/urandom", "rb");
-        if (ur) {
-            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
-            fclose(ur);
-        }
-        snprintf(token, sizeof token, "%016llx", (unsigned long long)r);
-    }
-    t->comm->host_broadcast(t->comm, GROUP_WORLD, token, sizeof token, 0);
+    char token[17];
+    job_token(t, token);
     // The first step's allowance: 10 x the plan's time at a modest rate (CPU 5 GFLOP/s per rank,
     // GPU 100 TFLOP/s), at least train.timeout_s.
     const double first_est = flops_tok * (double)B * T * t->n_micro / (strcmp(t->be->name, "cuda") ? 5e9 : 1e14);
@@ -380,39 +429,11 @@ int trainer_run(Trainer* t) {
         const int s = t->step;
         if (s == 1 && t->rank == fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", fail_rank);
         double t0 = now_sec();
-        double ce = 0, aux = 0, z = 0, scored = gtok;
+        double ce, aux, z;
         watchdog_timeout(step_to);
-        watchdog_stage(s + 1, "forward/backward (expert all-to-all)");
-        if (count_scored) {
-            scored = 0;
-            for (int j = 0; j < t->n_micro; j++)
-                scored += (double)trainer_fill_batch(t, 0, (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world +
-                                                               (uint64_t)t->rank * B);
-            t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &scored, 1);
-            if (scored < 1) scored = 1;
-            a.ce_scale = (float)(1.0 / scored);
-        }
-        for (int j = 0; j < t->n_micro; j++) {
-            uint64_t first = (uint64_t)s * tc->global_batch + (uint64_t)j * B * t->world + (uint64_t)t->rank * B;
-            trainer_fill_batch(t, 0, first);
-            a.fresh = j == 0;
-            StepLoss l = model_step(&t->model, &a);
-            ce += l.ce_sum;
-            aux += l.aux / t->n_micro;
-            z += l.z / t->n_micro;
-        }
-        watchdog_stage(s + 1, "loss all-reduce");
-        t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, &ce, 1);
-        ce /= scored;
-        watchdog_stage(s + 1, "optimizer (gradient reduction, ZeRO-1 gather)");
+        forward_backward(t, &a, s, count_scored, gtok, &ce, &aux, &z);
         const double loss = ce + mc->aux_coef * aux + mc->z_coef * z;
-        StepStats st;
-        if (!isfinite(loss)) {  // skip the update; the gradients are discarded
-            for (int ar = 0; ar < 2; ar++) t->be->zero(t->be, t->model.grad[ar], sizeof(float) * t->model.padded[ar]);
-            st = (StepStats){.grad_norm = NAN, .lr = optim_lr(&t->cfg.optim, tc->steps, s), .skipped = 1};
-        } else {
-            st = optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
-        }
+        const StepStats st = update(t, s, loss);
         t->be->sync(t->be);
         double dt = now_sec() - t0;
         t->tokens += (int64_t)gtok;
