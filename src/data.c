@@ -97,31 +97,6 @@ static uint64_t windows_of(uint64_t ntok, int T) { return ntok >= (uint64_t)T + 
 
 // A relative path that does not exist is looked for next to the binary and its parents, then
 // under PREFIX/share/moetrain.
-static void copy_str(char* out, size_t n, const char* s) {
-    size_t k = strlen(s);
-    if (k < n) memcpy(out, s, k + 1);
-}
-
-static void resolve_path(const char* p, char* out, size_t n) {
-    snprintf(out, n, "%s", p);
-    if (p[0] == '/' || access(p, F_OK) == 0) return;
-    char dir[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", dir, sizeof dir - 1);
-    if (k > 0) {
-        dir[k] = 0;
-        for (int up = 0; up < 4; up++) {
-            char* sl = strrchr(dir, '/');
-            if (!sl || sl == dir) break;
-            *sl = 0;
-            char cand[2 * PATH_MAX];
-            snprintf(cand, sizeof cand, "%s/%s", dir, p);
-            if (access(cand, F_OK) == 0) { copy_str(out, n, cand); return; }
-        }
-    }
-    char cand[2 * PATH_MAX];
-    snprintf(cand, sizeof cand, "%s/share/moetrain/%s", MOETRAIN_PREFIX, p);
-    if (access(cand, F_OK) == 0) copy_str(out, n, cand);
-}
 
 static int set_kind(DataSet* ds, int kind, const char* name, Err* e) {
     if (ds->kind && ds->kind != kind)
@@ -320,132 +295,6 @@ static void open_random(DataSet* ds) {
     ds->fmt_mask = 1u << DATA_RANDOM;
 }
 
-// ---- paths: lists, globs, directories -------------------------------------------------------
-
-typedef struct PathList {
-    char** p;  // [n] paths
-    int n;
-} PathList;
-
-static void pl_add(PathList* l, const char* s) {
-    l->p = realloc(l->p, sizeof(char*) * (size_t)(l->n + 1));
-    CHECK(l->p, "out of host memory");
-    l->p[l->n++] = strdup(s);
-}
-
-static void pl_free(PathList* l) {
-    for (int i = 0; i < l->n; i++) free(l->p[i]);
-    free(l->p);
-    memset(l, 0, sizeof *l);
-}
-
-static int cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
-
-int data_is_val_shard(const char* base) {
-    return !strncmp(base, "val_", 4) || !strncmp(base, "val.", 4) || strstr(base, "_val_") || strstr(base, "_val.");
-}
-
-static int ends_bin(const char* s) {
-    size_t n = strlen(s);
-    return n > 4 && !strcmp(s + n - 4, ".bin");
-}
-
-// The *.bin files of a directory, sorted; validation shards (data_is_val_shard) go to val, the
-// rest to train.
-static int list_dir(const char* dir, PathList* train, PathList* val, Err* e) {
-    DIR* d = opendir(dir);
-    if (!d) return err_set(e, "data: cannot read the directory %s (%s)", dir, strerror(errno));
-    PathList t = {0}, v = {0};
-    for (struct dirent* de; (de = readdir(d));) {
-        if (de->d_name[0] == '.' || !ends_bin(de->d_name)) continue;  // temp files of a running tokenize start with '.'
-        char p[PATH_MAX];
-        if (snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= (int)sizeof p) continue;
-        struct stat st;
-        if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
-        pl_add(data_is_val_shard(de->d_name) ? &v : &t, p);
-    }
-    closedir(d);
-    qsort(t.p, (size_t)t.n, sizeof(char*), cmp_str);
-    qsort(v.p, (size_t)v.n, sizeof(char*), cmp_str);
-    for (int i = 0; i < t.n; i++) pl_add(train, t.p[i]);
-    for (int i = 0; i < v.n; i++) pl_add(val, v.p[i]);
-    int nt = t.n, nv = v.n;
-    pl_free(&t);
-    pl_free(&v);
-    if (!nt && !nv)
-        return err_set(e, "data: the directory %s holds no .bin shards; make them with scripts/tokenize.py "
-                       "(see docs/data.md)", dir);
-    return 0;
-}
-
-// One data.path / data.val_path item: a glob (its matches, sorted), a directory (its *.bin) or a
-// file (looked for next to the binary too). For a directory, for_val picks its validation shards
-// (all of them when it has none); else the train shards go to out and the validation shards to
-// dir_val.
-static int expand_item(const char* item, int for_val, PathList* out, PathList* dir_val, Err* e) {
-    if (strpbrk(item, "*?[")) {
-        glob_t g;
-        int rc = glob(item, 0, NULL, &g);
-        if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-            if (rc == 0) globfree(&g);
-            return err_set(e, "data: the pattern '%s' matches no file", item);
-        }
-        if (rc) return err_set(e, "data: cannot expand the pattern '%s'", item);
-        for (size_t i = 0; i < g.gl_pathc; i++) pl_add(out, g.gl_pathv[i]);  // glob sorts
-        globfree(&g);
-        return 0;
-    }
-    char path[PATH_MAX];
-    resolve_path(item, path, sizeof path);
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        PathList t = {0}, v = {0};
-        int rc = list_dir(path, &t, &v, e);
-        if (!rc) {
-            if (for_val) {
-                PathList* use = v.n ? &v : &t;
-                for (int i = 0; i < use->n; i++) pl_add(out, use->p[i]);
-            } else if (!t.n) {
-                rc = err_set(e, "data: the directory %s holds only validation shards (val_*.bin); give its train "
-                             "shards in data.path", path);
-            } else {
-                for (int i = 0; i < t.n; i++) pl_add(out, t.p[i]);
-                for (int i = 0; i < v.n; i++) pl_add(dir_val, v.p[i]);
-            }
-        }
-        pl_free(&t);
-        pl_free(&v);
-        return rc;
-    }
-    pl_add(out, path);
-    return 0;
-}
-
-// ---- the separator ------------------------------------------------------------------------------
-
-// eos_id of the manifest.json beside a shard, or -1.
-static int manifest_eos(const char* shard) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", shard);
-    char* sl = strrchr(p, '/');
-    if (sl) snprintf(sl + 1, sizeof p - (size_t)(sl + 1 - p), "manifest.json");
-    else snprintf(p, sizeof p, "manifest.json");
-    FILE* f = fopen(p, "rb");
-    if (!f) return -1;
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    JsDoc doc;
-    char err[128];
-    int eos = -1;
-    if (js_parse(&doc, buf, n, JS_DEFAULT_LIMITS, err, sizeof err) == 0) {
-        const JsVal* v = js_get(&doc.root, "eos_id");
-        if (v && v->type == JS_NUM && v->is_int && v->i >= 0 && v->i < INT_MAX) eos = (int)v->i;
-    }
-    js_free(&doc);
-    return eos;
-}
-
 // ---- plain sets and mixtures ----------------------------------------------------------------------
 
 static int open_plain(DataSet** out, const DataConfig* dc0, const PathList* files, float val_frac, int shuffle,
@@ -459,7 +308,7 @@ static int open_plain(DataSet** out, const DataConfig* dc0, const PathList* file
         if (add_file(ds, files->p[i], dc.format, e)) { data_close(ds); return -1; }
     if (!files->n) { data_close(ds); return err_set(e, "data.path = '%s' names no file", dc0->path); }
     if (ds->kind == KIND_BIN) {
-        int m = manifest_eos(files->p[0]);
+        int m = shard_manifest_eos(files->p[0]);
         if (m >= 0) ds->doc_sep = ds->eos = m;
     }
     return finish(ds, out, e);
@@ -530,12 +379,12 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
     int rc = 0, nsrc = mix ? n : 1;
     PathList* src = xcalloc((size_t)nsrc, sizeof(PathList));
     PathList dir_val = {0}, val = {0};
-    for (int i = 0; i < n && !rc; i++) rc = expand_item(items[i], 0, &src[mix ? i : 0], &dir_val, e);
+    for (int i = 0; i < n && !rc; i++) rc = path_list_expand(items[i], 0, &src[mix ? i : 0], &dir_val, e);
     if (rc) item_error("data.path", e);
     for (int i = 0; i < nv && !rc; i++)
-        if ((rc = expand_item(vitems[i], 1, &val, &dir_val, e))) item_error("data.val_path", e);
+        if ((rc = path_list_expand(vitems[i], 1, &val, &dir_val, e))) item_error("data.val_path", e);
     if (!rc && !nv)
-        for (int i = 0; i < dir_val.n; i++) pl_add(&val, dir_val.p[i]);
+        for (int i = 0; i < dir_val.n; i++) path_list_add(&val, dir_val.p[i]);
     DataSet* ds = NULL;
     if (!rc && !mix && !val.n) {
         rc = open_plain(&ds, dc, &src[0], dc->val_frac, dc->shuffle, vocab_size, seq_len, seed, e);
@@ -575,10 +424,10 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
         }
         if (rc) { data_close(ds); ds = NULL; }
     }
-    for (int d = 0; d < nsrc; d++) pl_free(&src[d]);
+    for (int d = 0; d < nsrc; d++) path_list_free(&src[d]);
     free(src);
-    pl_free(&dir_val);
-    pl_free(&val);
+    path_list_free(&dir_val);
+    path_list_free(&val);
     if (rc) return -1;
     *out = ds;
     return 0;
@@ -598,7 +447,7 @@ int data_is_byte_level(const DataConfig* dc) {
         snprintf(path, sizeof path, "%s", g.gl_pathv[0]);
         globfree(&g);
     } else {
-        resolve_path(items[0], path, sizeof path);
+        data_resolve_path(items[0], path, sizeof path);
     }
     struct stat st;
     if (stat(path, &st) || S_ISDIR(st.st_mode)) return 0;  // directories hold shards

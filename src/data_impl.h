@@ -99,3 +99,21 @@ int bin_check(const char* name, const uint8_t* p, size_t size, int vocab, Seg* s
 int bin_has_magic(const uint8_t* p, size_t n);
 
 uint64_t data_mix64(uint64_t x);  // splitmix64 finaliser
+
+// ---- paths (data_paths.c) ----------------------------------------------------------------------
+
+typedef struct PathList {
+    char** p;  // [n] paths
+    int n;
+} PathList;
+
+void path_list_add(PathList* l, const char* s);  // a copy of s
+void path_list_free(PathList* l);
+// p as given when it is absolute or exists; else found next to the binary (and its parents) or
+// under PREFIX/share/moetrain (the shipped data); else p.
+void data_resolve_path(const char* p, char* out, size_t n);
+// Adds what one item of data.path / data.val_path (for_val) names to out: a file, a glob (sorted)
+// or a directory's *.bin (sorted; its val_*.bin go to dir_val). Errors name the item.
+int path_list_expand(const char* item, int for_val, PathList* out, PathList* dir_val, Err* e);
+// The eos_id of the manifest.json beside a shard, or -1.
+int shard_manifest_eos(const char* shard);

@@ -106,6 +106,8 @@ int trainer_save(Trainer* t, Err* e);
 // checkpoint's size × (checkpoint.keep + 1, less this directory's complete checkpoints) and
 // warns when a save would not fit in checkpoint.grace_s. Every rank returns the same status.
 int trainer_preflight(Trainer* t, Err* e);
+// 1 when this rank writes parameter p in a checkpoint (its ZeRO group's slice holds p's first element).
+int trainer_owns(const Trainer* t, const ParamInfo* p);
 // Run ownership (train_own.c), collective. trainer_own, before restore: a new run id; rank 0
 // takes checkpoint.dir/.lock (a live holder stops the run, naming it; a stale one is replaced);
 // a fresh run (resume=none) into a directory holding checkpoints is refused unless

@@ -70,7 +70,7 @@ static void init_random(Trainer* t) {
 
 // ---- save -------------------------------------------------------------------------------------
 
-static int owns(const Trainer* t, const ParamInfo* p) {
+int trainer_owns(const Trainer* t, const ParamInfo* p) {
     const OptShard* s = &t->opt.sh[p->arena];
     const size_t part = t->model.padded[p->arena] / (size_t)s->gsize;
     return (int)(p->offset / part) == s->grank;
@@ -127,7 +127,7 @@ static void save_list(Trainer* t, SaveList* L) {
     L->largest = 1;
     int n_own = 0;
     for (int i = 0; i < m->pl.n; i++)
-        if (owns(t, &m->pl.p[i])) {
+        if (trainer_owns(t, &m->pl.p[i])) {
             n_own++;
             if (m->pl.p[i].numel > L->largest) L->largest = m->pl.p[i].numel;
         }
@@ -137,7 +137,7 @@ static void save_list(Trainer* t, SaveList* L) {
         for (int a = 0; a < 2; a++)
             for (int i = 0; i < m->pl.n; i++) {
                 const ParamInfo* p = &m->pl.p[i];
-                if ((int)p->arena != a || !owns(t, p)) continue;
+                if ((int)p->arena != a || !trainer_owns(t, p)) continue;
                 state_name(L->names[L->k], sizeof L->names[L->k], which, p->name);
                 L->ct[L->k] = (CkptTensor){.name = L->names[L->k], .ndim = p->ndim, .data = NULL};
                 for (int d = 0; d < p->ndim; d++) L->ct[L->k].shape[d] = p->shape[d];
@@ -168,7 +168,7 @@ static void gather_owned(Trainer* t, const SaveList* L, float* host, float* snap
             optim_gather(&t->opt, m, a, which);  // collective over the arena's group: every rank, always
             for (int i = 0; i < m->pl.n; i++) {
                 const ParamInfo* p = &m->pl.p[i];
-                if ((int)p->arena != a || !owns(t, p)) continue;
+                if ((int)p->arena != a || !trainer_owns(t, p)) continue;
                 if (snap) {
                     be->to_host(be, snap + at, m->grad[a] + p->offset, sizeof(float) * p->numel);
                     at += p->numel;
@@ -374,116 +374,6 @@ int trainer_after_eval(Trainer* t, int step, double val_loss, int* early, Err* e
     return 0;
 }
 
-
-// ---- preflight --------------------------------------------------------------------------------
-
-static void human_bytes(char* out, size_t n, double b) {
-    if (b >= 1e9) snprintf(out, n, "%.1f GB", b / 1e9);
-    else snprintf(out, n, "%.1f MB", b / 1e6);
-}
-
-// This rank creates, writes and removes a file in dir; rank 0 writes `probe` bytes with fsync and
-// times it (*rate, bytes/s).
-static int probe_dir(const char* dir, int rank, size_t probe, double* rate, Err* e) {
-    char p[CFG_STR + 64];
-    snprintf(p, sizeof p, "%s/.probe_rank_%05d", dir, rank);
-    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return err_set(e, "checkpoint.dir %s: cannot create a file there (%s)", dir, strerror(errno));
-    char* buf = xcalloc(1, probe ? probe : 1);
-    double t0 = now_sec();
-    size_t done = 0;
-    int rc = 0;
-    while (done < probe && !rc) {
-        ssize_t k = write(fd, buf + done, probe - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) rc = err_set(e, "checkpoint.dir %s: writing a test file failed (%s)", dir, k < 0 ? strerror(errno) : "no progress");
-        else done += (size_t)k;
-    }
-    if (!rc && fsync(fd) && errno != EINVAL)
-        rc = err_set(e, "checkpoint.dir %s: fsync of a test file failed (%s)", dir, strerror(errno));
-    double dt = now_sec() - t0;
-    close(fd);
-    unlink(p);
-    free(buf);
-    if (rate) *rate = probe && dt > 0 ? (double)probe / dt : 0;
-    return rc;
-}
-
-int trainer_preflight(Trainer* t, Err* e) {
-    const CheckpointConfig* cc = &t->cfg.checkpoint;
-    const Model* m = &t->model;
-    const int nwhich = cc->save_optimizer ? 3 : 1;
-    double mine = 4096;  // header
-    for (int i = 0; i < m->pl.n; i++)
-        if (owns(t, &m->pl.p[i])) mine += (double)m->pl.p[i].numel * 4 * nwhich + 3 * 160;
-    double sums[1] = {mine};
-    t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, sums, 1);
-    int32_t mb = (int32_t)(mine / 1e6) + 1;
-    t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &mb, 1);
-    t->ckpt_bytes = sums[0];
-    t->ckpt_rank_bytes = mine > mb * 1e6 ? mine : mb * 1e6;
-    if (!cc->dir[0]) return 0;
-    int st = 0;
-    Err le = {{0}};
-    if (t->rank == 0) {  // the root exists (the other ranks probe it next)
-        char cmd_dir[CFG_STR];
-        snprintf(cmd_dir, sizeof cmd_dir, "%s", cc->dir);
-        for (char* q = cmd_dir + 1; *q; q++)
-            if (*q == '/') {
-                *q = 0;
-                mkdir(cmd_dir, 0755);
-                *q = '/';
-            }
-        if (mkdir(cmd_dir, 0755) && errno != EEXIST)
-            st = err_set(&le, "checkpoint.dir %s: cannot create it (%s)", cc->dir, strerror(errno));
-    }
-    if (dist_agree_error(st, &le)) {
-        *e = le;
-        return -1;
-    }
-    double rate = 0;
-    st = probe_dir(cc->dir, t->rank, t->rank == 0 ? (size_t)4 << 20 : 0, &rate, &le) ? 2 : 0;
-    if (!st && t->rank == 0) {
-        struct statvfs vf;
-        StepDir* sd = NULL;
-        int n = 0, have = 0;
-        Err se = {{0}};
-        if (ckpt_list_steps(cc->dir, &sd, &n, &se) == 0)
-            for (int i = 0; i < n; i++) have += sd[i].complete;
-        free(sd);
-        const int copies = (cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1) + (cc->keep_best ? 1 : 0);
-        const double need = t->ckpt_bytes * copies;
-        if (statvfs(cc->dir, &vf) == 0) {
-            const double avail = (double)vf.f_bavail * (double)vf.f_frsize;
-            char a[32], b[32], c1[32];
-            human_bytes(a, sizeof a, need);
-            human_bytes(b, sizeof b, avail);
-            human_bytes(c1, sizeof c1, t->ckpt_bytes);
-            if (avail < need)
-                st = err_set(&le, "checkpoint.dir %s: %s free, but a checkpoint is %s and checkpoint.keep=%d needs room "
-                             "for %d more (%s; older ones are pruned only after a newer save succeeds): free space there, "
-                             "use another checkpoint.dir, lower checkpoint.keep, or checkpoint.save_optimizer=false "
-                             "(a third of the size)", cc->dir, b, c1, cc->keep, copies, a);
-        }
-    }
-    t->comm->host_broadcast(t->comm, GROUP_WORLD, &rate, sizeof rate, 0);
-    if (dist_agree_error(st, &le)) {
-        *e = le;
-        return -1;
-    }
-    t->write_rate = rate;
-    if (cc->grace_s > 0 && rate > 0) {
-        const double est = t->ckpt_rank_bytes / rate;
-        char b[32];
-        human_bytes(b, sizeof b, t->ckpt_rank_bytes);
-        if (est > cc->grace_s)
-            log_info("checkpoint: warning: a save of %s per rank would take about %.0f s at the %.0f MB/s measured in %s, "
-                     "more than checkpoint.grace_s=%d: a preemption signal may not leave time to save (give the job "
-                     "a longer signal lead, e.g. --signal=B:USR1@%d, or faster storage)\n",
-                     b, est, rate / 1e6, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
-    }
-    return 0;
-}
 
 // ---- restore ----------------------------------------------------------------------------------
 
