@@ -18,6 +18,21 @@
 
 #include "config.h"
 
+// FP8 block-scaled GEMMs (config precision.fp8; numerics: src/fp8.h, docs/fp8.md). A GEMM op whose
+// descriptor has fp8 ≠ FP8_OFF does not multiply its act operands as they are: it computes
+//   r = fp8_gemm_tn(Q_A, Q_B)   (fp8.h; fp32 result, K tiles summed in increasing order)
+// where Q_A = fp8_quant_1x128(op(A)) — op(A) [M,K] in 1×128 tiles along K — and Q_B quantises
+// op(B)ᵀ [N,K] along K: in 128×128 blocks (FP8_WEIGHT, B is a weight: the forward and data-gradient
+// GEMMs) or in 1×128 tiles (FP8_ACT, both operands are activations or gradients: the weight-gradient
+// GEMMs). Then C = alpha·r + beta·addend in fp32, rounded once to C's dtype (bf16: to nearest even).
+// Scales come from the operands of this call (no amax history). In the grouped ops each group is its
+// own GEMM: gemm_grouped's A rows of group g and B_g; gemm_grouped_wgrad's dY and X rows of group g,
+// whose 1×128 tiles along the token dimension start at the group's first row (the last tile of
+// each group partial). A GPU product equals the spec within docs/fp8.md's bound, not bit for bit.
+typedef enum Fp8Gemm { FP8_OFF = 0, FP8_WEIGHT = 1, FP8_ACT = 2 } Fp8Gemm;
+// The GEMM forms fp8_ws_bytes is asked about.
+typedef enum Fp8Op { FP8_OP_GEMM = 0, FP8_OP_GROUPED = 1, FP8_OP_WGRAD = 2 } Fp8Op;
+
 // One GEMM: C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C.
 // op(A) = A if !trans_a (A is [M,K]) else Aᵀ (A is [K,M]); likewise B ([K,N] or [N,K]).
 // A, B are act dtype; C is act dtype, or fp32 when c_f32 (weight gradients, router logits).
@@ -33,6 +48,9 @@ typedef struct GemmDesc {
     float alpha, beta;
     int c_f32;
     const void* c_in;
+    Fp8Gemm fp8;           // FP8_OFF, or the block-scaled FP8 product (below); gemm, gemm_grouped, gemm_grouped_swiglu
+    void* ws;              // with fp8: backend memory for the quantised operands, ws_bytes ≥ Backend.fp8_ws_bytes
+    size_t ws_bytes;
 } GemmDesc;
 
 // Grouped GEMM over contiguous row groups (the expert GEMMs): for g in [0, G):
@@ -47,6 +65,9 @@ typedef struct GroupDesc {
     size_t b_stride;       // elements between consecutive B_g
     int db_act;            // gemm_grouped_wgrad: dB has the act dtype (the fp32 sum rounded once
                            // to nearest even; what PyTorch autocast gives) instead of fp32
+    Fp8Gemm fp8;           // gemm_grouped_wgrad: FP8_OFF or FP8_ACT (the other grouped ops read GemmDesc.fp8)
+    void* ws;              // gemm_grouped_wgrad with fp8: as GemmDesc.ws
+    size_t ws_bytes;
 } GroupDesc;
 
 // The contract checks on those descriptors, the same for every backend (src/backend_check.c);
@@ -189,6 +210,13 @@ struct Backend {
     // NaN in dB is ignored); with beta = 1 an empty group leaves its dB_g unchanged.
     void (*gemm_grouped_wgrad)(Backend*, const GroupDesc*, int N, int K, const void* dY,
                                const void* X, void* dB, float beta);
+
+    // Bytes of ws an FP8 GEMM call needs (0 when fp8 is off): op FP8_OP_GEMM (gemm: M, N, K as in
+    // its GemmDesc, groups 1), FP8_OP_GROUPED (gemm_grouped / gemm_grouped_swiglu: M = rows over
+    // all groups, N, K of each B_g), FP8_OP_WGRAD (gemm_grouped_wgrad: M = rows over all groups,
+    // N, K = dB_g's shape). Depends only on its arguments, so a caller may size ws for the largest
+    // call once. NULL on a backend without FP8 (the config check refuses precision.fp8 there).
+    size_t (*fp8_ws_bytes)(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
