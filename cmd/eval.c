@@ -88,6 +88,58 @@ int eval_load_config(Config* c, int argc, char** argv, const char* ck, int hf, i
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
+// The layout of this launch (the header's rules, unless overridden), and nothing saved: the
+// weights from the Hugging Face directory (hf) or resumed from the checkpoint ck.
+static void eval_layout(Config* c, int argc, char** argv, int world, int ref_world, const char* ck, int hf) {
+    if (!overridden(argc, argv, "parallel.ep") && (world % c->parallel.ep || c->model.experts % c->parallel.ep)) {
+        int g = gcd(world, c->model.experts), ep = 1;
+        for (int d = 1; d <= g; d++)
+            if (g % d == 0 && d <= c->parallel.ep) ep = d;
+        c->parallel.ep = ep;
+    }
+    if (ref_world && ref_world != world && !overridden(argc, argv, "train.micro_batch")) {
+        long long seqs = (long long)c->train.micro_batch * ref_world;
+        if (seqs % world == 0) c->train.micro_batch = (int)(seqs / world);
+    }
+    if (c->train.global_batch % (c->train.micro_batch * world)) c->train.global_batch = c->train.micro_batch * world;
+    c->checkpoint.dir[0] = 0;
+    c->checkpoint.every = 0;
+    c->checkpoint.required = 0;
+    c->log.dir[0] = 0;
+    c->train.keep_swiglu = 0;  // no backward here: nothing to keep, no arena to reserve for it
+    if (hf) {
+        snprintf(c->checkpoint.init_from, sizeof c->checkpoint.init_from, "%s", ck);
+        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "none");
+    } else {
+        c->checkpoint.init_from[0] = 0;
+        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "%s", ck);
+    }
+}
+
+// The command line, the config, its layout and its data. Returns 2 (usage) or 0.
+static int eval_setup(int argc, char** argv, int world, Config* c, const char** ck, Err* e) {
+    static const char* const known[] = {"--ckpt", NULL};
+    int ref_world = 0;
+    if (!cli_flag(argc, argv, 1, "--ckpt", ck) || !*ck || !(*ck)[0])
+        return err_set(e, "eval needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage: %s", USAGE), 2;
+    if (cli_check_flags(argc, argv, 1, known, e)) return 2;
+    const int hf = ckpt_is_hf_dir(*ck);
+    if (eval_load_config(c, argc, argv, *ck, hf, &ref_world, e)) return 2;
+    eval_layout(c, argc, argv, world, ref_world, *ck, hf);
+    if (config_validate(c, world, e) || cli_resolve_data_path(c, e)) return 2;
+    if (c->model.vocab_size != 256 && data_is_byte_level(&c->data))
+        return err_set(e, "data.path %s is byte-level sequence data (tokens 0..255), but the model's vocabulary has %d "
+                       "entries: a loss there measures nothing. Give data.path= token shards made with the model's "
+                       "tokenizer (scripts/tokenize.py; docs/data.md)", c->data.path, c->model.vocab_size), 2;
+    return 0;
+}
+
+static int eval_fail(int rank, Err* e) {
+    if (rank == 0) cli_exit_error("eval", e);
+    dist_finalize();
+    return 2;
+}
+
 int cmd_eval(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -102,64 +154,14 @@ int cmd_eval(int argc, char** argv) {
     Err e = {{0}};
     Config c;
     const char* ck = NULL;
-    static const char* const known[] = {"--ckpt", NULL};
-    int st = 0, ref_world = 0;
-    if (!cli_flag(argc, argv, 1, "--ckpt", &ck) || !ck || !ck[0]) {
-        err_set(&e, "eval needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage: %s", USAGE);
-        st = 2;
-    }
-    if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
-    const int hf = !st && ckpt_is_hf_dir(ck);
-    if (!st && eval_load_config(&c, argc, argv, ck, hf, &ref_world, &e)) st = 2;
-    if (!st) {
-        if (!overridden(argc, argv, "parallel.ep") && (world % c.parallel.ep || c.model.experts % c.parallel.ep)) {
-            int g = gcd(world, c.model.experts), ep = 1;
-            for (int d = 1; d <= g; d++)
-                if (g % d == 0 && d <= c.parallel.ep) ep = d;
-            c.parallel.ep = ep;
-        }
-        if (ref_world && ref_world != world && !overridden(argc, argv, "train.micro_batch")) {
-            long long seqs = (long long)c.train.micro_batch * ref_world;
-            if (seqs % world == 0) c.train.micro_batch = (int)(seqs / world);
-        }
-        if (c.train.global_batch % (c.train.micro_batch * world)) c.train.global_batch = c.train.micro_batch * world;
-        c.checkpoint.dir[0] = 0;
-        c.checkpoint.every = 0;
-        c.checkpoint.required = 0;
-        c.log.dir[0] = 0;
-        c.train.keep_swiglu = 0;  // no backward here: nothing to keep, no arena to reserve for it
-        if (hf) {
-            snprintf(c.checkpoint.init_from, sizeof c.checkpoint.init_from, "%s", ck);
-            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
-        } else {
-            c.checkpoint.init_from[0] = 0;
-            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "%s", ck);
-        }
-    }
-    if (!st && config_validate(&c, world, &e)) st = 2;
-    if (!st && cli_resolve_data_path(&c, &e)) st = 2;
-    if (!st && c.model.vocab_size != 256 && data_is_byte_level(&c.data)) {
-        err_set(&e, "data.path %s is byte-level sequence data (tokens 0..255), but the model's vocabulary has %d "
-                "entries: a loss there measures nothing. Give data.path= token shards made with the model's "
-                "tokenizer (scripts/tokenize.py; docs/data.md)", c.data.path, c.model.vocab_size);
-        st = 2;
-    }
-    if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_exit_error("eval", &e);
-        dist_finalize();
-        return 2;
-    }
+    if (dist_agree_error(eval_setup(argc, argv, world, &c, &ck, &e), &e)) return eval_fail(rank, &e);
     Trainer t;
-    st = trainer_init(&t, &c, &e) ? 2 : 0;
+    int st = trainer_init(&t, &c, &e) ? 2 : 0;
     if (!st && data_num_windows(t.data, 1) == 0) {
         err_set(&e, "the data has no validation split (data.val_frac=0); give data.val_frac > 0 or another data.path");
         st = 2;
     }
-    if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_exit_error("eval", &e);
-        dist_finalize();
-        return 2;
-    }
+    if (dist_agree_error(st, &e)) return eval_fail(rank, &e);
     EvalResult r = trainer_eval(&t, c.train.eval_batches);
     if (rank == 0) {
         printf("eval: %s (step %d): validation loss %.6f nats/token, %.6f bits/token over %lld tokens "

@@ -205,155 +205,148 @@ static void print_outputs(const Prompts* P, int32_t* const* out, const int* nout
     }
 }
 
-int cmd_generate(int argc, char** argv) {
+// The command line: its flags, the prompts (--prompt, --prompt-ids, --prompt-file) and the
+// config's argv (--config and the section.key=value overrides; prompts may hold '=').
+typedef struct GenArgs {
+    const char *ck, *pfile, *tokspec, *dev, *dt, *cfgname;
+    int max_new, top_k, eos, print_ids;  // eos -2: the tokenizer's
+    double temperature, top_p, seed;
+    char** cargv;
+    int cargc;
+    int n_ids_prompts;  // prompts given as --prompt-ids
+} GenArgs;
+
+static int wants_help(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s\n  continues each prompt (batched) with a KV cache; greedy at --temperature 0. Tokenizer:\n"
-                   "  bytes for a vocabulary of 256, else a SentencePiece tokenizer.model (--tokenizer, the\n"
-                   "  export's own, or the one the run recorded). Defaults: --max-new 64 --temperature 1 --top-k 0\n"
-                   "  (off) --top-p 1 (off) --seed 0. Stops at EOS. Launch with mpirun to shard the experts.\n"
-                   "  --ckpt none --config X: random weights of X's model (decode benchmarks).\n"
-                   "  docs/generate.md\n",
-                   USAGE);
-            return 0;
-        }
-    int world = 1;
-    const int rank = dist_init(&argc, &argv, &world);
-    Err e = {{0}};
-    int st = 0;
-    const char *ck = NULL, *pfile = NULL, *tokspec = NULL, *dev = NULL, *dt = NULL, *cfgname = NULL;
-    int max_new = 64, top_k = 0, eos = -2, print_ids = 0;
-    double temperature = 1.0, top_p = 1.0, seedd = 0;
-    Prompts P = {0};
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+// The flags with their values, the prompts in their order, the config's argv. Returns 2 (usage) or 0.
+static int parse_args(int argc, char** argv, GenArgs* g, Prompts* P, Err* e) {
     static const char* const known[] = {"--ckpt", "--prompt", "--prompt-file", "--prompt-ids", "--max-new",
                                         "--temperature", "--top-k", "--top-p", "--seed", "--tokenizer",
                                         "--eos", "--print-ids", "--device", "--dtype", NULL};
-    // the config's argv: --config and the section.key=value overrides (prompts may hold '=')
-    char** cargv = xcalloc((size_t)argc + 1, sizeof(char*));
-    int cargc = 0;
-    cargv[cargc++] = argv[0];
-    int n_ids_prompts = 0;
+    *g = (GenArgs){.max_new = 64, .eos = -2, .temperature = 1.0, .top_p = 1.0};
+    g->cargv = xcalloc((size_t)argc + 1, sizeof(char*));
+    g->cargv[g->cargc++] = argv[0];
+    int st = 0;
     for (int i = 1; i < argc && !st; i++) {
         const char* a = argv[i];
         const char* val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--print-ids")) {
-            print_ids = 1;
+            g->print_ids = 1;
         } else if (!strcmp(a, "--prompt") || !strcmp(a, "--prompt-ids")) {
-            if (!val) err_set(&e, "%s needs a value", a), st = 2;
+            if (!val) err_set(e, "%s needs a value", a), st = 2;
             else {
-                add_prompt(&P, a[8] ? NULL : val);
+                add_prompt(P, a[8] ? NULL : val);
                 if (a[8]) {
-                    P.text[P.n - 1] = NULL;
-                    P.ids[P.n - 1] = (int32_t*)xstrdup(val);  // parsed once the vocabulary is known
-                    n_ids_prompts++;
+                    P->text[P->n - 1] = NULL;
+                    P->ids[P->n - 1] = (int32_t*)xstrdup(val);  // parsed once the vocabulary is known
+                    g->n_ids_prompts++;
                 }
                 i++;
             }
         } else if (!strcmp(a, "--config") || !strcmp(a, "-c")) {
-            if (!val) err_set(&e, "--config needs a value"), st = 2;
-            else cfgname = val, cargv[cargc++] = (char*)a, cargv[cargc++] = argv[++i];
+            if (!val) err_set(e, "--config needs a value"), st = 2;
+            else g->cfgname = val, g->cargv[g->cargc++] = (char*)a, g->cargv[g->cargc++] = argv[++i];
         } else if (is_override(a)) {
-            cargv[cargc++] = (char*)a;
+            g->cargv[g->cargc++] = (char*)a;
         } else if (!strncmp(a, "--", 2)) {
             if (val && strncmp(val, "--", 2)) i++;
         } else {
-            err_set(&e, "unexpected argument '%s'; usage:\n%s", a, USAGE), st = 2;
+            err_set(e, "unexpected argument '%s'; usage:\n%s", a, USAGE), st = 2;
         }
     }
-    if (!st && cli_check_flags(argc, argv, 1, known, &e)) st = 2;
-    if (!st && (!cli_flag(argc, argv, 1, "--ckpt", &ck) || !ck || !ck[0]))
-        err_set(&e, "generate needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage:\n%s", USAGE), st = 2;
-    if (!st) {
-        cli_flag(argc, argv, 1, "--prompt-file", &pfile);
-        cli_flag(argc, argv, 1, "--tokenizer", &tokspec);
-        cli_flag(argc, argv, 1, "--device", &dev);
-        cli_flag(argc, argv, 1, "--dtype", &dt);
-        if (cli_flag_int(argc, argv, 1, "--max-new", 0, 1 << 20, &max_new, &e) ||
-            cli_flag_int(argc, argv, 1, "--top-k", 0, 1 << 30, &top_k, &e) ||
-            cli_flag_int(argc, argv, 1, "--eos", -1, 1 << 30, &eos, &e) ||
-            cli_flag_double(argc, argv, 1, "--temperature", 0, 1e6, &temperature, &e) ||
-            cli_flag_double(argc, argv, 1, "--top-p", 0, 1, &top_p, &e) ||
-            cli_flag_double(argc, argv, 1, "--seed", 0, 9.0e15, &seedd, &e))
-            st = 2;
-    }
-    if (!st && pfile && read_prompt_file(&P, pfile, &e)) st = 2;
-    if (!st && P.n == 0) err_set(&e, "no prompt: give --prompt TEXT, --prompt-file F or --prompt-ids 1,2,3"), st = 2;
+    if (st || cli_check_flags(argc, argv, 1, known, e)) return 2;
+    if (!cli_flag(argc, argv, 1, "--ckpt", &g->ck) || !g->ck || !g->ck[0])
+        return err_set(e, "generate needs --ckpt DIR (a checkpoint or a Hugging Face directory); usage:\n%s", USAGE), 2;
+    cli_flag(argc, argv, 1, "--prompt-file", &g->pfile);
+    cli_flag(argc, argv, 1, "--tokenizer", &g->tokspec);
+    cli_flag(argc, argv, 1, "--device", &g->dev);
+    cli_flag(argc, argv, 1, "--dtype", &g->dt);
+    if (cli_flag_int(argc, argv, 1, "--max-new", 0, 1 << 20, &g->max_new, e) ||
+        cli_flag_int(argc, argv, 1, "--top-k", 0, 1 << 30, &g->top_k, e) ||
+        cli_flag_int(argc, argv, 1, "--eos", -1, 1 << 30, &g->eos, e) ||
+        cli_flag_double(argc, argv, 1, "--temperature", 0, 1e6, &g->temperature, e) ||
+        cli_flag_double(argc, argv, 1, "--top-p", 0, 1, &g->top_p, e) ||
+        cli_flag_double(argc, argv, 1, "--seed", 0, 9.0e15, &g->seed, e))
+        return 2;
+    if (g->pfile && read_prompt_file(P, g->pfile, e)) return 2;
+    if (P->n == 0) return err_set(e, "no prompt: give --prompt TEXT, --prompt-file F or --prompt-ids 1,2,3"), 2;
+    return 0;
+}
 
-    Config c;
-    const int random_init = !st && !strcmp(ck, "none");  // decode benchmarks: --config's model, random weights
-    if (random_init && !cfgname) err_set(&e, "--ckpt none (random weights) needs --config NAME|PATH"), st = 2;
-    const int hf = !st && !random_init && ckpt_is_hf_dir(ck);
+// The run's config (the checkpoint's, the export's, or --config's for --ckpt none), the tokenizer,
+// the prompts as ids (*maxlen the longest) and the launch's layout. Returns 2 (usage) or 0.
+static int setup(GenArgs* g, Prompts* P, int world, Config* c, SpModel** sp, int* bytes, int* maxlen, Err* e) {
+    const int random_init = !strcmp(g->ck, "none");  // decode benchmarks: --config's model, random weights
+    if (random_init && !g->cfgname) return err_set(e, "--ckpt none (random weights) needs --config NAME|PATH"), 2;
+    const int hf = !random_init && ckpt_is_hf_dir(g->ck);
     int ref_world = 0;
-    if (!st && eval_load_config(&c, cargc, cargv, ck, hf, &ref_world, &e)) st = 2;
-    const int V = st ? 0 : c.model.vocab_size;
-
+    if (eval_load_config(c, g->cargc, g->cargv, g->ck, hf, &ref_world, e)) return 2;
+    const int V = c->model.vocab_size;
     // the tokenizer: bytes for 256 entries, else SentencePiece (--tokenizer, the export's, the run's)
-    SpModel* sp = NULL;
-    int bytes = 0;
-    if (!st && open_tokenizer(tokspec, hf ? ck : NULL, &c.data, V, P.n > n_ids_prompts, &sp, &bytes, &e)) st = 2;
-    if (!st && eos == -2) eos = sp ? sp_eos(sp) : -1;
-    if (!st && encode_prompts(&P, bytes, sp, V, &e)) st = 2;
-    int maxlen = 0;
-    for (int i = 0; i < P.n && !st; i++) maxlen = P.len[i] > maxlen ? P.len[i] : maxlen;
+    if (open_tokenizer(g->tokspec, hf ? g->ck : NULL, &c->data, V, P->n > g->n_ids_prompts, sp, bytes, e)) return 2;
+    if (g->eos == -2) g->eos = *sp ? sp_eos(*sp) : -1;
+    if (encode_prompts(P, *bytes, *sp, V, e)) return 2;
+    *maxlen = 0;
+    for (int i = 0; i < P->n; i++) *maxlen = P->len[i] > *maxlen ? P->len[i] : *maxlen;
+    if (generate_config(c, world, P->n, *maxlen, g->ck, hf || random_init ? (hf ? g->ck : "") : NULL, g->dev, g->dt, e))
+        return 2;
+    return config_validate(c, world, e) ? 2 : 0;
+}
 
-    if (!st && generate_config(&c, world, P.n, maxlen, ck, hf || random_init ? (hf ? ck : "") : NULL, dev, dt, &e)) st = 2;
-    if (!st && config_validate(&c, world, &e)) st = 2;
-    if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_exit_error("generate", &e);
-        dist_finalize();
-        return 2;
-    }
-    Trainer t;
-    log_set_stream(NULL);  // the trainer's setup notes (data, resume position) say nothing here
-    st = trainer_init(&t, &c, &e) ? 2 : 0;
-    log_set_stream(stderr);
-    if (dist_agree_error(st, &e)) {
-        if (rank == 0) cli_exit_error("generate", &e);
-        dist_finalize();
-        return 2;
-    }
-    const int B = P.n, Tmax = maxlen + (max_new > 0 ? max_new : 1);
-    if (rank == 0 && Tmax > c.model.max_seq)
-        log_info("generate: note: %d positions exceed model.max_seq=%d (RoPE extrapolates; quality may drop)\n", Tmax,
-                 c.model.max_seq);
-    Gen g;
-    gen_create(&g, &t.model, Tmax);
+// The continuations: out[b] (nout[b] tokens, EOS included) and the timings.
+typedef struct GenOut {
+    int32_t** out;
+    int* nout;
+    int steps, gen_tokens;
+    double prefill_s, decode_s;
+} GenOut;
+
+// Prefill every prompt (tok: B rows of maxlen), then decode up to max_new tokens each: rank 0
+// samples (one generator per sequence, seeded independently of the batch), every rank takes
+// rank 0's draw; a sequence stops at EOS.
+static void decode(Trainer* t, Gen* g, const GenArgs* a, const Prompts* P, int maxlen, int V, GenOut* o) {
+    const int B = P->n, max_new = a->max_new;
     int32_t* tok = xcalloc((size_t)B * maxlen, sizeof(int32_t));
     int *last = xmalloc(sizeof(int) * B), *adv = xmalloc(sizeof(int) * B), *done = xcalloc((size_t)B, sizeof(int));
-    int32_t** out = xcalloc((size_t)B, sizeof(int32_t*));
-    int* nout = xcalloc((size_t)B, sizeof(int));
     Rng* rng = xmalloc(sizeof(Rng) * B);
     float* scratch = xmalloc(sizeof(float) * V);
     double* pick = xmalloc(sizeof(double) * B);
-    const uint64_t seed = (uint64_t)seedd;
+    const uint64_t seed = (uint64_t)a->seed;
+    o->out = xcalloc((size_t)B, sizeof(int32_t*));
+    o->nout = xcalloc((size_t)B, sizeof(int));
+    o->steps = o->gen_tokens = 0;
     for (int b = 0; b < B; b++) {
-        memcpy(tok + (size_t)b * maxlen, P.ids[b], sizeof(int32_t) * P.len[b]);
-        last[b] = P.len[b] - 1;
-        out[b] = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
+        memcpy(tok + (size_t)b * maxlen, P->ids[b], sizeof(int32_t) * P->len[b]);
+        last[b] = P->len[b] - 1;
+        o->out[b] = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
         rng_seed(&rng[b], seed * 0x9E3779B97F4A7C15ull + (uint64_t)b);  // per sequence: independent of the batch
     }
-    t.be->sync(t.be);
+    t->be->sync(t->be);
     const double t0 = now_sec();
-    gen_forward(&g, tok, maxlen, P.len, last);
-    t.be->sync(t.be);
+    gen_forward(g, tok, maxlen, P->len, last);
+    t->be->sync(t->be);
     const double t1 = now_sec();
-    int steps = 0, gen_tokens = 0;
     for (int s = 0; s < max_new; s++) {
         for (int b = 0; b < B; b++) {
             pick[b] = 0;
-            if (!done[b] && rank == 0)
-                pick[b] = gen_sample(g.h_logits + (size_t)b * V, V, (float)temperature, top_k, (float)top_p, scratch, &rng[b]);
+            if (!done[b] && t->rank == 0)
+                pick[b] = gen_sample(g->h_logits + (size_t)b * V, V, (float)a->temperature, a->top_k, (float)a->top_p,
+                                     scratch, &rng[b]);
         }
-        if (world > 1) t.comm->host_all_reduce_f64(t.comm, GROUP_WORLD, pick, (size_t)B);  // rank 0's draw everywhere
+        if (t->world > 1) t->comm->host_all_reduce_f64(t->comm, GROUP_WORLD, pick, (size_t)B);  // rank 0's draw everywhere
         int live = 0;
         for (int b = 0; b < B; b++) {
             adv[b] = 0;
             tok[b] = 0;
             if (done[b]) continue;
             const int32_t x = (int32_t)pick[b];
-            out[b][nout[b]++] = x;
-            gen_tokens++;
-            if (x == eos) {
+            o->out[b][o->nout[b]++] = x;
+            o->gen_tokens++;
+            if (x == a->eos) {
                 done[b] = 1;
                 continue;
             }
@@ -362,25 +355,69 @@ int cmd_generate(int argc, char** argv) {
             live++;
         }
         if (!live || s + 1 == max_new) break;
-        gen_forward(&g, tok, 1, adv, NULL);
-        steps++;
+        gen_forward(g, tok, 1, adv, NULL);
+        o->steps++;
     }
-    t.be->sync(t.be);
-    const double t2 = now_sec();
+    t->be->sync(t->be);
+    o->prefill_s = t1 - t0;
+    o->decode_s = now_sec() - t1;
+    free(rng), free(scratch), free(pick), free(tok), free(last), free(adv), free(done);
+}
+
+static int fail(int rank, Err* e) {
+    if (rank == 0) cli_exit_error("generate", e);
+    dist_finalize();
+    return 2;
+}
+
+int cmd_generate(int argc, char** argv) {
+    if (wants_help(argc, argv)) {
+        printf("%s\n  continues each prompt (batched) with a KV cache; greedy at --temperature 0. Tokenizer:\n"
+               "  bytes for a vocabulary of 256, else a SentencePiece tokenizer.model (--tokenizer, the\n"
+               "  export's own, or the one the run recorded). Defaults: --max-new 64 --temperature 1 --top-k 0\n"
+               "  (off) --top-p 1 (off) --seed 0. Stops at EOS. Launch with mpirun to shard the experts.\n"
+               "  --ckpt none --config X: random weights of X's model (decode benchmarks).\n"
+               "  docs/generate.md\n",
+               USAGE);
+        return 0;
+    }
+    int world = 1;
+    const int rank = dist_init(&argc, &argv, &world);
+    Err e = {{0}};
+    GenArgs a;
+    Prompts P = {0};
+    Config c;
+    SpModel* sp = NULL;
+    int bytes = 0, maxlen = 0;
+    int st = parse_args(argc, argv, &a, &P, &e);
+    if (!st) st = setup(&a, &P, world, &c, &sp, &bytes, &maxlen, &e);
+    if (dist_agree_error(st, &e)) return fail(rank, &e);
+    Trainer t;
+    log_set_stream(NULL);  // the trainer's setup notes (data, resume position) say nothing here
+    st = trainer_init(&t, &c, &e) ? 2 : 0;
+    log_set_stream(stderr);
+    if (dist_agree_error(st, &e)) return fail(rank, &e);
+    const int B = P.n, Tmax = maxlen + (a.max_new > 0 ? a.max_new : 1);
+    if (rank == 0 && Tmax > c.model.max_seq)
+        log_info("generate: note: %d positions exceed model.max_seq=%d (RoPE extrapolates; quality may drop)\n", Tmax,
+                 c.model.max_seq);
+    Gen g;
+    gen_create(&g, &t.model, Tmax);
+    GenOut o;
+    decode(&t, &g, &a, &P, maxlen, c.model.vocab_size, &o);
     if (rank == 0) {
-        print_outputs(&P, out, nout, print_ids, bytes, sp, eos);
+        print_outputs(&P, o.out, o.nout, a.print_ids, bytes, sp, a.eos);
         fflush(stdout);
         int prompt_tok = 0;
         for (int b = 0; b < B; b++) prompt_tok += P.len[b];
         log_info("generate: %s (step %d): %d sequence(s), %d prompt tokens, %d new tokens on %s (world %d, ep %d, %s): prefill %.3f s, "
                  "%d decode steps in %.3f s (%.1f tokens/s)\n",
-                 ck, t.step, B, prompt_tok, gen_tokens, t.be->name, world, c.parallel.ep, dtype_name(t.be->act_dtype), t1 - t0,
-                 steps, t2 - t1, steps ? (double)steps * B / (t2 - t1) : 0.0);
+                 a.ck, t.step, B, prompt_tok, o.gen_tokens, t.be->name, world, c.parallel.ep, dtype_name(t.be->act_dtype),
+                 o.prefill_s, o.steps, o.decode_s, o.steps ? (double)o.steps * B / o.decode_s : 0.0);
     }
     gen_free(&g);
-    for (int b = 0; b < B; b++) free(out[b]), free(P.ids[b]), free(P.text[b]);
-    free(out), free(nout), free(rng), free(scratch), free(pick), free(tok), free(last), free(adv), free(done);
-    free(P.ids), free(P.text), free(P.len), free(cargv);
+    for (int b = 0; b < B; b++) free(o.out[b]), free(P.ids[b]), free(P.text[b]);
+    free(o.out), free(o.nout), free(P.ids), free(P.text), free(P.len), free(a.cargv);
     if (sp) sp_close(sp);
     trainer_free(&t);
     dist_finalize();

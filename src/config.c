@@ -262,10 +262,59 @@ static int utf8_ok(const unsigned char* s) {
     return 1;
 }
 
+// K_INT: a decimal integer within the key's range.
+static int set_int(const ConfigKey* k, int* p, const char* text, const char* where, Err* e) {
+    char* end = NULL;
+    char range[64];
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (!(text[0] == '-' || text[0] == '+' || (text[0] >= '0' && text[0] <= '9')) || *end || errno == EINVAL)
+        return err_set(e, "%s: %s: expected an integer, got '%s'", where, k->name, text);
+    range_text(k, range, sizeof range);
+    if (errno == ERANGE || (double)v < k->lo || (double)v > k->hi)
+        return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
+    *p = (int)v;
+    return 0;
+}
+
+// K_FLOAT: a finite decimal number within the key's range.
+static int set_float(const ConfigKey* k, float* p, const char* text, const char* where, Err* e) {
+    char* end = NULL;
+    char range[64];
+    errno = 0;
+    double v = strtod(text, &end);
+    int lead = text[0] == '-' || text[0] == '+' || text[0] == '.' || (text[0] >= '0' && text[0] <= '9');
+    if (!lead || *end || v != v || v - v != 0)  // rejects nan, inf and hex-less junk
+        return err_set(e, "%s: %s: expected a number, got '%s'", where, k->name, text);
+    range_text(k, range, sizeof range);
+    if (v < k->lo || v > k->hi)
+        return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
+    *p = (float)v;
+    return 0;
+}
+
+// K_ENUM: one of the key's names; a near miss ("bf61") gets a suggestion in the error.
+static int set_enum(const ConfigKey* k, int* p, const char* text, const char* where, Err* e) {
+    int idx = enum_index(k->enums, text);
+    if (idx >= 0) {
+        *p = idx;
+        return 0;
+    }
+    char choices[128], hint[96] = "";
+    enum_list(k->enums, choices, sizeof choices);
+    for (int i = 0, bd = 3; i < 16; i++) {
+        char nm[32];
+        enum_name(k->enums, i, nm, sizeof nm);
+        if (!strcmp(nm, "?")) break;
+        int d = edit_distance(text, nm);
+        if (d < bd && d < (int)strlen(nm)) bd = d, snprintf(hint, sizeof hint, "; did you mean %s?", nm);
+    }
+    return err_set(e, "%s: %s: '%s' is not one of %s%s", where, k->name, text, choices, hint);
+}
+
 int config_set_value(Config* c, const ConfigKey* k, const char* text, int is_null, const char* where, Err* e) {
     char* p = (char*)c + k->off;
     char* end = NULL;
-    char range[64];
     static const char* expect[] = {"an integer", "a non-negative integer", "a number", "true or false", "a string",
                                    "one of"};
     if (is_null && k->type != K_STR) {
@@ -277,17 +326,8 @@ int config_set_value(Config* c, const ConfigKey* k, const char* text, int is_nul
         return err_set(e, "%s: %s: missing value (expected %s)", where, k->name, expect[k->type]);
     }
     switch (k->type) {
-        case K_INT: {
-            errno = 0;
-            long long v = strtoll(text, &end, 10);
-            if (!(text[0] == '-' || text[0] == '+' || (text[0] >= '0' && text[0] <= '9')) || *end || errno == EINVAL)
-                return err_set(e, "%s: %s: expected an integer, got '%s'", where, k->name, text);
-            range_text(k, range, sizeof range);
-            if (errno == ERANGE || (double)v < k->lo || (double)v > k->hi)
-                return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
-            *(int*)p = (int)v;
-            return 0;
-        }
+        case K_INT:
+            return set_int(k, (int*)p, text, where, e);
         case K_U64: {
             errno = 0;
             unsigned long long v = strtoull(text, &end, 10);
@@ -296,18 +336,8 @@ int config_set_value(Config* c, const ConfigKey* k, const char* text, int is_nul
             *(uint64_t*)p = (uint64_t)v;
             return 0;
         }
-        case K_FLOAT: {
-            errno = 0;
-            double v = strtod(text, &end);
-            int lead = text[0] == '-' || text[0] == '+' || text[0] == '.' || (text[0] >= '0' && text[0] <= '9');
-            if (!lead || *end || v != v || v - v != 0)  // rejects nan, inf and hex-less junk
-                return err_set(e, "%s: %s: expected a number, got '%s'", where, k->name, text);
-            range_text(k, range, sizeof range);
-            if (v < k->lo || v > k->hi)
-                return err_set(e, "%s: %s: %s is out of range (expected %s)", where, k->name, text, range);
-            *(float*)p = (float)v;
-            return 0;
-        }
+        case K_FLOAT:
+            return set_float(k, (float*)p, text, where, e);
         case K_BOOL: {
             if (!strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcasecmp(text, "on") || !strcmp(text, "1"))
                 *(int*)p = 1;
@@ -326,23 +356,8 @@ int config_set_value(Config* c, const ConfigKey* k, const char* text, int is_nul
             memcpy(p, text, strlen(text));
             return 0;
         }
-        case K_ENUM: {
-            int idx = enum_index(k->enums, text);
-            if (idx >= 0) {
-                *(int*)p = idx;
-                return 0;
-            }
-            char choices[128], hint[96] = "";
-            enum_list(k->enums, choices, sizeof choices);
-            for (int i = 0, bd = 3; i < 16; i++) {  // a near miss ("bf61") gets a suggestion
-                char nm[32];
-                enum_name(k->enums, i, nm, sizeof nm);
-                if (!strcmp(nm, "?")) break;
-                int d = edit_distance(text, nm);
-                if (d < bd && d < (int)strlen(nm)) bd = d, snprintf(hint, sizeof hint, "; did you mean %s?", nm);
-            }
-            return err_set(e, "%s: %s: '%s' is not one of %s%s", where, k->name, text, choices, hint);
-        }
+        case K_ENUM:
+            return set_enum(k, (int*)p, text, where, e);
     }
     return err_set(e, "%s: %s: internal error (key type)", where, k->name);
 }

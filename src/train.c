@@ -377,28 +377,39 @@ static StepStats update(Trainer* t, int s, double loss) {
     return optim_step(&t->opt, &t->model, s, (int)t->updates + 1);
 }
 
-int trainer_run(Trainer* t) {
+// The run's state across steps: the micro-batch arguments, the loss's scale and the watchdog's
+// allowances (a step's grows with the slowest step seen, a save's with the checkpoint's size).
+typedef struct RunState {
+    MicroArgs a;
+    int count_scored;  // data.mask_boundary_loss: the scored targets are counted over the world first
+    double gtok;       // the world's tokens per step
+    double base_to, step_to, save_to, slowest;
+    int evb;           // validation batches, for the validation's allowance
+    long fail_rank;    // tests: this rank fails at its second step
+} RunState;
+
+enum { RUN_ON = -1 };  // a step's helpers: go on with the next step (else an exit code)
+
+// Before the first step: the micro-batch arguments, metrics, the signal handling, the watchdog
+// and the run's opening line.
+static void run_start(Trainer* t, RunState* r) {
     const TrainConfig* tc = &t->cfg.train;
     const ModelConfig* mc = &t->cfg.model;
     const int B = t->model.B, T = tc->seq_len;
-    const double gtok = (double)tc->global_batch * T;
-    MicroArgs a = {.tokens = t->h_tok, .targets = t->h_tgt, .backward = 1};
-    micro_docs(t, &a);
+    r->gtok = (double)tc->global_batch * T;
+    r->a = (MicroArgs){.tokens = t->h_tok, .targets = t->h_tgt, .backward = 1};
+    micro_docs(t, &r->a);
     // the loss is the mean CE over the step's scored targets (all of them unless
     // data.mask_boundary_loss drops some: then they are counted over the world before the step)
-    const int count_scored = t->doc_sep >= 0 && t->cfg.data.mask_boundary_loss;
-    a.ce_scale = (float)(1.0 / gtok);
-    a.aux_scale = mc->aux_coef / (float)t->n_micro;
-    a.z_scale = mc->z_coef / (float)t->n_micro;
+    r->count_scored = t->doc_sep >= 0 && t->cfg.data.mask_boundary_loss;
+    r->a.ce_scale = (float)(1.0 / r->gtok);
+    r->a.aux_scale = mc->aux_coef / (float)t->n_micro;
+    r->a.z_scale = mc->z_coef / (float)t->n_micro;
     const double flops_tok = params_train_flops_per_token(mc, T);
     if (t->rank == 0) {
-        metrics_init(&t->met, t->be, stdout, tc->steps, t->world, gtok, flops_tok, t->cfg.log.peak_tflops, t->t_start);
+        metrics_init(&t->met, t->be, stdout, tc->steps, t->world, r->gtok, flops_tok, t->cfg.log.peak_tflops, t->t_start);
         t->met.run_id = t->run_id;  // first in every metrics.jsonl line
     }
-    const char* stop = "steps";
-    int rc = EXIT_OK;
-    Err e = {{0}};
-
     const int bf16_egrad = t->model.grad_act[ARENA_EXPERT] && t->be->act_dtype == DTYPE_BF16;
     const char* notes = t->opt.split ? (bf16_egrad ? " (split fp32 masters, bf16 expert gradients)" : " (split fp32 masters)")
                                      : (bf16_egrad ? " (bf16 expert gradients)" : "");
@@ -409,142 +420,184 @@ int trainer_run(Trainer* t) {
     // The first step's allowance: 10 x the plan's time at a modest rate (CPU 5 GFLOP/s per rank,
     // GPU 100 TFLOP/s), at least train.timeout_s.
     const double first_est = flops_tok * (double)B * T * t->n_micro / (strcmp(t->be->name, "cuda") ? 5e9 : 1e14);
-    const double base_to = tc->timeout_s;
-    double step_to = base_to > 0 && 10 * first_est > base_to ? 10 * first_est : base_to, slowest = 0;
-    const double save_to = base_to > 0 && t->write_rate > 0 && 4 * t->ckpt_rank_bytes / t->write_rate > base_to
-                               ? 4 * t->ckpt_rank_bytes / t->write_rate : base_to;
-    const int evb = tc->eval_batches > 0 ? tc->eval_batches : 64;
-    watchdog_start(t->rank, t->world, t->cfg.checkpoint.dir[0] ? t->cfg.checkpoint.dir : t->cfg.log.dir, token, base_to);
-    watchdog_timeout(step_to);
+    r->base_to = tc->timeout_s;
+    r->step_to = r->base_to > 0 && 10 * first_est > r->base_to ? 10 * first_est : r->base_to;
+    r->slowest = 0;
+    r->save_to = r->base_to > 0 && t->write_rate > 0 && 4 * t->ckpt_rank_bytes / t->write_rate > r->base_to
+                     ? 4 * t->ckpt_rank_bytes / t->write_rate : r->base_to;
+    r->evb = tc->eval_batches > 0 ? tc->eval_batches : 64;
+    watchdog_start(t->rank, t->world, t->cfg.checkpoint.dir[0] ? t->cfg.checkpoint.dir : t->cfg.log.dir, token, r->base_to);
+    watchdog_timeout(r->step_to);
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
     if (t->cfg.checkpoint.keep_best && !t->cfg.checkpoint.dir[0])
         log_info("checkpoint: checkpoint.keep_best without checkpoint.dir: no checkpoint is saved\n");
-    const long fail_rank = failpoint_int("train.fail_rank", -1);  // tests: this rank fails at its second step
+    r->fail_rank = failpoint_int("train.fail_rank", -1);
     if (t->step >= tc->steps)
         log_info("train: the run is at step %d and train.steps is %d: nothing to train (raise train.steps to continue)\n",
                  t->step, tc->steps);
-    for (; t->step < tc->steps; t->step++) {
-        const int s = t->step;
-        if (s == 1 && t->rank == fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", fail_rank);
-        double t0 = now_sec();
-        double ce, aux, z;
-        watchdog_timeout(step_to);
-        forward_backward(t, &a, s, count_scored, gtok, &ce, &aux, &z);
-        const double loss = ce + mc->aux_coef * aux + mc->z_coef * z;
-        const StepStats st = update(t, s, loss);
-        t->be->sync(t->be);
-        double dt = now_sec() - t0;
-        t->tokens += (int64_t)gtok;
-        t->last_loss = loss;
-        if (st.skipped) {
-            t->skipped++;
-            t->bad_in_row++;
-        } else {
-            t->updates++;
-            t->bad_in_row = 0;
-        }
-        if (s >= 1 && dt > slowest) {  // the watchdog allows 10 x the slowest step after the first
-            slowest = dt;
-            if (base_to > 0) step_to = 10 * slowest > base_to ? 10 * slowest : base_to;
-        }
-        EvalResult ev, *evp = NULL;
-        const int has_val = data_num_windows(t->data, 1) > 0;  // data.val_frac = 0: no validation
-        if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
-            watchdog_timeout(step_to * (1 + (double)evb / t->n_micro));
-            watchdog_stage(s + 1, "validation");
-            ev = trainer_eval(t, tc->eval_batches);
-            evp = &ev;
-        }
-        log_step(t, s, loss, ce, aux, &st, dt, evp,
-                 (s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st.skipped || s + 1 == tc->steps);
-        if (tc->sample_every > 0 && (s + 1) % tc->sample_every == 0) {  // src/train_sample.c
-            watchdog_timeout(step_to * (1 + (double)tc->sample_len));
-            watchdog_stage(s + 1, "sample (train.sample_every)");
-            trainer_sample(t, s + 1);
-        }
-        int early = 0;  // train.early_stop: this validation was the patience's last without a new best
-        if (evp) {  // checkpoint.keep_best may save here
-            watchdog_timeout(save_to);
-            watchdog_stage(s + 1, "checkpoint save (best)");
-        }
-        if (evp && trainer_after_eval(t, s + 1, ev.loss, &early, &e)) {
-            if (t->rank == 0) fprintf(stderr, "moetrain: error: saving the best checkpoint failed: %s\n", e.msg);
+}
+
+// Step s's training: forward, backward and update, the counters, and the watchdog's allowance
+// (10 x the slowest step after the first). *loss, *ce, *aux the step's losses, *dt its seconds.
+static StepStats run_step(Trainer* t, RunState* r, int s, double* loss, double* ce, double* aux, double* dt) {
+    const ModelConfig* mc = &t->cfg.model;
+    const double t0 = now_sec();
+    double z;
+    watchdog_timeout(r->step_to);
+    forward_backward(t, &r->a, s, r->count_scored, r->gtok, ce, aux, &z);
+    *loss = *ce + mc->aux_coef * *aux + mc->z_coef * z;
+    const StepStats st = update(t, s, *loss);
+    t->be->sync(t->be);
+    *dt = now_sec() - t0;
+    t->tokens += (int64_t)r->gtok;
+    t->last_loss = *loss;
+    if (st.skipped) {
+        t->skipped++;
+        t->bad_in_row++;
+    } else {
+        t->updates++;
+        t->bad_in_row = 0;
+    }
+    if (s >= 1 && *dt > r->slowest) {
+        r->slowest = *dt;
+        if (r->base_to > 0) r->step_to = 10 * r->slowest > r->base_to ? 10 * r->slowest : r->base_to;
+    }
+    return st;
+}
+
+// After step s's update: validation (train.eval_every, the last step), the step's record, a
+// sample (train.sample_every), checkpoint.keep_best's save and the commit of an async save.
+// *early: train.early_stop's patience ran out at this validation. Returns RUN_ON or an exit code.
+static int run_observe(Trainer* t, RunState* r, int s, double loss, double ce, double aux, const StepStats* st,
+                       double dt, int* early, Err* e) {
+    const TrainConfig* tc = &t->cfg.train;
+    EvalResult ev, *evp = NULL;
+    const int has_val = data_num_windows(t->data, 1) > 0;  // data.val_frac = 0: no validation
+    if (has_val && ((tc->eval_every > 0 && (s + 1) % tc->eval_every == 0) || s + 1 == tc->steps)) {
+        watchdog_timeout(r->step_to * (1 + (double)r->evb / t->n_micro));
+        watchdog_stage(s + 1, "validation");
+        ev = trainer_eval(t, tc->eval_batches);
+        evp = &ev;
+    }
+    log_step(t, s, loss, ce, aux, st, dt, evp,
+             (s + 1) % (t->cfg.log.every > 0 ? t->cfg.log.every : 1) == 0 || evp || st->skipped || s + 1 == tc->steps);
+    if (tc->sample_every > 0 && (s + 1) % tc->sample_every == 0) {  // src/train_sample.c
+        watchdog_timeout(r->step_to * (1 + (double)tc->sample_len));
+        watchdog_stage(s + 1, "sample (train.sample_every)");
+        trainer_sample(t, s + 1);
+    }
+    *early = 0;
+    if (evp) {  // checkpoint.keep_best may save here
+        watchdog_timeout(r->save_to);
+        watchdog_stage(s + 1, "checkpoint save (best)");
+    }
+    if (evp && trainer_after_eval(t, s + 1, ev.loss, early, e)) {
+        if (t->rank == 0) fprintf(stderr, "moetrain: error: saving the best checkpoint failed: %s\n", e->msg);
+        return EXIT_USAGE;
+    }
+    // checkpoint.async: commit the save in flight once every rank has written its files
+    watchdog_timeout(r->save_to);
+    watchdog_stage(s + 1, "checkpoint commit (async save)");
+    if (trainer_save_poll(t, e)) {
+        if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e->msg);
+        return EXIT_USAGE;
+    }
+    return RUN_ON;
+}
+
+// After step s: stop on too many non-finite steps in a row, then every rank agrees on a
+// preemption signal (*sig) and on a failed metrics write on rank 0, which stops every rank (no
+// step goes unrecorded). Returns RUN_ON or an exit code.
+static int run_agree(Trainer* t, RunState* r, int s, int32_t* sig, Err* e) {
+    if (t->bad_in_row >= t->cfg.train.max_bad_steps) {
+        trainer_save_wait(t, e);  // a save in flight is complete work: commit it
+        if (t->rank == 0)
+            fprintf(stderr, "moetrain: error: %d non-finite steps in a row (last at step %d); stopping. "
+                            "The last checkpoint, if any, is intact; lower optim.lr or raise optim.warmup, then resume.\n",
+                    t->bad_in_row, s + 1);
+        t->step++;
+        if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "diverged");
+        return EXIT_DIVERGED;
+    }
+    int32_t flags[2] = {stop_signal(), t->log_failed};
+    if (t->stop_at > 0 && s + 1 == t->stop_at) flags[0] = SIGTERM;  // tests
+    watchdog_timeout(r->step_to);
+    watchdog_stage(s + 1, "stop agreement (signal, log)");
+    t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, flags, 2);
+    *sig = flags[0];
+    if (flags[1]) {
+        trainer_save_wait(t, e);  // a save in flight is complete work: commit it
+        if (t->rank == 0)
+            fprintf(stderr, "moetrain: error: log.dir: %s; stopping at step %d so that no metrics are lost "
+                            "(nothing saved after the last checkpoint). Free space there or give another log.dir, "
+                            "then resume with checkpoint.resume=auto (metrics.jsonl continues from the checkpoint)\n",
+                    t->log_err.msg, s + 1);
+        t->step++;
+        return EXIT_USAGE;
+    }
+    return RUN_ON;
+}
+
+// Step s's checkpoint (checkpoint.every, the last step, a signal, an early stop; written in full
+// before the run exits), then the stop on a signal or train.early_stop. Returns RUN_ON or an exit code.
+static int run_save_or_stop(Trainer* t, RunState* r, int s, int32_t sig, int early, Err* e) {
+    const TrainConfig* tc = &t->cfg.train;
+    const int last = s + 1 == tc->steps;
+    const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
+    if (t->cfg.checkpoint.dir[0] && (every || last || sig || early)) {
+        t->step++;
+        watchdog_timeout(r->save_to);
+        watchdog_stage(s + 1, "checkpoint save");
+        int rc = trainer_save(t, e);
+        if (!rc && (last || sig || early)) rc = trainer_save_wait(t, e);  // checkpoint.async: written before exit
+        t->step--;
+        if (rc) {
+            if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e->msg);
             return EXIT_USAGE;
-        }
-        // checkpoint.async: commit the save in flight once every rank has written its files
-        watchdog_timeout(save_to);
-        watchdog_stage(s + 1, "checkpoint commit (async save)");
-        if (trainer_save_poll(t, &e)) {
-            if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
-            return EXIT_USAGE;
-        }
-        if (t->bad_in_row >= tc->max_bad_steps) {
-            trainer_save_wait(t, &e);  // a save in flight is complete work: commit it
-            if (t->rank == 0)
-                fprintf(stderr, "moetrain: error: %d non-finite steps in a row (last at step %d); stopping. "
-                                "The last checkpoint, if any, is intact; lower optim.lr or raise optim.warmup, then resume.\n",
-                        t->bad_in_row, s + 1);
-            t->step++;
-            if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "diverged");
-            return EXIT_DIVERGED;
-        }
-        // preemption: every rank agrees on the signal, saves, and stops
-        // (and a failed metrics write on rank 0 stops every rank: no step goes unrecorded)
-        int32_t flags[2] = {stop_signal(), t->log_failed};
-        if (t->stop_at > 0 && s + 1 == t->stop_at) flags[0] = SIGTERM;  // tests
-        watchdog_timeout(step_to);
-        watchdog_stage(s + 1, "stop agreement (signal, log)");
-        t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, flags, 2);
-        const int32_t sig = flags[0];
-        if (flags[1]) {
-            trainer_save_wait(t, &e);  // a save in flight is complete work: commit it
-            if (t->rank == 0)
-                fprintf(stderr, "moetrain: error: log.dir: %s; stopping at step %d so that no metrics are lost "
-                                "(nothing saved after the last checkpoint). Free space there or give another log.dir, "
-                                "then resume with checkpoint.resume=auto (metrics.jsonl continues from the checkpoint)\n",
-                        t->log_err.msg, s + 1);
-            t->step++;
-            return EXIT_USAGE;
-        }
-        const int last = s + 1 == tc->steps;
-        const int every = t->cfg.checkpoint.every > 0 && (s + 1) % t->cfg.checkpoint.every == 0;
-        if (t->cfg.checkpoint.dir[0] && (every || last || sig || early)) {
-            t->step++;
-            watchdog_timeout(save_to);
-            watchdog_stage(s + 1, "checkpoint save");
-            int r = trainer_save(t, &e);
-            if (!r && (last || sig || early)) r = trainer_save_wait(t, &e);  // checkpoint.async: written before exit
-            t->step--;
-            if (r) {
-                if (t->rank == 0) fprintf(stderr, "moetrain: error: checkpoint save failed: %s\n", e.msg);
-                return EXIT_USAGE;
-            }
-        }
-        if (sig && !last) {
-            if (t->cfg.checkpoint.dir[0])
-                log_info("train: signal %d: checkpoint written at step %d; exiting with code %d (resume with checkpoint.resume=auto)\n",
-                         sig, s + 1, EXIT_PREEMPTED);
-            else
-                log_info("train: signal %d at step %d: no checkpoint.dir, nothing saved; exiting with code %d\n", sig, s + 1,
-                         EXIT_PREEMPTED);
-            t->step++;
-            if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "signal");
-            return EXIT_PREEMPTED;
-        }
-        if (early && !last) {
-            if (t->rank == 0)
-                log_info("train: early stop after step %d: the validation loss has not improved on %.6f (step %d) in %d "
-                         "validation(s) (train.early_stop=%d)%s%s%s\n",
-                         s + 1, t->best_val, t->best_step, t->evals_since_best, tc->early_stop,
-                         t->cfg.checkpoint.keep_best ? "; best checkpoint: " : "",
-                         t->cfg.checkpoint.keep_best ? t->cfg.checkpoint.dir : "", t->cfg.checkpoint.keep_best ? "/best" : "");
-            t->step++;
-            stop = "early_stop";
-            break;
         }
     }
-    if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, stop);
-    return rc;
+    if (sig && !last) {
+        if (t->cfg.checkpoint.dir[0])
+            log_info("train: signal %d: checkpoint written at step %d; exiting with code %d (resume with checkpoint.resume=auto)\n",
+                     sig, s + 1, EXIT_PREEMPTED);
+        else
+            log_info("train: signal %d at step %d: no checkpoint.dir, nothing saved; exiting with code %d\n", sig, s + 1,
+                     EXIT_PREEMPTED);
+        t->step++;
+        if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "signal");
+        return EXIT_PREEMPTED;
+    }
+    if (early && !last) {
+        if (t->rank == 0)
+            log_info("train: early stop after step %d: the validation loss has not improved on %.6f (step %d) in %d "
+                     "validation(s) (train.early_stop=%d)%s%s%s\n",
+                     s + 1, t->best_val, t->best_step, t->evals_since_best, tc->early_stop,
+                     t->cfg.checkpoint.keep_best ? "; best checkpoint: " : "",
+                     t->cfg.checkpoint.keep_best ? t->cfg.checkpoint.dir : "", t->cfg.checkpoint.keep_best ? "/best" : "");
+        t->step++;
+        if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "early_stop");
+        return EXIT_OK;
+    }
+    return RUN_ON;
+}
+
+int trainer_run(Trainer* t) {
+    RunState r;
+    Err e = {{0}};
+    run_start(t, &r);
+    for (; t->step < t->cfg.train.steps; t->step++) {
+        const int s = t->step;
+        if (s == 1 && t->rank == r.fail_rank) FATAL("injected failure (failpoint train.fail_rank=%ld)", r.fail_rank);
+        double loss, ce, aux, dt;
+        const StepStats st = run_step(t, &r, s, &loss, &ce, &aux, &dt);
+        int early, rc = run_observe(t, &r, s, loss, ce, aux, &st, dt, &early, &e);
+        int32_t sig = 0;
+        if (rc == RUN_ON) rc = run_agree(t, &r, s, &sig, &e);
+        if (rc == RUN_ON) rc = run_save_or_stop(t, &r, s, sig, early, &e);
+        if (rc != RUN_ON) return rc;
+    }
+    if (t->rank == 0) metrics_summary(&t->met, t->cfg.source, "steps");
+    return EXIT_OK;
 }
