@@ -130,6 +130,31 @@ static const RouterCase ROUTER_CASES[] = {
     {64, 200, 8, CASE_GPU, "many experts, k = 8"},
 };
 
+typedef struct MoeIndexCase {
+    int N, k, E;  // tokens, top-k, experts
+    int skip;     // an expert no token picks (an empty group), -1: none
+    int where;
+    const char* why;
+} MoeIndexCase;
+static const MoeIndexCase MOE_INDEX_CASES[] = {
+    {37, 3, 7, 6, CASE_CPU, "odd sizes, the last expert empty"},
+    {1000, 2, 8, 5, CASE_GPU, "Mixtral's 8 experts, an empty one inside"},
+    {3000, 2, 8, -1, CASE_GPU, "several tiles of the histogram"},
+    {77, 1, 3, 0, CASE_GPU, "top-1, the first expert empty"},
+    {700, 4, 64, 63, CASE_GPU, "many experts, the last empty"},
+};
+
+typedef struct PermuteCase {
+    int N, k, E, H;  // tokens, top-k, experts, row width
+    int where;
+    const char* why;
+} PermuteCase;
+static const PermuteCase PERMUTE_CASES[] = {
+    {37, 3, 7, 9, CASE_CPU, "odd sizes: copies exact, the adjoint pairs"},
+    {57, 2, 4, 72, CASE_GPU, "H = 72: 16-byte row copies"},
+    {31, 3, 5, 37, CASE_GPU, "H = 37: scalar row copies"},
+};
+
 typedef struct SwigluCase {
     int n, F;  // rows, width (gu is [n, 2F])
     int where;
@@ -169,4 +194,26 @@ static const AdamwCase ADAMW_CASES[] = {
     {257, CASE_CPU, "odd: the parallel loop's last chunk short"},
     {1003, CASE_GPU, "a tail after the 4-wide vectors"},
     {4096, CASE_GPU, "vectors only"},
+};
+// adamw_split (the split fp32 masters) against adamw, bit for bit
+static const AdamwCase ADAMW_SPLIT_CASES[] = {
+    {1003, CASE_CPU | CASE_GPU, "a tail after the 8-wide vectors"},
+    {4101, CASE_GPU, "a tail after many vectors"},
+};
+
+// ---- decode: rope_qkv_at, kv_append, attn_decode (src/cpu/cpu_attn.c, cuda/cuda_decode.cu) -----
+
+// (The CPU checks, tests/test_generate.c, feed one sequence layout in pieces and compare with
+// attn_fwd: the same bits by the spec's summation order.)
+typedef struct DecodeCase {
+    int B, n, Hq, Hkv, D, Tmax;  // sequences, new rows each, heads, head dim, cache length
+    int pos[3];                  // [B] the first new row's position per sequence
+    int where;
+    const char* why;
+} DecodeCase;
+static const DecodeCase DECODE_CASES[] = {
+    {1, 1, 32, 8, 128, 4096, {4000}, CASE_GPU, "batch 1, one new row, a long cache"},
+    {3, 5, 6, 2, 64, 300, {0, 17, 250}, CASE_GPU, "prefill-like blocks at different positions"},
+    {2, 1, 4, 4, 16, 40, {39, 0}, CASE_GPU, "MHA, the last cache position, a first token"},
+    {2, 3, 4, 1, 80, 100, {10, 97}, CASE_GPU, "D not a multiple of 32"},
 };

@@ -175,44 +175,52 @@ static void test_router_bwd(void) {
 
 // ---- expert-major index and permutations ------------------------------------------------------
 
-enum { PN = 37, PK = 3, PE = 7, PH = 9 };
-
-// k distinct experts per token from [0, E-1): expert E-1 is never chosen (an empty group)
-static void random_topk(int32_t* topk) {
-    for (int n = 0; n < PN; n++)
-        for (int s = 0; s < PK; s++) {
+// k distinct experts per token, never `skip` (an empty group; -1: none)
+static int32_t* random_topk(int N, int k, int E, int skip) {
+    int32_t* topk = xmalloc(sizeof(int32_t) * (size_t)N * k);
+    for (int n = 0; n < N; n++)
+        for (int s = 0; s < k; s++) {
             int e, dupl;
             do {
-                e = (int)(rng_u64(&rng) % (PE - 1));
+                e = (int)(rng_u64(&rng) % (uint64_t)(skip >= 0 ? E - 1 : E));
+                if (skip >= 0 && e >= skip) e++;
                 dupl = 0;
-                for (int j = 0; j < s; j++) dupl |= topk[n * PK + j] == e;
+                for (int j = 0; j < s; j++) dupl |= topk[n * k + j] == e;
             } while (dupl);
-            topk[n * PK + s] = e;
+            topk[n * k + s] = e;
         }
+    return topk;
 }
 
-static void test_moe_index(void) {
-    int32_t topk[PN * PK], dest[PN * PK], counts[PE];
-    random_topk(topk);
-    for (int e = 0; e < PE; e++) counts[e] = -5;  // overwritten
-    be->moe_index(be, counts, dest, topk, PN, PK, PE);
-    int hist[PE] = {0}, seen[PN * PK] = {0}, total = 0;
-    for (int i = 0; i < PN * PK; i++) hist[topk[i]]++;
+static void moe_index_case(const MoeIndexCase* c) {
+    const int N = c->N, k = c->k, E = c->E, R = N * k;
+    int32_t* topk = random_topk(N, k, E, c->skip);
+    int32_t *dest = xmalloc(sizeof(int32_t) * R), *counts = xmalloc(sizeof(int32_t) * E);
+    for (int e = 0; e < E; e++) counts[e] = -5;  // overwritten
+    be->moe_index(be, counts, dest, topk, N, k, E);
+    int *hist = xcalloc((size_t)E, sizeof(int)), *seen = xcalloc((size_t)R, sizeof(int)), total = 0;
+    for (int i = 0; i < R; i++) hist[topk[i]]++;
     int match = 1;
-    for (int e = 0; e < PE; e++) match &= counts[e] == hist[e], total += counts[e];
-    EXPECT(match && total == PN * PK && counts[PE - 1] == 0, "counts are the histogram, summing to N·k");
+    for (int e = 0; e < E; e++) match &= counts[e] == hist[e], total += counts[e];
+    EXPECT(match && total == R && (c->skip < 0 || counts[c->skip] == 0), "counts are the histogram, summing to N·k");
     int perm = 1;
-    for (int i = 0; i < PN * PK; i++) perm &= dest[i] >= 0 && dest[i] < PN * PK && !seen[dest[i]]++;
+    for (int i = 0; i < R; i++) perm &= dest[i] >= 0 && dest[i] < R && !seen[dest[i]]++;
     EXPECT(perm, "dest is a permutation of [0, N·k)");
-    int major = 1, stable = 1, off[PE + 1] = {0};
-    for (int e = 0; e < PE; e++) off[e + 1] = off[e] + hist[e];
-    for (int i = 0; i < PN * PK; i++) {
+    int major = 1, stable = 1, *off = xcalloc((size_t)E + 1, sizeof(int));
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + hist[e];
+    for (int i = 0; i < R; i++) {
         major &= dest[i] >= off[topk[i]] && dest[i] < off[topk[i] + 1];
         for (int j = 0; j < i; j++)
             if (topk[j] == topk[i]) stable &= dest[j] < dest[i];
     }
     EXPECT(major, "rows of expert e lie in [off_e, off_e + counts_e): experts ascending");
     EXPECT(stable, "within an expert, rows follow token n then slot");
+    free(topk), free(dest), free(counts), free(hist), free(seen), free(off);
+}
+
+static void test_moe_index(void) {
+    for (int i = 0; i < N_CASES(MOE_INDEX_CASES); i++)
+        if (MOE_INDEX_CASES[i].where & CASE_CPU) moe_index_case(&MOE_INDEX_CASES[i]);
 }
 
 // |<Px, y> − <x, Pᵀy>| relative to the Cauchy–Schwarz bound ‖Px‖·‖y‖
@@ -220,11 +228,12 @@ static double adj_err(double a, double b, const float* px, size_t npx, const flo
     return fabs(a - b) / sqrt(dotd(px, px, npx) * dotd(y, y, ny));
 }
 
-static void test_permute(void) {
-    int32_t topk[PN * PK], dest[PN * PK], counts[PE];
-    random_topk(topk);
+static void permute_case(const PermuteCase* c) {
+    const int PN = c->N, PK = c->k, PE = c->E, PH = c->H;
+    int32_t* topk = random_topk(PN, PK, PE, PE - 1);
+    int32_t *dest = xmalloc(sizeof(int32_t) * PN * PK), *counts = xmalloc(sizeof(int32_t) * PE);
     be->moe_index(be, counts, dest, topk, PN, PK, PE);
-    const size_t R = PN * PK;
+    const size_t R = (size_t)PN * PK;
     float *x = rnd(PN * PH, 1), *y = rnd(R * PH, 1), *xp = fill(R * PH, NAN), *pty = fill(PN * PH, NAN);
     be->permute_fwd(be, xp, x, dest, PN, PK, PH);
     int exact = 1;
@@ -257,6 +266,12 @@ static void test_permute(void) {
     for (size_t i = 0; i < R; i++) g_ok &= wp[dest[i]] == w[i];
     EXPECT(g_ok && memcmp(wb, w, sizeof(float) * R) == 0, "gather_rows_f32 then scatter_rows_f32 is the identity");
     free(x), free(y), free(xp), free(pty), free(u), free(ut), free(acc), free(w), free(wp), free(wb);
+    free(topk), free(dest), free(counts);
+}
+
+static void test_permute(void) {
+    for (int i = 0; i < N_CASES(PERMUTE_CASES); i++)
+        if (PERMUTE_CASES[i].where & CASE_CPU) permute_case(&PERMUTE_CASES[i]);
 }
 
 // ---- SwiGLU -----------------------------------------------------------------------------------

@@ -8,23 +8,13 @@
 #include <string.h>
 
 #include "gpu_check.h"
-
-typedef struct {
-    int B, n, Hq, Hkv, D, Tmax;
-    int pos[3];
-} DecCase;
-
-static const DecCase CASES[] = {
-    {1, 1, 32, 8, 128, 4096, {4000}},     // batch 1, one new row, a long cache
-    {3, 5, 6, 2, 64, 300, {0, 17, 250}},  // prefill-like blocks at different positions
-    {2, 1, 4, 4, 16, 40, {39, 0}},        // MHA, the last cache position, a first token
-    {2, 3, 4, 1, 80, 100, {10, 97}},      // D not a multiple of 32
-};
+#include "op_cases.h"  // DECODE_CASES: the GPU rows run here
 
 static void test_decode_ops(void) {
-    FOR_MODES for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(DECODE_CASES); c++) {
         Backend* be = m->gpu;
-        const DecCase* k = &CASES[c];
+        const DecodeCase* k = &DECODE_CASES[c];
+        if (!(k->where & CASE_GPU)) continue;
         const int B = k->B, n = k->n, Hq = k->Hq, Hkv = k->Hkv, D = k->D, Tmax = k->Tmax;
         const size_t rows = (size_t)B * n, nqkv = rows * (Hq + 2 * Hkv) * D, nq = rows * Hq * D,
                      nk = rows * Hkv * D, ncache = (size_t)B * Hkv * Tmax * D;

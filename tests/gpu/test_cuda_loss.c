@@ -7,17 +7,18 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // CE_CASES: the GPU rows run here
 
 // ---- cross-entropy ---------------------------------------------------------------------------
 
 static void test_cross_entropy(void) {
-    // n, V: in bf16, 32000 (Mixtral) takes the packed kernel (8 chunks per thread, two exponentials
-    // each; 301 rows: more rows than SMs, ignored rows inside), 64 (a DNA-sized vocabulary) the
-    // register-resident one with 1 chunk, 997 the scalar one
-    const int shapes[][2] = {{20, 32000}, {301, 32000}, {7, 997}, {6, 64}};
-    FOR_MODES for (int c = 0; c < 4; c++) {
+    // the GPU rows of CE_CASES: in bf16, V = 32000 (Mixtral) takes the packed kernel (8 chunks
+    // per thread, two exponentials each; 301 rows: more rows than SMs, ignored rows inside), 64 (a
+    // DNA-sized vocabulary) the register-resident one with 1 chunk, 997 the scalar one
+    FOR_MODES for (int c = 0; c < N_CASES(CE_CASES); c++) {
         Backend* be = m->gpu;
-        const int n = shapes[c][0], V = shapes[c][1];
+        if (!(CE_CASES[c].where & CASE_GPU)) continue;
+        const int n = CE_CASES[c].n, V = CE_CASES[c].V;
         const size_t nv = (size_t)n * V;
         int32_t* tg = xmalloc(4 * n);
         for (int i = 0; i < n; i++) tg[i] = (int)(rng_u64(&g_rng) % V);

@@ -8,15 +8,16 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // SWIGLU_CASES, MOE_INDEX_CASES, PERMUTE_CASES: the GPU rows run here
 
 // ---- SwiGLU --------------------------------------------------------------------------------
 
 static void test_swiglu(void) {
-    // n, F; F % 8 == 0 takes the vectorised bf16 forward kernel
-    const int shapes[][2] = {{33, 100}, {5, 1031}, {70, 256}, {9, 4800}};  // 4800: 600 chunks, 2.3 rounds of 256
-    FOR_MODES for (int c = 0; c < 4; c++) {
+    // the GPU rows of SWIGLU_CASES; F % 8 == 0 takes the vectorised bf16 forward kernel
+    FOR_MODES for (int c = 0; c < N_CASES(SWIGLU_CASES); c++) {
         Backend* be = m->gpu;
-        const int n = shapes[c][0], F = shapes[c][1];
+        if (!(SWIGLU_CASES[c].where & CASE_GPU)) continue;
+        const int n = SWIGLU_CASES[c].n, F = SWIGLU_CASES[c].F;
         const size_t nf = (size_t)n * F;
         float* gu = act_in(m, randn(2 * nf, 2.f), 2 * nf);
         float* sc = randu(n, 0.1f, 1.f);
@@ -68,12 +69,13 @@ static int32_t* random_topk(int N, int k, int E, int skip) {
 }
 
 static void test_moe_index(void) {
-    const int shapes[][4] = {{1000, 2, 8, 5}, {3000, 2, 8, -1}, {77, 1, 3, 0}, {700, 4, 64, 63}};  // N, k, E, skip
-    FOR_MODES for (int c = 0; c < 4; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(MOE_INDEX_CASES); c++) {
         Backend* be = m->gpu;
-        const int N = shapes[c][0], k = shapes[c][1], E = shapes[c][2];
+        const MoeIndexCase* mc = &MOE_INDEX_CASES[c];
+        if (!(mc->where & CASE_GPU)) continue;
+        const int N = mc->N, k = mc->k, E = mc->E;
         const size_t nk = (size_t)N * k;
-        int32_t* t = random_topk(N, k, E, shapes[c][3]);
+        int32_t* t = random_topk(N, k, E, mc->skip);
         int32_t *cnt = xmalloc(4 * E), *dest = xmalloc(4 * nk);
         g_cpu->moe_index(g_cpu, cnt, dest, t, N, k, E);
         int32_t *dc = poison(be, 4 * E), *dd = poison(be, 4 * nk);
@@ -86,10 +88,11 @@ static void test_moe_index(void) {
 }
 
 static void test_permute(void) {
-    const int shapes[][4] = {{57, 2, 4, 72}, {31, 3, 5, 37}};  // N, k, E, H
-    FOR_MODES for (int c = 0; c < 2; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(PERMUTE_CASES); c++) {
         Backend* be = m->gpu;
-        const int N = shapes[c][0], k = shapes[c][1], E = shapes[c][2], H = shapes[c][3];
+        const PermuteCase* pc = &PERMUTE_CASES[c];
+        if (!(pc->where & CASE_GPU)) continue;
+        const int N = pc->N, k = pc->k, E = pc->E, H = pc->H;
         const size_t nk = (size_t)N * k, nh = (size_t)N * H, nkh = nk * H;
         int32_t* t = random_topk(N, k, E, 1);
         int32_t *cnt = xmalloc(4 * E), *dest = xmalloc(4 * nk);

@@ -8,14 +8,16 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // EMBED_CASES, RMSNORM_CASES: the GPU rows run here
 
 // ---- embedding, RMSNorm -----------------------------------------------------------------------
 
 static void test_embed(void) {
-    const int shapes[][3] = {{50, 72, 61}, {13, 37, 40}};  // V, H, N (H = 37: rows not 16-byte multiples)
-    FOR_MODES for (int c = 0; c < 2; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(EMBED_CASES); c++) {
         Backend* be = m->gpu;
-        const int V = shapes[c][0], H = shapes[c][1], N = shapes[c][2];
+        const EmbedCase* ec = &EMBED_CASES[c];
+        if (!(ec->where & CASE_GPU)) continue;
+        const int V = ec->V, H = ec->H, N = ec->N;
         int32_t* tok = xmalloc(sizeof(int32_t) * N);
         for (int n = 0; n < N; n++) tok[n] = (int)(rng_u64(&g_rng) % V);
         tok[N - 1] = tok[0];  // a repeat for the backward
@@ -134,12 +136,13 @@ static void test_embed_bwd(void) {
 }
 
 static void test_rmsnorm(void) {
-    // N, H: 300 rows give several dw partials; 4099 takes the scalar kernels; in bf16, 200, 4096
-    // (Mixtral's hidden) and 6144 take the vectorized ones with 1, 2 and 4 chunks per thread
-    const int shapes[][2] = {{300, 200}, {7, 4099}, {130, 4096}, {9, 6144}};
-    FOR_MODES for (int c = 0; c < 4; c++) {
+    // the GPU rows of RMSNORM_CASES: 300 rows give several dw partials; H = 4099 takes the scalar
+    // kernels; in bf16, 200, 4096 (Mixtral's hidden) and 6144 take the vectorized ones with 1, 2
+    // and 4 chunks per thread
+    FOR_MODES for (int c = 0; c < N_CASES(RMSNORM_CASES); c++) {
         Backend* be = m->gpu;
-        const int N = shapes[c][0], H = shapes[c][1];
+        if (!(RMSNORM_CASES[c].where & CASE_GPU)) continue;
+        const int N = RMSNORM_CASES[c].N, H = RMSNORM_CASES[c].H;
         const size_t nh = (size_t)N * H;
         const float eps = 1e-5f;
         float* x = act_in(m, randn(nh, 2.f), nh);

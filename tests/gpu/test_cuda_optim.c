@@ -8,14 +8,17 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // ADAMW_CASES, ADAMW_SPLIT_CASES: the GPU rows run here
 
 static void test_adamw(void) {
-    const size_t sizes[] = {1003, 4096};
     const AdamWDesc d = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .grad_scale = 0.5f,
                          .step = 3};
-    FOR_MODES for (int c = 0; c < 2; c++) for (int off = 0; off < 2; off++) {  // off = 1: unaligned pointers
+    int alias_row = 0;  // fp32, the first GPU row: param aliases master
+    while (!(ADAMW_CASES[alias_row].where & CASE_GPU)) alias_row++;
+    FOR_MODES for (int c = 0; c < N_CASES(ADAMW_CASES); c++) for (int off = 0; off < 2; off++) {  // off = 1: unaligned pointers
         Backend* be = m->gpu;
-        const size_t n = sizes[c] - off;
+        if (!(ADAMW_CASES[c].where & CASE_GPU)) continue;
+        const size_t n = ADAMW_CASES[c].n - off;
         float *p0 = randn(n, 1.f), *m0 = randn(n, 0.01f), *v0 = randu(n, 1e-6f, 1e-4f), *g = randn(n, 0.01f);
         float *p = dupf(p0, n), *mm = dupf(m0, n), *vv = dupf(v0, n);
         g_cpu->adamw(g_cpu, &d, p, p, mm, vv, g, n);
@@ -24,7 +27,7 @@ static void test_adamw(void) {
         float *dv = (float*)dev_alloc(be, 4 * (n + 1)) + off, *dg = (float*)dev_alloc(be, 4 * (n + 1)) + off;
         be->to_device(be, dp, p0, 4 * n), be->to_device(be, dm, m0, 4 * n);
         be->to_device(be, dv, v0, 4 * n), be->to_device(be, dg, g, 4 * n);
-        void* param = m->bf16 || c == 1 ? poison_act(be, n) : dp;  // fp32, first size: param aliases master
+        void* param = m->bf16 || c != alias_row ? poison_act(be, n) : dp;
         be->adamw(be, &d, dp, param, dm, dv, dg, n);
         float* gp = down_f32(be, dp, n);
         float *d_ref = xmalloc(4 * n), *d_got = xmalloc(4 * n);
@@ -87,16 +90,16 @@ static void test_split_pack(void) {
 // m and v bit for bit (the same adam1 arithmetic in both kernels); w the tie-away rounding of the
 // master, and adamw's bf16 copy (round-to-nearest-even) equal to w except at ties with even hi.
 // The masters start with ties, denormals, ±0 and values whose w is the inf pattern; lr = 0 in
-// the last variant keeps the ties through the steps (p·1 − 0 = p). Sizes n = 1003 and 4101 (tails);
+// the last variant keeps the ties through the steps (p·1 − 0 = p). Sizes: ADAMW_SPLIT_CASES (tails);
 // element offsets of (w, rem) and of the fp32 arrays: (0, 0) vectors from the start, (3, 3) and
 // (1, 1) scalar heads of 5 and 7 before them, (0, 1) fp32 misaligned against w: the scalar
 // kernel. Outputs poisoned.
 static void test_adamw_split(void) {
-    const size_t sizes[] = {1003, 4101};
     const int offs[][2] = {{0, 0}, {3, 3}, {1, 1}, {0, 1}};  // element offsets of (w, rem) and of fp32
-    FOR_MODES for (int c = 0; c < 2; c++) for (int oc = 0; oc < 4; oc++) for (int variant = 0; variant < 2; variant++) {
+    FOR_MODES for (int c = 0; c < N_CASES(ADAMW_SPLIT_CASES); c++) for (int oc = 0; oc < 4; oc++) for (int variant = 0; variant < 2; variant++) {
         Backend* be = m->gpu;
-        const size_t n = sizes[c];
+        if (!(ADAMW_SPLIT_CASES[c].where & CASE_GPU)) continue;
+        const size_t n = ADAMW_SPLIT_CASES[c].n;
         const int off = offs[oc][1], o16 = offs[oc][0];
         AdamWDesc d = {.lr = variant ? 0.0f : 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f,
                        .grad_scale = 0.5f};

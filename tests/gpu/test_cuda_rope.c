@@ -7,15 +7,16 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // ROPE_CASES: the GPU rows run here
 
 static void test_rope(void) {
     // the fused projection's rows (Hq + 2·Hkv heads) against planar q, k, v, both directions;
     // bf16: D = 16, 128, 64 take the 8-pair kernel, D = 12 the scalar one; Hkv = 0: q alone
-    const struct { int B, T, Hq, Hkv, D; float theta; } cs[] = {
-        {2, 300, 3, 1, 16, 1e6f}, {1, 70, 4, 2, 128, 1e4f}, {1, 2000, 1, 0, 64, 1e6f}, {2, 50, 2, 1, 12, 1e4f}};
-    FOR_MODES for (int c = 0; c < 4; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(ROPE_CASES); c++) {
         Backend* be = m->gpu;
-        const int B = cs[c].B, T = cs[c].T, Hq = cs[c].Hq, Hkv = cs[c].Hkv, D = cs[c].D;
+        const RopeCase* rc = &ROPE_CASES[c];
+        if (!(rc->where & CASE_GPU)) continue;
+        const int B = rc->B, T = rc->T, Hq = rc->Hq, Hkv = rc->Hkv, D = rc->D;
         const size_t rows = (size_t)B * T, nq = rows * Hq * D, nk = rows * Hkv * D, n = nq + 2 * nk;
         for (int inv = 0; inv < 2; inv++) {
             // the side read, rounded to the act dtype; the side written poisoned on the device
@@ -26,8 +27,8 @@ static void test_rope(void) {
             void* dq = inv ? up_act(be, q, nq) : poison_act(be, nq);
             void* dk = nk ? (inv ? up_act(be, k, nk) : poison_act(be, nk)) : NULL;
             void* dv = nk ? (inv ? up_act(be, v, nk) : poison_act(be, nk)) : NULL;
-            g_cpu->rope_qkv(g_cpu, pk, q, k, v, B, T, Hq, Hkv, D, cs[c].theta, inv, NULL);
-            be->rope_qkv(be, dpk, dq, dk, dv, B, T, Hq, Hkv, D, cs[c].theta, inv, NULL);
+            g_cpu->rope_qkv(g_cpu, pk, q, k, v, B, T, Hq, Hkv, D, rc->theta, inv, NULL);
+            be->rope_qkv(be, dpk, dq, dk, dv, B, T, Hq, Hkv, D, rc->theta, inv, NULL);
             if (inv) {
                 cmp(m, "rope_qkv inverse (packed rows)", down_act(be, dpk, n), pk, n, TOL(TOL_F32, TOL_BF16_OUT));
             } else {

@@ -7,14 +7,15 @@
 #include <string.h>
 
 #include "gpu_check.h"
+#include "op_cases.h"  // ROUTER_CASES: the GPU rows run here
 
 // ---- router ----------------------------------------------------------------------------------
 
 static void test_router(void) {
-    const int shapes[][3] = {{300, 8, 2}, {129, 40, 3}, {64, 200, 8}};  // N, E, k
-    FOR_MODES for (int c = 0; c < 3; c++) {
+    FOR_MODES for (int c = 0; c < N_CASES(ROUTER_CASES); c++) {
         Backend* be = m->gpu;
-        const int N = shapes[c][0], E = shapes[c][1], k = shapes[c][2];
+        if (!(ROUTER_CASES[c].where & CASE_GPU)) continue;
+        const int N = ROUTER_CASES[c].N, E = ROUTER_CASES[c].E, k = ROUTER_CASES[c].k;
         const size_t ne = (size_t)N * E, nk = (size_t)N * k;
         float* lg = randn(ne, 2.f);
         float *p = xmalloc(4 * ne), *w = xmalloc(4 * nk);
