@@ -18,6 +18,10 @@ static struct {
     {"moe.force_exchange", "MOETRAIN_FORCE_EXCHANGE", NULL},
     {"log.metrics_fail_after", "MOETRAIN_METRICS_FAIL_AFTER", NULL},
     {"train.startup_sleep", "MOETRAIN_STARTUP_SLEEP", NULL},
+    {"train.startup_stall", "MOETRAIN_STARTUP_STALL", NULL},
+    {"preflight.free_bytes", "MOETRAIN_FREE_BYTES", NULL},
+    {"preflight.write_rate", "MOETRAIN_WRITE_RATE", NULL},
+    {"ckpt.lock_refresh_s", "MOETRAIN_LOCK_REFRESH_S", NULL},
 };
 enum { N_FP = sizeof FP / sizeof FP[0] };
 

@@ -20,6 +20,15 @@
 //                                                  (a full disk; logfile.c)
 //   train.startup_sleep MOETRAIN_STARTUP_SLEEP     S: start-up sleeps S seconds after opening
 //                                                  the data (signals during start-up; train.c)
+//   train.startup_stall MOETRAIN_STARTUP_STALL     R:WORD: rank R stops for good at the end of
+//                                                  the start-up stage whose name holds WORD (its
+//                                                  watchdog thread runs on; train.c)
+//   preflight.free_bytes MOETRAIN_FREE_BYTES       N: the free space preflight sees in
+//                                                  checkpoint.dir (statvfs's answer replaced)
+//   preflight.write_rate MOETRAIN_WRITE_RATE       N: the write rate preflight measures in
+//                                                  checkpoint.dir, bytes/s (train_preflight.c)
+//   ckpt.lock_refresh_s MOETRAIN_LOCK_REFRESH_S    S: the lock's holder refreshes it every S
+//                                                  seconds instead of 60 (train_own.c)
 //
 // To add one: a row in failpoint.c's table, a line above, and a check at the place it fails.
 #pragma once

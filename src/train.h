@@ -113,9 +113,12 @@ int trainer_owns(const Trainer* t, const ParamInfo* p);
 // a fresh run (resume=none) into a directory holding checkpoints is refused unless
 // checkpoint.overwrite=true (then they are removed); resume=auto considers only the directory
 // owner's checkpoints. trainer_own_after, after restore: the run id is the resumed checkpoint's,
-// checkpoint.dir/owner names it. trainer_release: removes the lock (trainer_free).
+// checkpoint.dir/owner names it. trainer_release: removes the lock (trainer_free). While held,
+// the lock is refreshed (touched) every minute. trainer_lock_check, collective, before each
+// save: -1 when the lock is no longer this run's (taken over while this run was stopped).
 int trainer_own(Trainer* t, Err* e);
 int trainer_own_after(Trainer* t, Err* e);
+int trainer_lock_check(Trainer* t, Err* e);
 void trainer_release(Trainer* t);
 int trainer_restore(Trainer* t, Err* e);
 // checkpoint.async=true: trainer_save takes the snapshot and returns while a background thread

@@ -340,13 +340,14 @@ static int save_async(Trainer* t, Err* e) {
 
 int trainer_save(Trainer* t, Err* e) {
     const CheckpointConfig* c = &t->cfg.checkpoint;
+    if (trainer_lock_check(t, e)) return -1;  // still this run's directory
     return c->async ? save_async(t, e) : save_sync(t, c->dir, c->keep, "", e);
 }
 
 // Always synchronous: a save in flight (checkpoint.async) is committed first, so the two never
 // write at the same time.
 int trainer_save_best(Trainer* t, Err* e) {
-    if (trainer_save_wait(t, e)) return -1;
+    if (trainer_save_wait(t, e) || trainer_lock_check(t, e)) return -1;
     char root[CFG_STR + 16];
     snprintf(root, sizeof root, "%s/best", t->cfg.checkpoint.dir);
     char what[96];

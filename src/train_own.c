@@ -3,9 +3,13 @@
 //
 //   checkpoint.dir/.lock   "host H / pid P / run_id R / slurm_job J / started T", created with
 //                          O_EXCL by rank 0 before anything is read or written there, removed
-//                          at the end (and by a start-up signal). A lock whose pid is gone on
-//                          this host, or that the same Slurm job left (a requeue), is stale and
-//                          replaced (logged); any other lock stops the run with the holder named.
+//                          at the end (and by a start-up signal). While held, a thread touches
+//                          it (its modification time) every LOCK_REFRESH_S seconds. A lock whose
+//                          pid is gone on this host, that the same Slurm job left (a requeue),
+//                          or that comes from another host and was not touched for LOCK_STALE_S
+//                          (by the file system's clock) is stale and replaced (logged); any other
+//                          lock stops the run with the holder named. Before each save, rank 0
+//                          checks that the lock is still this run's (trainer_lock_check).
 //   checkpoint.dir/owner   "run_id R": the run whose checkpoints these are; resume=auto and
 //                          pruning consider only checkpoints of that run (ckpt_set_run_id).
 //
@@ -15,6 +19,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include "ckpt_internal.h"
+#include "failpoint.h"
 #include "stop.h"
 #include "train.h"
 
@@ -49,6 +55,92 @@ static void field(const char* text, const char* key, char* out, size_t n) {
         }
 }
 
+enum { LOCK_REFRESH_S = 60, LOCK_STALE_S = 600 };
+
+// ---- the refresher: one thread touches every lock this process holds ----------------------------
+
+enum { MAX_HELD = 8 };
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    int running, n;
+    char path[MAX_HELD][4200];
+    char text[MAX_HELD][1200];
+} R = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+// Touches path (its modification time: now, by the file system's clock) while it still holds text.
+static void touch_if_ours(const char* path, const char* text) {
+    Err le = {{0}};
+    char* now = ckpt_read_text(path, 4096, NULL, &le);
+    if (now && !strcmp(now, text)) utimensat(AT_FDCWD, path, NULL, 0);
+    free(now);
+}
+
+static void* refresher(void* arg) {
+    (void)arg;
+    const long every = failpoint_int("ckpt.lock_refresh_s", LOCK_REFRESH_S);  // tests: faster
+    pthread_mutex_lock(&R.mu);
+    while (R.n > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += every > 0 ? every : LOCK_REFRESH_S;
+        while (R.n > 0 && pthread_cond_timedwait(&R.cv, &R.mu, &until) == 0) {}
+        for (int i = 0; i < R.n; i++) touch_if_ours(R.path[i], R.text[i]);
+    }
+    pthread_mutex_unlock(&R.mu);
+    return NULL;
+}
+
+static void refresh_add(const char* path, const char* text) {
+    pthread_mutex_lock(&R.mu);
+    if (R.n < MAX_HELD) {
+        snprintf(R.path[R.n], sizeof R.path[0], "%s", path);
+        snprintf(R.text[R.n], sizeof R.text[0], "%s", text);
+        R.n++;
+    }
+    int start = !R.running && R.n > 0;
+    if (start) R.running = pthread_create(&R.th, NULL, refresher, NULL) == 0;
+    pthread_mutex_unlock(&R.mu);
+    if (start && !R.running)
+        log_info("checkpoint: warning: could not start the thread that refreshes %s; another host may take it over "
+                 "after %d min\n", path, LOCK_STALE_S / 60);
+}
+
+static void refresh_remove(const char* path) {
+    pthread_mutex_lock(&R.mu);
+    for (int i = 0; i < R.n; i++)
+        if (!strcmp(R.path[i], path)) {
+            R.n--;
+            memmove(R.path[i], R.path[R.n], sizeof R.path[0]);
+            memmove(R.text[i], R.text[R.n], sizeof R.text[0]);
+            break;
+        }
+    const int join = R.running && R.n == 0;
+    pthread_cond_broadcast(&R.cv);
+    pthread_mutex_unlock(&R.mu);
+    if (join) {
+        pthread_join(R.th, NULL);
+        R.running = 0;
+    }
+}
+
+// Seconds since `ls` (a lock's stat) was last touched, by the clock of the file system that
+// holds it (a file created beside it gives "now"; hosts' clocks may differ), else this host's.
+static double lock_age(const char* path, const struct stat* ls) {
+    char probe[4300];
+    snprintf(probe, sizeof probe, "%s.clock.%d", path, (int)getpid());
+    double now = (double)time(NULL);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    struct stat ps;
+    if (fd >= 0) {
+        if (write(fd, "t", 1) == 1 && fstat(fd, &ps) == 0) now = (double)ps.st_mtim.tv_sec + 1e-9 * ps.st_mtim.tv_nsec;
+        close(fd);
+        unlink(probe);
+    }
+    return now - ((double)ls->st_mtim.tv_sec + 1e-9 * ls->st_mtim.tv_nsec);
+}
+
 // Rank 0: takes checkpoint.dir/.lock. 0, or -1 with the holder named.
 static int take_lock(Trainer* t, const char* path, Err* e) {
     char host[256] = "?", me[1024];
@@ -70,10 +162,14 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
             }
             snprintf(t->lock_text, sizeof t->lock_text, "%s", me);
             stop_cleanup_path(path);
+            refresh_add(path, me);
             return 0;
         }
         if (errno != EEXIST) return err_set(e, "checkpoint.dir: cannot create the lock %s (%s)", path, strerror(errno));
         Err le = {{0}};
+        struct stat ls;
+        const int have_stat = stat(path, &ls) == 0;
+        const double age = have_stat ? lock_age(path, &ls) : 0;
         char* text = ckpt_read_text(path, 4096, NULL, &le);
         char h[256] = "", p[32] = "", run[64] = "", sj[64] = "", st[64] = "";
         if (text) {
@@ -90,13 +186,21 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
         else if (!strcmp(h, host) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) why = "its process is gone";
         else if (!strcmp(h, host) && pid == (int)getpid()) why = "this process's own";
         else if (job && *job && !strcmp(sj, job)) why = "left by this Slurm job before a requeue";
+        char aged[96] = "";
+        if (!why && text && strcmp(h, host) && have_stat && age > LOCK_STALE_S) {  // another host: its pid cannot be checked
+            snprintf(aged, sizeof aged, "not refreshed for %.0f min: its run is gone", age / 60);
+            why = aged;
+        }
         if (!why)
-            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s, since %s; lock %s): "
-                           "two runs must not share a checkpoint directory. Wait for it to end, give another "
-                           "checkpoint.dir, or, if that run is gone (its host is down), remove %s",
-                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", st[0] ? st : "?",
-                           path, path);
-        log_info("checkpoint: a stale lock %s (pid %s on %s, %s) replaced\n", path, p[0] ? p : "?", h[0] ? h : "?", why);
+            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s, Slurm job %s, since "
+                           "%s, lock refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait "
+                           "for it to end, or give another checkpoint.dir. A live run refreshes its lock every %d s; one "
+                           "from another host not refreshed for %d min is taken over by itself, and if that run is gone "
+                           "you may remove %s",
+                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", sj[0] ? sj : "?",
+                           st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S, LOCK_STALE_S / 60, path);
+        log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s, Slurm job %s, %s) replaced\n", aged[0] ? "warning: " : "",
+                 path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", sj[0] ? sj : "?", why);
         unlink(path);
     }
     return err_set(e, "checkpoint.dir: the lock %s keeps coming back (another run starting at the same time?)", path);
@@ -247,8 +351,32 @@ int trainer_own_after(Trainer* t, Err* e) {
     return 0;
 }
 
+int trainer_lock_check(Trainer* t, Err* e) {
+    Err le = {{0}};
+    int st = 0;
+    if (t->rank == 0 && t->lock_path[0]) {
+        char* text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
+        if (!text || strcmp(text, t->lock_text)) {
+            char h[256] = "", p[32] = "", run[64] = "";
+            if (text) {
+                field(text, "host", h, sizeof h);
+                field(text, "pid", p, sizeof p);
+                field(text, "run_id", run, sizeof run);
+            }
+            st = err_set(&le, "checkpoint.dir %s: this run's lock %s %s%s%s%s%s%s%s (was this run stopped for more than %d "
+                         "min?): not saving, so as not to mix with that run. Resume with checkpoint.resume=auto once "
+                         "the other run ends, or give another checkpoint.dir", t->cfg.checkpoint.dir, t->lock_path,
+                         text ? "was taken over by another run (run " : "is gone", text ? run : "", text ? ", pid " : "",
+                         text ? p : "", text ? " on host " : "", text ? h : "", text ? ")" : "", LOCK_STALE_S / 60) ? 2 : 0;
+        }
+        free(text);
+    }
+    return agree(t, st, &le, e);
+}
+
 void trainer_release(Trainer* t) {
     if (!t->lock_path[0]) return;
+    refresh_remove(t->lock_path);
     Err le = {{0}};
     char* text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
     if (text && !strcmp(text, t->lock_text)) unlink(t->lock_path);  // still ours

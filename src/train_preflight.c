@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt_internal.h"
+#include "failpoint.h"
 #include "train.h"
 #include "util.h"
 
@@ -20,7 +21,8 @@
 
 static void human_bytes(char* out, size_t n, double b) {
     if (b >= 1e9) snprintf(out, n, "%.1f GB", b / 1e9);
-    else snprintf(out, n, "%.1f MB", b / 1e6);
+    else if (b >= 1e6) snprintf(out, n, "%.1f MB", b / 1e6);
+    else snprintf(out, n, "%.1f kB", b / 1e3);
 }
 
 // This rank creates, writes and removes a file in dir; rank 0 writes `probe` bytes with fsync and
@@ -84,6 +86,8 @@ int trainer_preflight(Trainer* t, Err* e) {
     }
     double rate = 0;
     st = probe_dir(cc->dir, t->rank, t->rank == 0 ? (size_t)4 << 20 : 0, &rate, &le) ? 2 : 0;
+    const long fake_rate = failpoint_int("preflight.write_rate", 0);  // tests: slow storage
+    if (fake_rate > 0) rate = (double)fake_rate;
     if (!st && t->rank == 0) {
         struct statvfs vf;
         StepDir* sd = NULL;
@@ -94,8 +98,9 @@ int trainer_preflight(Trainer* t, Err* e) {
         free(sd);
         const int copies = (cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1) + (cc->keep_best ? 1 : 0);
         const double need = t->ckpt_bytes * copies;
-        if (statvfs(cc->dir, &vf) == 0) {
-            const double avail = (double)vf.f_bavail * (double)vf.f_frsize;
+        const long fake_free = failpoint_int("preflight.free_bytes", -1);  // tests: a nearly full disk
+        if (fake_free >= 0 || statvfs(cc->dir, &vf) == 0) {
+            const double avail = fake_free >= 0 ? (double)fake_free : (double)vf.f_bavail * (double)vf.f_frsize;
             char a[32], b[32], c1[32];
             human_bytes(a, sizeof a, need);
             human_bytes(b, sizeof b, avail);
@@ -115,13 +120,14 @@ int trainer_preflight(Trainer* t, Err* e) {
     t->write_rate = rate;
     if (cc->grace_s > 0 && rate > 0) {
         const double est = t->ckpt_rank_bytes / rate;
-        char b[32];
+        char b[32], r[32];
         human_bytes(b, sizeof b, t->ckpt_rank_bytes);
+        human_bytes(r, sizeof r, rate);
         if (est > cc->grace_s)
-            log_info("checkpoint: warning: a save of %s per rank would take about %.0f s at the %.0f MB/s measured in %s, "
+            log_info("checkpoint: warning: a save of %s per rank would take about %.0f s at the %s/s measured in %s, "
                      "more than checkpoint.grace_s=%d: a preemption signal may not leave time to save (give the job "
                      "a longer signal lead, e.g. --signal=B:USR1@%d, or faster storage)\n",
-                     b, est, rate / 1e6, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
+                     b, est, r, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
     }
     return 0;
 }

@@ -14,6 +14,8 @@
 #include "test_resume_util.h"
 
 static char g_dir[256], g_bin[4096];
+static pid_t spawn(const char* log, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static int reap(pid_t pid, double limit, double* secs);
 
 // A tiny model on random tokens, one rank.
 #define TINY                                                                                                   \
@@ -171,6 +173,90 @@ static void test_lock(void) {
     EXPECT(access(p, F_OK) != 0, "and removed at the end");
 }
 
+#define FAR_LOCK "host far-away.example\npid 4242\nrun_id fedcba9876543210\nslurm_job 777\nstarted 2026-01-01 00:00:00\n"
+
+// Writes `text` to path through a temporary and rename (as atomic as a real holder's lock), with
+// the modification time `age` seconds ago.
+static void put_lock(const char* path, const char* text, double age) {
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s.test", path);
+    FILE* f = fopen(tmp, "w");
+    fputs(text, f);
+    fclose(f);
+    struct timespec ts[2];
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= (time_t)age;
+    ts[1] = ts[0];
+    EXPECT(utimensat(AT_FDCWD, tmp, ts, 0) == 0 && rename(tmp, path) == 0, "lock %s written", path);
+}
+
+static double age_of(const char* path) {
+    struct stat st;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return stat(path, &st) ? -1 : (double)(now.tv_sec - st.st_mtim.tv_sec);
+}
+
+// A lock from another host (whose pid cannot be checked) is judged by its age: refreshed within
+// the last 10 minutes, it stops the run with the holder named (host, pid, Slurm job); older, it is
+// taken over with a warning.
+static void test_lock_other_host(void) {
+    char out[65536], ck[400], p[600];
+    snprintf(ck, sizeof ck, "%s/far_ck", g_dir);
+    mkdir(ck, 0755);
+    snprintf(p, sizeof p, "%s/.lock", ck);
+    const double ages[] = {0, 9 * 60};
+    for (int i = 0; i < 2; i++) {
+        put_lock(p, FAR_LOCK, ages[i]);
+        int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s", g_bin, ck);
+        EXPECT(rc == 2 && strstr(out, "in use by another run (run fedcba9876543210, pid 4242 on host far-away.example, "
+                                      "Slurm job 777, since 2026-01-01 00:00:00, lock refreshed ") &&
+                   strstr(out, "not refreshed for 10 min is taken over"),
+               "a lock refreshed %.0f s ago is refused, the holder named: rc %d, %s", ages[i], rc, out);
+    }
+    put_lock(p, FAR_LOCK, 11 * 60 + 5);
+    int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s", g_bin, ck);
+    EXPECT(rc == 0 && strstr(out, "checkpoint: warning: a stale lock ") &&
+               strstr(out, "(run fedcba9876543210, pid 4242 on far-away.example, Slurm job 777, not refreshed for 11 min"),
+           "one not refreshed for 11 min is taken over with a warning: rc %d, %s", rc, out);
+    EXPECT(access(p, F_OK) != 0, "and removed at the end");
+}
+
+// The holder refreshes its lock while it runs (every second here: failpoint ckpt.lock_refresh_s);
+// a lock taken over by another run (as after this run was stopped for long) stops it at its next
+// save with exit 2, the other run named, its lock left in place.
+static void test_lock_refresh(void) {
+    char ck[400], lg[400], log[400], metrics[500], p[600];
+    snprintf(ck, sizeof ck, "%s/refresh_ck", g_dir);
+    snprintf(lg, sizeof lg, "%s/refresh_log", g_dir);
+    snprintf(log, sizeof log, "%s/refresh.out", g_dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", lg);
+    snprintf(p, sizeof p, "%s/.lock", ck);
+    pid_t pid = spawn(log, "MOETRAIN_LOCK_REFRESH_S=1 exec %s " TINY " train.steps=1000000 checkpoint.every=20 "
+                      "checkpoint.keep=1 checkpoint.keep_best=false log.every=1000000 log.dir=%s checkpoint.dir=%s", g_bin, lg, ck);
+    double t0 = now_sec();
+    while (count_lines(metrics) < 2 && now_sec() - t0 < 60) usleep(20000);
+    char mine[1200] = "";
+    t_read_text(p, mine, sizeof mine);
+    EXPECT(strstr(mine, "run_id "), "the run holds the lock: '%s'", mine);
+    put_lock(p, mine, 3600);
+    EXPECT(age_of(p) >= 3590, "the lock made an hour old (%.0f s)", age_of(p));
+    t0 = now_sec();
+    while (age_of(p) > 60 && now_sec() - t0 < 15) usleep(50000);
+    EXPECT(age_of(p) >= 0 && age_of(p) <= 60, "the holder refreshed it (%.0f s old after %.1f s)", age_of(p), now_sec() - t0);
+    put_lock(p, FAR_LOCK, 0);
+    double secs;
+    int rc = reap(pid, 60, &secs);
+    static char buf[4 << 20];
+    t_read_text(log, buf, sizeof buf);
+    EXPECT(rc == 2 && strstr(buf, "was taken over by another run (run fedcba9876543210, pid 4242 on host far-away.example)") &&
+               strstr(buf, "not saving"),
+           "stopped at the next save (rc %d, %.1f s): %s", rc, secs, buf + (strlen(buf) > 3000 ? strlen(buf) - 3000 : 0));
+    char now[1200] = "";
+    t_read_text(p, now, sizeof now);
+    EXPECT(!strcmp(now, FAR_LOCK), "the other run's lock is left in place: '%s'", now);
+}
+
 // resume=auto after a corrupt newest save falls back only to this run's checkpoints (another
 // run's checkpoint in the directory is skipped); a save removes only this run's temporaries.
 static void test_resume_own_only(void) {
@@ -323,11 +409,67 @@ static void test_preflight_checkpoint_dir(void) {
            "refused before the first step: rc %d, %s", rc, out);
 }
 
+// The size in bytes of "a checkpoint is N kB" (or MB) in out; -1 when absent.
+static double ckpt_size_said(const char* out) {
+    const char* m = strstr(out, "a checkpoint is ");
+    if (!m) return -1;
+    char* end;
+    const double v = strtod(m + 16, &end);
+    return !strncmp(end, " kB", 3) ? v * 1e3 : !strncmp(end, " MB", 3) ? v * 1e6 : -1;
+}
+
+// Preflight's free-space check, the free space given by the failpoint preflight.free_bytes:
+// with checkpoint.keep=2 and keep_best (L0_sanity's), a fresh directory needs room for 4
+// checkpoints (2 kept + the one being written + the best), one that holds 2 complete ones for 2.
+// Refused with exit 2 before the first step, the sizes and the choices named.
+static void test_preflight_free_space(void) {
+    char out[65536], ck[400];
+    snprintf(ck, sizeof ck, "%s/free_ck", g_dir);
+#define FREE_RUN(free, steps, resume)                                                                          \
+    run(out, sizeof out, NULL, "MOETRAIN_FREE_BYTES=%.0f %s " TINY " train.steps=%d checkpoint.every=1 "       \
+        "checkpoint.keep=2 checkpoint.keep_best=true checkpoint.dir=%s checkpoint.resume=%s", (double)(free),  \
+        g_bin, steps, ck, resume)
+    int rc = FREE_RUN(1000, 2, "none");
+    const double size = ckpt_size_said(out);
+    EXPECT(rc == 2 && size > 1e5 && strstr(out, "checkpoint.dir") && strstr(out, "1.0 kB free") &&
+               strstr(out, "checkpoint.keep=2 needs room for 4 more") && strstr(out, "lower checkpoint.keep") &&
+               strstr(out, "checkpoint.save_optimizer=false") && !strstr(out, "step     1/"),
+           "1 kB free: refused before the first step, sizes named: rc %d, %s", rc, out);
+    if (size <= 0) return;
+    rc = FREE_RUN(3.95 * size, 2, "none");
+    EXPECT(rc == 2 && strstr(out, "needs room for 4 more"), "room for 3.95 checkpoints is not enough: rc %d, %s", rc, out);
+    rc = FREE_RUN(4.05 * size, 2, "none");
+    EXPECT(rc == 0, "room for 4.05 checkpoints is (rc %d): %s", rc, out);
+    rc = FREE_RUN(1.95 * size, 3, "auto");
+    EXPECT(rc == 2 && strstr(out, "needs room for 2 more"), "resumed, 2 kept: 1.95 is not enough: rc %d, %s", rc, out);
+    rc = FREE_RUN(2.05 * size, 3, "auto");
+    EXPECT(rc == 0 && strstr(out, "resumed from"), "resumed, 2 kept: room for 2.05 is (rc %d): %s", rc, out);
+#undef FREE_RUN
+}
+
+// checkpoint.grace_s: a save that would not finish within it is named in the log before the
+// first step (the write rate given by the failpoint preflight.write_rate: 100 kB/s, so the 1 MB
+// rank file takes about 10 s); within it, nothing is said.
+static void test_preflight_grace(void) {
+    char out[65536], ck[400];
+    snprintf(ck, sizeof ck, "%s/grace_ck", g_dir);
+    int rc = run(out, sizeof out, NULL, "MOETRAIN_WRITE_RATE=100000 %s " TINY " train.steps=1 checkpoint.dir=%s "
+                 "checkpoint.grace_s=5", g_bin, ck);
+    const char* w = strstr(out, "checkpoint: warning: a save of 1.0 MB per rank would take about 10 s at the 100.0 kB/s "
+                                "measured in ");
+    const char* step1 = strstr(out, "step     1/");
+    EXPECT(rc == 0 && w && strstr(w, "more than checkpoint.grace_s=5") && strstr(w, "--signal=B:USR1@75") && step1 &&
+               w < step1,
+           "the warning, up front: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "MOETRAIN_WRITE_RATE=100000 %s " TINY " train.steps=1 checkpoint.dir=%s "
+             "checkpoint.grace_s=12 checkpoint.overwrite=true", g_bin, ck);
+    EXPECT(rc == 0 && !strstr(out, "would take about"), "no warning when the save fits (rc %d): %s", rc, out);
+}
+
 // ---- 4. signals -------------------------------------------------------------------------------
 
 // Starts `cmd` through sh in its own process group (stdin /dev/null, output to log), with the
 // signals a test may send at their default disposition. Returns the pid (= the group).
-static pid_t spawn(const char* log, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static pid_t spawn(const char* log, const char* fmt, ...) {
     char cmd[8192];
     va_list ap;
@@ -495,24 +637,43 @@ static void test_watchdog_stopped_rank(void) {
     EXPECT(to > 0 && secs < to + 15, "ended within the stage's timeout (%.1f s after the stop; timeout %.0f s)", secs, to);
 }
 
+// `test_robust [WORD ...]`: only the tests whose names hold one of the words.
+static int g_argc;
+static char** g_argv;
+static int wanted(const char* name) {
+    for (int i = 1; i < g_argc; i++)
+        if (strstr(name, g_argv[i])) return 1;
+    return g_argc < 2;
+}
+#define RUN_IF(fn)                  \
+    do {                            \
+        if (wanted(#fn)) RUN(fn);   \
+    } while (0)
+
 int main(int argc, char** argv) {
+    g_argc = argc;
+    g_argv = argv;
     if (find_moetrain(argv[0], g_bin, sizeof g_bin)) return 1;
     snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_robust_XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
-    RUN(test_metrics_disk_full);
-    RUN(test_metrics_injected_failure);
-    RUN(test_config_messages);
-    RUN(test_inspect_unreadable_header);
-    RUN(test_init_from_nan);
-    RUN(test_resume_other_data);
-    RUN(test_preflight_checkpoint_dir);
-    RUN(test_used_checkpoint_dir);
-    RUN(test_lock);
-    RUN(test_resume_own_only);
-    RUN(test_sigterm_to_mpirun);
-    RUN(test_sigint_to_mpirun);
-    RUN(test_signal_during_startup);
-    RUN(test_watchdog_stopped_rank);
+    RUN_IF(test_metrics_disk_full);
+    RUN_IF(test_metrics_injected_failure);
+    RUN_IF(test_config_messages);
+    RUN_IF(test_inspect_unreadable_header);
+    RUN_IF(test_init_from_nan);
+    RUN_IF(test_resume_other_data);
+    RUN_IF(test_preflight_checkpoint_dir);
+    RUN_IF(test_preflight_free_space);
+    RUN_IF(test_preflight_grace);
+    RUN_IF(test_used_checkpoint_dir);
+    RUN_IF(test_lock);
+    RUN_IF(test_lock_other_host);
+    RUN_IF(test_resume_own_only);
+    RUN_IF(test_sigterm_to_mpirun);
+    RUN_IF(test_sigint_to_mpirun);
+    RUN_IF(test_signal_during_startup);
+    RUN_IF(test_lock_refresh);
+    RUN_IF(test_watchdog_stopped_rank);
     if (!t_failed) sh("rm -rf %s", g_dir);
     TEST_END();
 }
