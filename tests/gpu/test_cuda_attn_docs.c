@@ -1,7 +1,7 @@
 // test_cuda_attn_docs.c — packed documents (data.documents) on the CUDA backend against the CPU spec:
 // block-diagonal causal attention, forward and backward, for several document layouts on every
 // kernel path that takes them, and RoPE with per-token positions. (Cross-entropy with ignored
-// targets, the boundary mask, is test_cuda_ops' test_cross_entropy.)
+// targets, the boundary mask, is test_cuda_loss's test_cross_entropy.)
 //
 // Which kernels run with documents (cuda_attn.cu, cuda_attn_bwd.cu), each skipping the tiles no
 // row of a tile sees: bf16 at D = 128 on Hopper the warp-specialised kernels ("ws": k_attn_fwd_ws;
