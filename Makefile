@@ -53,7 +53,7 @@ endif
 LIB := $(BUILD)/libmoetrain.a
 
 # The user's scripts beside the binary (make install): tokenizing data, plotting metrics.
-USER_SCRIPTS := $(wildcard scripts/tokenize.py scripts/plot.py)
+USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
@@ -164,6 +164,8 @@ install: $(BUILD)/moetrain
 	install -m 644 data/*.gz $(DESTDIR)$(PREFIX)/share/moetrain/data/
 	install -d $(DESTDIR)$(PREFIX)/share/moetrain/scripts
 	install -m 755 $(USER_SCRIPTS) $(DESTDIR)$(PREFIX)/share/moetrain/scripts/
+	@# an older install's tokenize.py (now tokenize_data.py) would shadow Python's tokenize module there
+	rm -f $(DESTDIR)$(PREFIX)/share/moetrain/scripts/tokenize.py
 
 clean:
 	rm -rf $(BUILD)

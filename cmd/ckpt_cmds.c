@@ -78,9 +78,9 @@ int cmd_export(int argc, char** argv) {
                    "  transformers loads as MixtralForCausalLM; the model config comes from the checkpoint's\n"
                    "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n"
                    "  --tokenizer PATH: a tokenizer.model, tokenizer.json, a directory holding them, or the shard\n"
-                   "  directory / manifest.json of scripts/tokenize.py; copied beside config.json, with its BOS/EOS/PAD\n"
-                   "  ids in config.json, so AutoTokenizer loads the directory. Default: the run's data.tokenizer, else\n"
-                   "  the manifest.json beside its data.path shards; none = no tokenizer.\n", usage);
+                   "  directory / manifest.json of scripts/tokenize_data.py; copied beside config.json, with its\n"
+                   "  BOS/EOS/PAD ids in config.json, so AutoTokenizer loads the directory. Default: the run's\n"
+                   "  data.tokenizer, else the manifest.json beside its data.path shards; none = no tokenizer.\n", usage);
             return 0;
         }
         int r = 0;

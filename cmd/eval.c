@@ -130,7 +130,7 @@ static int eval_setup(int argc, char** argv, int world, Config* c, const char** 
     if (c->model.vocab_size != 256 && data_is_byte_level(&c->data))
         return err_set(e, "data.path %s is byte-level sequence data (tokens 0..255), but the model's vocabulary has %d "
                        "entries: a loss there measures nothing. Give data.path= token shards made with the model's "
-                       "tokenizer (scripts/tokenize.py; docs/data.md)", c->data.path, c->model.vocab_size), 2;
+                       "tokenizer (scripts/tokenize_data.py; docs/data.md)", c->data.path, c->model.vocab_size), 2;
     return 0;
 }
 

@@ -22,7 +22,7 @@ static void usage(FILE* f) {
             "NAME finds configs/NAME.yaml next to the binary, in the current directory or under\n"
             "the install prefix. Override any key as section.key=value, e.g. train.steps=100 checkpoint.dir=/ckpt.\n"
             "Launch several ranks with mpirun: mpirun -np 8 moetrain --config L1_8x7B_ep data.path=shards checkpoint.dir=/ckpt\n"
-            "(shards: scripts/tokenize.py, docs/data.md).\n",
+            "(shards: scripts/tokenize_data.py, docs/data.md).\n",
             MOETRAIN_VERSION);
 }
 

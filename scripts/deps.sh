@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a Debian/Ubuntu machine lacks to build and run moetrain:
 # Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, SentencePiece (spm_train,
-# spm_encode and the Python module for scripts/tokenize.py and its test; the moetrain binary does
+# spm_encode and the Python module for scripts/tokenize_data.py and its test; the moetrain binary does
 # not link it), clang (fuzz targets), matplotlib for scripts/plot.py (the system python3's:
 # Debian's python3-matplotlib).
 # `deps.sh --check` only reports what building needs (exit 1 when something is missing);
@@ -30,7 +30,7 @@ if [ "${1:-}" = "--check" ]; then  # what building needs (make runs this before 
   echo "deps: missing packages: ${missing[*]}" >&2
   exit 1
 fi
-# SentencePiece: for scripts/tokenize.py and its test, not for building (GPU machines build without it)
+# SentencePiece: for scripts/tokenize_data.py and its test, not for building (GPU machines build without it)
 command -v spm_train >/dev/null 2>&1 || missing+=(sentencepiece)
 { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sentencepiece' >/dev/null 2>&1; } || missing+=(python3-sentencepiece)
 # matplotlib: for scripts/plot.py and its test

@@ -16,8 +16,8 @@ system's /usr/bin/python3. Exit codes: 0 written, 2 bad input, 3 matplotlib miss
 import os
 import sys
 
-# This directory is sys.path[0], and it holds scripts named like standard modules
-# (tokenize.py): drop it, since nothing here is imported from it.
+# This directory is sys.path[0] and nothing here is imported from it: drop it, so that no file
+# here can stand in for a module of the same name.
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 

@@ -77,7 +77,7 @@ static const ConfigKey KEYS[] = {
     KEY(data, val_frac, K_FLOAT, "0.05", 0, 0.9, NULL, "fraction of records (windows for .bin) held out for validation"),
     KEY(data, sep_token, K_INT, "10", 0, IMAX, NULL, "token between records (10 = newline; < model.vocab_size)"),
     BOOL(data, shuffle, "true", "shuffle training windows every epoch (by train.seed)"),
-    ENUM(data, documents, "auto", "auto|on|off", "keep the documents packed in a window apart: attention only within a document (block-diagonal causal), and data.reset_positions / data.mask_boundary_loss. auto = on for FASTA/FASTQ (records end with data.sep_token) and for .bin shards with a manifest.json naming their eos_id (scripts/tokenize.py writes it), off for text lines and random tokens"),
+    ENUM(data, documents, "auto", "auto|on|off", "keep the documents packed in a window apart: attention only within a document (block-diagonal causal), and data.reset_positions / data.mask_boundary_loss. auto = on for FASTA/FASTQ (records end with data.sep_token) and for .bin shards with a manifest.json naming their eos_id (scripts/tokenize_data.py writes it), off for text lines and random tokens"),
     BOOL(data, reset_positions, "true", "with data.documents: RoPE positions restart at 0 in every document (Megatron's reset_position_ids)"),
     BOOL(data, mask_boundary_loss, "true", "with data.documents: a document's separator predicting the next document's first token is not scored (no loss, no gradient; the loss is the mean over the scored tokens)"),
     STR(checkpoint, dir, "", "checkpoint root (empty = no checkpoints)"),
@@ -499,7 +499,7 @@ int config_validate_run(const Config* c, Err* e) {
                        "shipped byte-level sequences. Make token shards, then give data.path:\n"
                        "  spm_train --input=corpus.txt --model_prefix=tok --vocab_size=%d --byte_fallback=true   "
                        "(or take the model's own tokenizer.model)\n"
-                       "  scripts/tokenize.py --tokenizer tok.model --out shards corpus/\n"
+                       "  scripts/tokenize_data.py --tokenizer tok.model --out shards corpus/\n"
                        "  then: data.path=shards (docs/data.md)", src, c->model.vocab_size, c->model.vocab_size);
     if (!strcmp(c->checkpoint.resume, "auto") && !c->checkpoint.dir[0])
         return err_set(e, "%s: checkpoint.resume=auto needs checkpoint.dir=/path/to/checkpoints", src);

@@ -403,7 +403,7 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
             }
             if (!rc && mix && ds->comp[d]->kind != KIND_BIN)
                 rc = err_set(e, "data.weights mixes .bin shards only; '%s' is a sequence file: tokenize it first "
-                             "(scripts/tokenize.py, docs/data.md)", items[d]);
+                             "(scripts/tokenize_data.py, docs/data.md)", items[d]);
         }
         if (!rc && val.n) {
             rc = open_plain(&ds->val, dc, &val, 0.0f, 0, vocab_size, seq_len, seed, e);

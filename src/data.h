@@ -16,7 +16,7 @@
 // .bin shards (256 × int32 header: [0] magic, [1] version, [2] token count; llm.c's 20240520 v1 =
 // uint16 tokens and 20240801 v7 = uint32 tokens, and this project's 20240520 v2 = uint32) are
 // mmap'd, checked once (size, every token < vocab), concatenated, and split by windows: the last
-// val_frac of the windows are validation. scripts/tokenize.py writes them (docs/data.md).
+// val_frac of the windows are validation. scripts/tokenize_data.py writes them (docs/data.md).
 //
 // data.path is a file, a comma-separated list, a glob or a directory (its *.bin shards, sorted;
 // the validation shards there, val_*.bin or *_val_*.bin, are the validation data when
@@ -72,7 +72,7 @@ uint64_t data_window_of(const DataSet*, int split, uint64_t i);
 
 // The token that separates documents in the stream (what ends each record; the boundary that
 // document masking needs): data.sep_token for byte-level data; for .bin shards the eos_id of the
-// manifest.json beside the first shard (scripts/tokenize.py writes it), else data.sep_token.
+// manifest.json beside the first shard (scripts/tokenize_data.py writes it), else data.sep_token.
 // -1 for random data.
 int data_doc_separator(const DataSet*);
 

@@ -69,8 +69,8 @@ int bin_check(const char* name, const uint8_t* p, size_t size, int vocab, Seg* s
     uint32_t magic = le32(p), version = le32(p + 4), count = le32(p + 8);
     if (magic != BIN_MAGIC && magic != BIN_MAGIC_U32)
         return err_set(e, "data: %s: bad magic %u in the .bin header (token shards start with %d or %d: llm.c's "
-                       "uint16 and uint32 shards); make shards with scripts/tokenize.py, or set data.format to match "
-                       "the file", name, magic, BIN_MAGIC, BIN_MAGIC_U32);
+                       "uint16 and uint32 shards); make shards with scripts/tokenize_data.py, or set data.format to "
+                       "match the file", name, magic, BIN_MAGIC, BIN_MAGIC_U32);
     if (magic == BIN_MAGIC && version != 1 && version != 2)
         return err_set(e, "data: %s: unsupported .bin version %u for magic %d (1 = uint16 tokens, 2 = uint32 "
                        "tokens)", name, version, BIN_MAGIC);

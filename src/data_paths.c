@@ -91,7 +91,7 @@ static int list_dir(const char* dir, PathList* train, PathList* val, Err* e) {
     path_list_free(&t);
     path_list_free(&v);
     if (!nt && !nv)
-        return err_set(e, "data: the directory %s holds no .bin shards; make them with scripts/tokenize.py "
+        return err_set(e, "data: the directory %s holds no .bin shards; make them with scripts/tokenize_data.py "
                        "(see docs/data.md)", dir);
     return 0;
 }

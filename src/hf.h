@@ -45,11 +45,11 @@ typedef struct HfTokenIds {
 int hf_write_config_ids(const ModelConfig* m, const char* out_dir, DType dtype, const HfTokenIds* ids, Err* e);
 
 // The tokenizer a run recorded (its config): data.tokenizer, else the manifest.json beside the
-// first data.path item's shards (scripts/tokenize.py writes it). 1 with the path in out, else 0.
+// first data.path item's shards (scripts/tokenize_data.py writes it). 1 with the path in out, else 0.
 int hf_tokenizer_of_run(const DataConfig* dc, char* out, size_t n);
 // Copies a tokenizer into out_dir for AutoTokenizer: spec is a tokenizer.model (SentencePiece),
 // a tokenizer.json (with tokenizer_config.json beside it, if any), a directory holding them, or
-// a manifest.json / shard directory of scripts/tokenize.py. Writes tokenizer.model and/or
+// a manifest.json / shard directory of scripts/tokenize_data.py. Writes tokenizer.model and/or
 // tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json;
 // the ids come from the files (the SentencePiece model's trainer spec, or tokenizer_config.json
 // and tokenizer.json). Refuses a tokenizer larger than vocab_size. desc: one line for the user.

@@ -54,7 +54,7 @@ static int read_all(const char* path, char** buf, size_t* n, Err* e) {
 
 static int find_in_dir(const char* dir, TokFiles* t, int depth, Err* e);
 
-// manifest.json of scripts/tokenize.py: its tokenizer directory.
+// manifest.json of scripts/tokenize_data.py: its tokenizer directory.
 static int from_manifest(const char* path, TokFiles* t, int depth, Err* e) {
     char* text;
     size_t n;

@@ -133,7 +133,7 @@ static void test_headers(void) {
     free(b);
 }
 
-// Shards named like scripts/tokenize.py's in a directory: d/train_00000k.bin, d/val_000000.bin.
+// Shards named like scripts/tokenize_data.py's in a directory: d/train_00000k.bin, d/val_000000.bin.
 static void make_dir_shards(const char* dir, uint32_t* all, size_t n_train_shard, int nshards, uint32_t* val,
                             size_t nval) {
     mkdir(tpath(dir), 0755);

@@ -1,4 +1,4 @@
-// test_tokenize.c — scripts/tokenize.py end to end, against the trainer's data layer: a
+// test_tokenize.c — scripts/tokenize_data.py end to end, against the trainer's data layer: a
 // SentencePiece model trained here with spm_train on the shipped hairpins plus a small text, the
 // inputs (FASTA .gz, JSON Lines, text by line) tokenized into several shards, and the stream the
 // data layer reads equal to spm_encode's ids with BOS/EOS around each document; spm_decode of what
@@ -136,7 +136,7 @@ static uint64_t first_diff(const Stream* a, const Stream* b) {
 
 static int g_ready;
 static Stream g_want;  // spm_encode's stream of the documents
-static const char* TOKENIZE = "scripts/tokenize.py";
+static const char* TOKENIZE = "scripts/tokenize_data.py";
 
 // The inputs, the SentencePiece model and spm_encode's ids.
 static void test_setup(void) {
@@ -396,14 +396,34 @@ static void test_train_export(void) {
     // the flagship config without data
     rc = sh("%s --config L1_8x7B_ep parallel.ep=1 checkpoint.dir=%s > %s 2>&1", bin, tpath("ckL1"), tpath("l1.log"));
     el = t_slurp(tpath("l1.log"), NULL);
-    EXPECT(rc == 2 && el && strstr(el, "data.required") && strstr(el, "spm_train") && strstr(el, "scripts/tokenize.py"),
+    EXPECT(rc == 2 && el && strstr(el, "data.required") && strstr(el, "spm_train") &&
+               strstr(el, "scripts/tokenize_data.py"),
            "L1 without data.path: %d %s", rc, el ? el : "");
     free(el);
+}
+
+// Python puts a script's own directory first on sys.path, so a file in scripts/ named like a
+// standard module (tokenize.py, say) stands in for that module in every script there: linecache,
+// traceback and inspect import `tokenize`, and a multiprocessing pool's worker then dies on its
+// first exception while the caller waits for its result. No script may take such a name.
+static void test_script_names(void) {
+    const int rc = sh("python3 -c 'import os, sys\n"
+                      "names = getattr(sys, \"stdlib_module_names\", None)\n"
+                      "if names is None: sys.exit(3)\n"
+                      "bad = [f for f in sorted(os.listdir(\"scripts\")) if f.endswith(\".py\") and f[:-3] in names]\n"
+                      "print(\" \".join(bad))\n"
+                      "sys.exit(1 if bad else 0)' > %s 2>&1",
+                      tpath("names.log"));
+    char* out = t_slurp(tpath("names.log"), NULL);
+    if (rc == 3) printf("  (python3 older than 3.10 lists no standard module names: not checked)\n");
+    EXPECT(rc == 0 || rc == 3, "scripts/ holds scripts named like standard Python modules: %s", out ? out : "");
+    free(out);
 }
 
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/moetrain_tok_XXXXXX");
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
+    RUN(test_script_names);
     RUN(test_setup);
     RUN(test_stream);
     RUN(test_split);

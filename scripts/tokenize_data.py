@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Raw files to token shards that `moetrain` reads (docs/data.md).
 
-    scripts/tokenize.py --tokenizer TOKENIZER --out DIR [options] INPUT...
+    scripts/tokenize_data.py --tokenizer TOKENIZER --out DIR [options] INPUT...
 
 TOKENIZER is a SentencePiece model (tokenizer.model: Mixtral, Mistral, Llama 2; needs the
 `sentencepiece` module: Debian's python3-sentencepiece, `make deps`), a Hugging Face
