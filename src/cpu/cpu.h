@@ -27,6 +27,13 @@ void cpu_gemm_grouped(Backend*, const GemmDesc*, const GroupDesc*, const void* A
 void cpu_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                             float beta);
 
+// ---- cpu_gemm_fp8.c: the same three with fp8 set (backend.h's FP8 contract), and fp8_ws_bytes ----
+void cpu_gemm_fp8(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
+void cpu_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B, void* C);
+void cpu_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
+                                float beta);
+size_t cpu_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
+
 // ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
 void cpu_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
 void cpu_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);

@@ -1,6 +1,6 @@
 // cpu_backend.c — the CPU backend's ops table: memory, casts, elementwise ops, reductions.
-// The numeric ops live in cpu_gemm.c, cpu_norm.c, cpu_attn.c, cpu_moe.c, cpu_loss.c and
-// cpu_optim.c; this file wires them into the Backend table.
+// The numeric ops live in cpu_gemm.c (cpu_gemm_fp8.c with fp8 set), cpu_norm.c, cpu_attn.c,
+// cpu_moe.c, cpu_loss.c and cpu_optim.c; this file wires them into the Backend table.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +169,7 @@ Backend* cpu_backend_create(void) {
     be->gemm = cpu_gemm;
     be->gemm_grouped = cpu_gemm_grouped;
     be->gemm_grouped_wgrad = cpu_gemm_grouped_wgrad;
+    be->fp8_ws_bytes = cpu_fp8_ws_bytes;
 
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->gemm_grouped_swiglu = cpu_gemm_grouped_swiglu;

@@ -1,5 +1,6 @@
 // cpu_gemm.c — the CPU GEMMs: C = alpha · op(A) · op(B) + beta · C in fp32 (GemmDesc in
-// backend.h), the grouped expert GEMM and the grouped weight gradient.
+// backend.h), the grouped expert GEMM and the grouped weight gradient. With fp8 set they hand over
+// to cpu_gemm_fp8.c.
 //
 // Blocked the BLIS way: for each NC-wide column block and KC-deep slice of K, B is packed once
 // into NR-wide panels (shared by the threads); each thread packs MC×KC blocks of A into MR-row
@@ -156,12 +157,20 @@ static void gemm_f32(CpuImpl* impl, const GemmDesc* d, const float* A, const flo
 }
 
 void cpu_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
+    if (d->fp8) {
+        cpu_gemm_fp8(be, d, A, B, C);
+        return;
+    }
     gemm_f32(be->impl, d, A, B, C);
 }
 
 // Per group g: C[rows g] = alpha · A[rows g] · op(B_g) + beta · C[rows g]. lda/ldc (0 = packed)
 // are the row strides of A and C, shared by all groups; empty groups are skipped.
 void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
+    if (d->fp8) {
+        cpu_gemm_grouped_fp8(be, d, g, A, B, C);
+        return;
+    }
     gemm_grouped_check("gemm_grouped", d, g);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     for (int i = 0; i < g->groups; i++) {
@@ -180,6 +189,10 @@ void cpu_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const 
 // dB is fp32 whether or not g->db_act: the act dtype here is fp32.
 void cpu_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X, void* dB_,
                             float beta) {
+    if (g->fp8) {
+        cpu_gemm_grouped_wgrad_fp8(be, g, N, K, dY, X, dB_, beta);
+        return;
+    }
     float* dB = dB_;
     gemm_grouped_wgrad_check(g, beta);
     for (int i = 0; i < g->groups; i++) {
