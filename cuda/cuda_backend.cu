@@ -348,6 +348,7 @@ static void cu_destroy(Backend* be) {
     CudaImpl* c = CI(be);
     CUDA_CK(cudaStreamSynchronize(c->stream));
     gemm_cache_destroy(c->gemm);
+    fp8_cache_destroy(c->fp8);
     CUBLAS_CK(cublasLtDestroy(c->lt));
     CUDA_CK(cudaFree(c->lt_ws));
     CUDA_CK(cudaFree(c->scratch));
@@ -428,6 +429,7 @@ static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuCo
     c->device = device;
     c->sms = prop->multiProcessorCount;
     c->cc_major = prop->major;
+    c->cc_minor = prop->minor;
     if (gpu) c->opt = *gpu;  // else zeros: the defaults
     snprintf(c->name, sizeof c->name, "%s", prop->name);
     const char* dbg = getenv("MOETRAIN_CUDA_SYNC");
@@ -475,6 +477,10 @@ static void set_ops(Backend* be) {
     be->gemm = cuda_gemm;
     be->gemm_grouped = cuda_gemm_grouped;
     be->gemm_grouped_wgrad = cuda_gemm_grouped_wgrad;
+    // FP8 tensor cores from compute capability 8.9 (cuBLASLt's block-scaled modes on 9.0 only; the
+    // fallback kernel elsewhere); below 8.9 none: precision.fp8 is refused there
+    const CudaImpl* ci = CI(be);
+    be->fp8_ws_bytes = (ci->cc_major > 8 || (ci->cc_major == 8 && ci->cc_minor >= 9)) ? cuda_fp8_ws_bytes : NULL;
 
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;

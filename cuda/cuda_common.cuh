@@ -40,6 +40,7 @@ const char* cublasLt_status_name(cublasStatus_t s);
 
 // ---- the backend's private state -------------------------------------------------------------
 struct GemmCache;  // cuda_gemm.cu
+struct Fp8Cache;   // cuda_fp8.cu
 
 // Pointer → size of live allocations (host-side open-addressing table), for peak_bytes.
 typedef struct AllocMap {
@@ -52,6 +53,7 @@ typedef struct CudaImpl {
     int device;
     int sms;                 // multiprocessor count
     int cc_major;            // compute capability (9 on Hopper)
+    int cc_minor;
     int debug_sync;          // MOETRAIN_CUDA_SYNC=1: synchronize after every launch
     int attn_ds_force;       // tests: the stored-dS attention backward whenever one pair fits
     GpuConfig opt;           // config section gpu (attention kernels, GEMM tiles, plan log)
@@ -62,6 +64,9 @@ typedef struct CudaImpl {
     void* scratch;           // op workspace [scratch_bytes]: reduction partials, index tiles
     size_t scratch_bytes;
     struct GemmCache* gemm;  // cuBLASLt plans by shape
+    struct Fp8Cache* fp8;    // cuBLASLt's block-scaled FP8 plans (cuda_fp8.cu; made on first use)
+    int fp8_path;            // tests: 0 = cuBLASLt where it can, 2 = the FP8 fallback kernel only
+    size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name
     AllocMap allocs;
@@ -161,6 +166,14 @@ void cuda_gemm_grouped_swiglu(Backend*, const GemmDesc*, const GroupDesc*, const
                               void* h, const float* scale);
 void cuda_gemm_grouped_wgrad(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X, void* dB,
                              float beta);
+// cuda_fp8.cu: the FP8 forms of the three GEMM ops (GemmDesc.fp8 / GroupDesc.fp8) and their workspace
+extern "C" void cuda_gemm_fp8(Backend*, const GemmDesc*, const void* A, const void* B, void* C);
+extern "C" void cuda_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc*, const void* A, const void* B,
+                                      void* C);
+extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X,
+                                            void* dB, float beta);
+extern "C" size_t cuda_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
+void fp8_cache_destroy(struct Fp8Cache*);
 // cuda_norm.cu: embedding and RMSNorm
 void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);
 void cuda_embed_bwd(Backend*, float* dtable, const void* dout, const int32_t* tok, int N, int H, int V);

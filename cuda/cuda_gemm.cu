@@ -302,6 +302,7 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
 }
 
 void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
+    if (d->fp8 != FP8_OFF) return cuda_gemm_fp8(be, d, A, B, C);  // cuda_fp8.cu
     int lda, ldb, ldc;
     gemm_desc_check(d, &lda, &ldb, &ldc);
     // cuBLASLt needs leading dimensions ≥ 1 even for empty dims
@@ -311,6 +312,7 @@ void cuda_gemm(Backend* be, const GemmDesc* d, const void* A, const void* B, voi
 // One cuBLASLt call per non-empty group: C = A·B_gᵀ (trans_b, the forward) or C = A·B_g (the
 // backward's data gradients).
 void cuda_gemm_grouped(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* C) {
+    if (d->fp8 != FP8_OFF) return cuda_gemm_grouped_fp8(be, d, g, A, B, C);
     gemm_grouped_check("gemm_grouped", d, g);
     const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
@@ -337,6 +339,7 @@ void cuda_gemm_grouped_swiglu(Backend* be, const GemmDesc* d, const GroupDesc* g
 // dB fp32, or act dtype with g->db_act (cuBLASLt rounds its fp32 sum once on output).
 void cuda_gemm_grouped_wgrad(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
                              void* dB, float beta) {
+    if (g->fp8 != FP8_OFF) return cuda_gemm_grouped_wgrad_fp8(be, g, N, K, dY, X, dB, beta);
     gemm_grouped_wgrad_check(g, beta);
     const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
     char* db = (char*)dB;

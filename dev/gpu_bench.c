@@ -9,6 +9,9 @@
 //   gpu_bench adamw          adamw and adamw_split at one layer's w13
 //   gpu_bench survey KIND    cuBLASLt's candidates per GEMM shape (dev/cuda/cuda_gemm_survey.cu):
 //                            KIND = cool, hot, hotdense, hotskew, hotvar or fp8 (gemm_attn_bench.h)
+//   gpu_bench fp8 [ROWS]     the six expert GEMM ops of one Mixtral-8x7B expert at ROWS rows (default
+//                            8,192) in bf16 and with precision.fp8's block-scaled FP8 (cuda_fp8.cu:
+//                            quantisers and product, the whole op as the step calls it)
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,8 +104,68 @@ static void time_adamw(void) {
     free(rm), free(rv), free(rw), free(rg);
 }
 
+// fp8: each expert GEMM op (gemm_grouped, gemm_grouped_wgrad with one group of `rows` rows) in bf16
+// and in FP8 (FP8_WEIGHT for the forward and data gradients, FP8_ACT for the weight gradients),
+// the mean of 10 calls after 3, on random bf16 operands. TFLOP/s count 2·M·N·K per op; the FP8
+// time includes its quantisers (the weights are quantised in every call today).
+static void time_fp8_experts(int rows) {
+    Backend* be = g_modes[1].gpu;
+    if (!be->fp8_ws_bytes) {
+        printf("fp8: this GPU has no FP8 tensor cores\n");
+        return;
+    }
+    const int H = 4096, F = 14336, R = rows;
+    const size_t nr = (size_t)1 << 22;
+    float *r = randn(nr, 1.f), *rw = randn(nr, 0.02f);
+    void *x = rand_act(be, r, nr, (size_t)R * H), *h = rand_act(be, r + 1, nr - 1, (size_t)R * F);
+    void *gu = rand_act(be, r + 2, nr - 2, (size_t)R * 2 * F), *dy = rand_act(be, r + 3, nr - 3, (size_t)R * H);
+    void *w13 = rand_act(be, rw, nr, (size_t)2 * F * H), *w2 = rand_act(be, rw + 1, nr - 1, (size_t)H * F);
+    void *out = dev_alloc(be, (size_t)2 * R * 2 * F), *dw = dev_alloc(be, (size_t)4 * 2 * F * H);
+    const int off[2] = {0, R};
+    size_t wsb = 0;
+    const int dims[6][3] = {{2 * F, H, 0}, {H, 2 * F, 0}, {2 * F, H, 1}, {H, F, 0}, {F, H, 0}, {H, F, 1}};  // N, K, wgrad
+    for (int i = 0; i < 6; i++) {
+        const size_t b = dims[i][2] ? be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, dims[i][0], dims[i][1], 1)
+                                    : be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, dims[i][0], dims[i][1], 1);
+        if (b > wsb) wsb = b;
+    }
+    void* ws = dev_alloc(be, wsb);
+    printf("fp8 expert GEMM ops, one expert of %d rows (ws %.0f MB); ms and TFLOP/s\n", R, wsb / 1e6);
+    static const char* const name[6] = {"w13 fwd", "w13 dgrad", "w13 wgrad", "w2 fwd", "w2 dgrad", "w2 wgrad"};
+    for (int i = 0; i < 6; i++) {
+        double t[2];
+        for (int f = 0; f < 2; f++) {
+            GemmDesc d = {.N = dims[i][0], .K = dims[i][1], .trans_b = i == 0 || i == 3, .alpha = 1};
+            GroupDesc g = {.groups = 1, .host_off = off, .b_stride = 0};
+            if (f) d.fp8 = FP8_WEIGHT, d.ws = ws, d.ws_bytes = wsb, g.fp8 = FP8_ACT, g.ws = ws, g.ws_bytes = wsb;
+            const void *a = NULL, *b = NULL;
+            switch (i) {
+                case 0: a = x, b = w13; break;    // gu = x · w13ᵀ
+                case 1: a = gu, b = w13; break;   // dx = dgu · w13
+                case 2: a = gu, b = x; break;     // dw13 = dguᵀ · x
+                case 3: a = h, b = w2; break;     // y = h · w2ᵀ
+                case 4: a = dy, b = w2; break;    // dh = dy · w2
+                default: a = dy, b = h; break;    // dw2 = dyᵀ · h
+            }
+            double t0 = 0;
+            for (int it = -3; it < 10; it++) {
+                if (it == 0) be->sync(be), t0 = now_sec();
+                if (dims[i][2]) be->gemm_grouped_wgrad(be, &g, dims[i][0], dims[i][1], a, b, dw, 0.f);
+                else be->gemm_grouped(be, &d, &g, a, b, out);
+            }
+            be->sync(be);
+            t[f] = (now_sec() - t0) / 10 * 1e3;
+        }
+        const double fl = 2.0 * R * dims[i][0] * dims[i][1];
+        printf("%-10s bf16 %7.3f ms %6.0f TFLOP/s   fp8 %7.3f ms %6.0f TFLOP/s   %.2fx\n", name[i], t[0],
+               fl / t[0] / 1e9, t[1], fl / t[1] / 1e9, t[0] / t[1]);
+    }
+    free(r), free(rw);
+    dev_free_all();
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: gpu_bench [all | attn [B...] | mem | adamw | survey cool|hot|hotdense|hotskew|hotvar|fp8]\n");
+    fprintf(stderr, "usage: gpu_bench [all | attn [B...] | mem | adamw | fp8 [ROWS] | survey cool|hot|hotdense|hotskew|hotvar|fp8]\n");
     return 2;
 }
 
@@ -125,6 +188,10 @@ int main(int argc, char** argv) {
         time_memory_bound();
     } else if (!strcmp(mode, "adamw")) {
         time_adamw();
+    } else if (!strcmp(mode, "fp8")) {
+        const long rows = argc > 2 ? strtol(argv[2], NULL, 10) : 8192;
+        if (rows > 0 && rows <= 65536) time_fp8_experts((int)rows);
+        else rc = usage();
     } else if (!strcmp(mode, "survey") && argc == 3) {
         const char* k = argv[2];
         if (!strcmp(k, "cool")) gemm_survey(0.f, SURVEY_EXPERT);

@@ -25,6 +25,8 @@
 #   OURS=0               skip moetrain (peer only)
 #   CONFIG=bench_8x7B_L2 config name or path, for both sides; ARGS="k=v ..." extra overrides for
 #                        moetrain (model.* and optim.* ones reach the peer too)
+#   FP8="none experts"   one moetrain run per value with precision.fp8=VALUE (rows "moetrain" for
+#                        none, "moetrain fp8=VALUE" otherwise); unset: one run without the key
 #   LAUNCH=""            how moetrain is started (one rank needs no mpirun; e.g.
 #                        LAUNCH="scripts/mpirun.sh -np 1")
 #   RUN_TIMEOUT=300      seconds per run (one moetrain run; one peer size)
@@ -62,21 +64,28 @@ if [ "$OURS" = 1 ]; then
   fi
   for seq in $SEQ; do
     for mbs in $MBS; do
-      say "moetrain $CONFIG micro_batch=$mbs seq_len=$seq"
-      echo "==== moetrain $CONFIG train.micro_batch=$mbs train.global_batch=$mbs train.seq_len=$seq ${ARGS:-}" >>"$OUT/moetrain.log"
-      # shellcheck disable=SC2086  # LAUNCH and ARGS are word lists
+     for f8 in ${FP8:-_}; do
+      impl=moetrain extra=
+      if [ "$f8" != _ ]; then
+        extra="precision.fp8=$f8"
+        [ "$f8" != none ] && impl="moetrain fp8=$f8"
+      fi
+      say "$impl $CONFIG micro_batch=$mbs seq_len=$seq"
+      echo "==== moetrain $CONFIG train.micro_batch=$mbs train.global_batch=$mbs train.seq_len=$seq $extra ${ARGS:-}" >>"$OUT/moetrain.log"
+      # shellcheck disable=SC2086  # LAUNCH, extra and ARGS are word lists
       timeout --foreground -k 10 "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
-        train.global_batch="$mbs" train.seq_len="$seq" ${ARGS:-} >>"$OUT/moetrain.log" 2>&1
+        train.global_batch="$mbs" train.seq_len="$seq" $extra ${ARGS:-} >>"$OUT/moetrain.log" 2>&1
       rc=$?
       line=$(awk '/^==== /{last=""} /^\{"bench"/{last=$0} END{print last}' "$OUT/moetrain.log")
       if [ $rc -ne 0 ] || [ -z "$line" ]; then
-        say "moetrain mbs=$mbs seq=$seq: exit $rc$([ $rc -eq 124 ] && echo " (timed out after ${RUN_TIMEOUT}s)"), bench line: ${line:-none} (see $OUT/moetrain.log)"
-        echo "{\"impl\": \"moetrain\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc\"}" >>"$RES"
+        say "$impl mbs=$mbs seq=$seq: exit $rc$([ $rc -eq 124 ] && echo " (timed out after ${RUN_TIMEOUT}s)"), bench line: ${line:-none} (see $OUT/moetrain.log)"
+        echo "{\"impl\": \"$impl\", \"mbs\": $mbs, \"seq\": $seq, \"error\": \"exit $rc\"}" >>"$RES"
         fail=1
         continue
       fi
-      echo "{\"impl\": \"moetrain\", \"mbs\": $mbs, \"seq\": $seq, ${line#\{}" >>"$RES"
+      echo "{\"impl\": \"$impl\", \"mbs\": $mbs, \"seq\": $seq, ${line#\{}" >>"$RES"
       say "  $line"
+     done
     done
   done
 fi

@@ -60,6 +60,11 @@ def mfu(r, peak):
     return "n/a" if not peak or r.get("model_tflops") is None else f"{100 * r['model_tflops'] / peak:.1f}%"
 
 
+def is_ours(r):
+    """moetrain's rows: "moetrain", or "moetrain fp8=MODE" (bench.sh FP8=...)."""
+    return r["impl"].startswith("moetrain")
+
+
 def table(rows, gpu="", peak=None):
     out = []
     sizes = sorted({(r["mbs"], r["seq"]) for r in rows})
@@ -71,11 +76,11 @@ def table(rows, gpu="", peak=None):
     verdicts = []
     for mbs, seq in sizes:
         here = [r for r in rows if (r["mbs"], r["seq"]) == (mbs, seq)]
-        hf = [r for r in here if r["impl"] != "moetrain" and "error" not in r and r.get("tokens_per_s")]
+        hf = [r for r in here if not is_ours(r) and "error" not in r and r.get("tokens_per_s")]
         best = max(hf, key=lambda r: r["tokens_per_s"]) if hf else None
-        ours = [r for r in here if r["impl"] == "moetrain"]
-        for r in sorted(here, key=lambda r: (r["impl"] != "moetrain", r["impl"])):
-            name = ("**moetrain**" if r["impl"] == "moetrain" else "HF " + r["impl"]) + (" (best HF)" if r is best else "")
+        ours = [r for r in here if is_ours(r)]
+        for r in sorted(here, key=lambda r: (not is_ours(r), r["impl"])):
+            name = (f"**{r['impl']}**" if is_ours(r) else "HF " + r["impl"]) + (" (best HF)" if r is best else "")
             if "error" in r:
                 out.append(f"| {mbs} | {seq} | {name} | failed: {str(r['error'])[:80]} | | | | | |")
                 continue
@@ -84,9 +89,9 @@ def table(rows, gpu="", peak=None):
                        f"{fmt(r.get('model_tflops'), '.1f')} | {mfu(r, peak)} | {fmt(r.get('peak_gib'), '.1f')} | {ratio} |")
         for o in ours:
             if "error" in o:
-                verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain failed ({o['error']})")
+                verdicts.append(f"micro-batch {mbs}, seq {seq}: {o['impl']} failed ({o['error']})")
             elif best:
-                verdicts.append(f"micro-batch {mbs}, seq {seq}: moetrain {o['tokens_per_s']:,.0f} tokens/s "
+                verdicts.append(f"micro-batch {mbs}, seq {seq}: {o['impl']} {o['tokens_per_s']:,.0f} tokens/s "
                                 f"= {o['tokens_per_s'] / best['tokens_per_s']:.2f}× the best HF variant "
                                 f"({best['impl']}, {best['tokens_per_s']:,.0f} tokens/s); step "
                                 f"{fmt(o.get('step_ms'), '.1f')} vs {fmt(best.get('step_ms'), '.1f')} ms; MFU "
@@ -116,8 +121,8 @@ def matrix(rows):
         cells = []
         for mbs in mbss:
             here = [r for r in rows if (r["mbs"], r["seq"]) == (mbs, seq) and "error" not in r and r.get("tokens_per_s")]
-            ours = [r for r in here if r["impl"] == "moetrain"]
-            hf = [r for r in here if r["impl"] != "moetrain"]
+            ours = [r for r in here if r["impl"] == "moetrain"] or [r for r in here if is_ours(r)]
+            hf = [r for r in here if not is_ours(r)]
             best = max(hf, key=lambda r: r["tokens_per_s"]) if hf else None
             if not ours and not best:
                 tried = any((r["mbs"], r["seq"]) == (mbs, seq) for r in rows)

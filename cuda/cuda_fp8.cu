@@ -1,0 +1,863 @@
+// cuda_fp8.cu — the FP8 (e4m3) block-scaled GEMMs of backend.h (GemmDesc.fp8, GroupDesc.fp8):
+// quantiser kernels, cuBLASLt's block-scaled FP8 GEMM on sm_90, a tensor-core fallback kernel
+// (mma.sync m16n8k32 e4m3, sm_89+), an fp32 epilogue, and fp8_ws_bytes. Numerics: src/fp8.h
+// (the spec every kernel is tested against), docs/fp8.md.
+//
+// ---- Quantisers (bit for bit what fp8.h specifies) --------------------------------------------
+// Every code is e4m3(fl(x / s)) with an IEEE division (__fdiv_rn) and __nv_cvt_float_to_fp8 with
+// __NV_SATFINITE (round to nearest even, saturation to ±448); a non-finite x gives 0x7F; the scale
+// is fp8_scale_of_amax over the finite elements of the tile (amax / 448 rounded, 1 for amax = 0,
+// raised to FLT_MIN). The codes of a quantised operand are row-major [rows, ldq], K innermost,
+// ldq = K rounded up to 16 with zero codes in [K, ldq) (a zero code adds exactly zero).
+//   k_quant_rows   1×128 tiles along the contiguous dimension (op(A) = A, op(B)ᵀ = B with FP8_ACT)
+//   k_quant_cols   1×128 tiles along rows, the cast-transpose: a segment of rows of X [n, C] gives
+//                  qt [C, ldk] (the transpose, quantised along n) and, optionally in the same pass,
+//                  the row-wise codes and scales of the same rows (both layouts from one read);
+//                  op(A) with trans_a, op(B)ᵀ with !trans_b and FP8_ACT, and the weight-gradient
+//                  operands per expert group (tiles restart at each group's first row)
+//   k_quant_blocks 128×128 blocks, written as is or transposed (FP8_WEIGHT with trans_b or not)
+//
+// ---- cuBLASLt's block-scaled FP8 GEMM: what it takes (cuBLAS 12.9+, sm_90 only) ---------------
+// Modes (cublasLt.h, cublasLtMatmulMatrixScale_t): VEC128_32F — "a dedicated CUDA_R_32F scaling
+// factor for each 128-element block in the innermost dimension"; BLK128x128_32F — one per
+// 128×128-element block. Set with CUBLASLT_MATMUL_DESC_A/B_SCALE_MODE, the scales through
+// CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER (device fp32). Facts used here, with their sources:
+//  * Hopper only, introduced in cuBLAS 12.9 (NVIDIA's answer in NVIDIA/CUDALibrarySamples#310);
+//    FP8 on Hopper is TN only: cuBLASLt's A with CUBLAS_OP_T, B with CUBLAS_OP_N, both K-major.
+//  * Pairs: VEC128 × VEC128, VEC128 × BLK128x128 and BLK128x128 × VEC128; not BLK × BLK
+//    (Transformer Engine, transformer_engine/common/gemm/cublaslt_gemm.cu: "Only 1D by 1D, 1D by
+//    2D, and 2D by 1D block scaling supported"); fast accumulation must stay off (PyTorch
+//    ScaledBlas: "doesn't support fast accum with 1x128 blockwise scaling").
+//  * Scale layouts (Transformer Engine's "GEMM-ready" format, docs/features/low_precision_training/
+//    fp8_blockwise_scaling, passed to cuBLASLt as they are; its tests compare cuBLASLt with an
+//    emulation on shapes such as 320×256×336):
+//      VEC128 for an operand stored [R, K] (R outer, K inner): scale (r, t) at t · pad4(R) + r,
+//        i.e. [⌈K/128⌉, pad4(R)] row-major, the outer index contiguous;
+//      BLK128x128 for [R, K]: scale (r/128, t) at (r/128) · pad4(⌈K/128⌉) + t, i.e.
+//        [⌈R/128⌉, pad4(⌈K/128⌉)] row-major.
+//    (pad4 = up to a multiple of 4: 16-byte rows.) PyTorch's scaled_mm tests say the same of the
+//    1×128 scales ("1x128 blocks need scales to be outer-dim-major"), and users of its cuBLASLt
+//    path pad the token count to 4 and the weight's K blocks to 4. Here R is always a multiple of 8 where
+//    cuBLASLt runs (below), so pad4(R) = R for VEC128; BLK128x128 rows are padded to 4 floats.
+//  * Shape rules (Transformer Engine's checks and test_unaligned_shapes): leading dimensions a
+//    multiple of 16 bytes (ldq is); m (our N) a multiple of 8; n (our rows M) a multiple of 8 when
+//    cuBLASLt's B is VEC128 (ours always is); K is passed as ldq (zero codes, exact).
+//  * beta: accepted with these modes, but on a bf16 output cuBLASLt rounds the product to bf16
+//    before it adds beta·C (Transformer Engine's reference tests/pytorch/references/
+//    blockwise_fp8_gemm_reference.py: "first convert C to output dtype, then accumulate"); the
+//    contract rounds once, so a bf16 C with beta ≠ 0 takes the fp32 product into ws and
+//    k_epilogue adds beta·addend (fp32 C: cuBLASLt's own beta, one fp32 rounding).
+//  * Inside a 128-K tile the tensor cores sum the e4m3 products with a limited-precision
+//    accumulator, promoted to fp32 and scaled once per tile (the same reference: "every 4 QMMA
+//    partial accumulation results are accumulated into float32 registers", y += partial · scale;
+//    DeepSeek-V3 §3.3.2 measured ~14 retained bits). The tests bound that term (docs/fp8.md).
+// Mapping: our row-major C[M, N] = op(A) · op(B) is cuBLASLt's column-major Cᵀ = op(B)ᵀ·op(A)ᵀ:
+// cuBLASLt's A is our B operand quantised [N, ldq] (CUBLAS_OP_T, m = N, scale mode BLK128x128 for
+// FP8_WEIGHT, VEC128 for FP8_ACT), its B is our A operand quantised [M, ldq] (CUBLAS_OP_N, n = M,
+// VEC128), D is our C.
+//
+// ---- Where cuBLASLt does not run: the fallback kernel -----------------------------------------
+// k_fp8_gemm (mma.sync m16n8k32 e4m3 → fp32, sm_89+): per K tile the tensor-core partial P_t, then
+// acc = fl(acc + fl(fl(sa · sb) · P_t)) in the spec's order, then the epilogue. It runs where the
+// shape is not cuBLASLt's (N % 8 ≠ 0), on GPUs other than sm_90, for the last M % 8 rows of a
+// GEMM (cuBLASLt takes the rest), where cuBLASLt has no algorithm, and whenever the path is
+// forced (tests: cuda_fp8_set_path).
+#include <cuda_fp8.h>
+#include <float.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+enum { TILE = 128, Q_THREADS = 256, TSTRIDE = TILE + 1 };
+enum { WS_ALIGN = 256 };
+// fp32 product rows staged for the epilogue path: at most this many bytes at a time
+#define EPI_BYTES ((size_t)32 << 20)
+enum { FP8_CACHE_CAP = 512 };
+
+static inline size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// ---- element rules (fp8.h) ------------------------------------------------------------------------
+
+__device__ __forceinline__ float fin_abs(float x) { return isfinite(x) ? fabsf(x) : 0.f; }
+__device__ __forceinline__ float scale_of_amax(float amax) {
+    if (!(amax > 0.f)) return 1.f;
+    const float s = __fdiv_rn(amax, 448.f);
+    return s < FLT_MIN ? FLT_MIN : s;
+}
+__device__ __forceinline__ uint32_t quant_elem(float x, float s) {
+    if (!isfinite(x)) return 0x7Fu;
+    return (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3);
+}
+
+// Where the scale of (row r, K tile t) of a quantised operand lives. Rows [0, split) are cut in
+// chunks of `chunk` rows (the last one shorter), chunk c at p0 + c·chunk·Kt with layout [Kt, rows
+// of the chunk] (cuBLASLt's VEC128 layout for that chunk); rows [split, R) at p1 as [Kt, R − split].
+// blk: a BLK128x128 operand instead, scale at p0[(r / 128) · lds + t].
+struct SMap {
+    float* p0;
+    float* p1;
+    int split, chunk, R, Kt;
+    int blk, lds;
+};
+__host__ __device__ __forceinline__ size_t smap_idx(const SMap& m, int r, int t, float** base) {
+    if (m.blk) {
+        *base = m.p0;
+        return (size_t)(r >> 7) * m.lds + t;
+    }
+    if (r < m.split) {
+        const int c = r / m.chunk, r0 = c * m.chunk, n = m.split - r0 < m.chunk ? m.split - r0 : m.chunk;
+        *base = m.p0;
+        return (size_t)r0 * m.Kt + (size_t)t * n + (r - r0);
+    }
+    *base = m.p1;
+    return (size_t)t * (m.R - m.split) + (r - m.split);
+}
+__device__ __forceinline__ void smap_put(const SMap& m, int r, int t, float v) {
+    float* b;
+    const size_t i = smap_idx(m, r, t, &b);
+    b[i] = v;
+}
+__device__ __forceinline__ float smap_get(const SMap& m, int r, int t) {
+    float* b;
+    const size_t i = smap_idx(m, r, t, &b);
+    return __ldg(b + i);
+}
+static SMap smap_vec(float* p0, float* p1, int split, int chunk, int R, int Kt) {
+    SMap m;
+    m.p0 = p0, m.p1 = p1, m.split = split, m.chunk = chunk > 0 ? chunk : (split > 0 ? split : 1), m.R = R, m.Kt = Kt;
+    m.blk = 0, m.lds = 0;
+    return m;
+}
+static SMap smap_blk(float* p, int Kt) {
+    SMap m;
+    memset(&m, 0, sizeof m);
+    m.p0 = p, m.Kt = Kt, m.blk = 1, m.lds = (int)up((size_t)Kt, 4);
+    return m;
+}
+
+// ---- k_quant_rows: 1×128 tiles along the contiguous dimension ----------------------------------
+// X [R, C] (row stride ldx) → q [R, ldq] (ldq % 4 = 0, ≥ C; zero codes in [C, ldq)), scales via sm.
+// One warp per (row, tile), four consecutive elements a lane.
+template <typename T>
+__global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ x, int R, int C, size_t ldx,
+                                                          uint8_t* __restrict__ q, size_t ldq, SMap sm) {
+    const int Kt = sm.Kt;
+    const size_t w = ((size_t)blockIdx.x * Q_THREADS + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= (size_t)R * Kt) return;  // whole warps leave together
+    const int r = (int)(w / Kt), t = (int)(w % Kt), c0 = t * TILE + 4 * lane;
+    float v[4], m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = c0 + j < C ? to_f(x[(size_t)r * ldx + c0 + j]) : 0.f;
+        m = fmaxf(m, fin_abs(v[j]));
+    }
+    m = warp_max(m);
+    const float s = scale_of_amax(m);
+    if (lane == 0) smap_put(sm, r, t, s);
+    if ((size_t)c0 < ldq) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) word |= (c0 + j < C ? quant_elem(v[j], s) : 0u) << (8 * j);
+        *(uint32_t*)(q + (size_t)r * ldq + c0) = word;
+    }
+}
+
+// ---- k_quant_cols: the cast-transpose ------------------------------------------------------------
+// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block through shared memory:
+// qt [C, ldk] (ldk % 4 = 0, ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from
+// X[128t .. 128t+128, c] (stm: row c, tile t); optionally q [n, ldq] / srm: the row-wise codes.
+template <typename T>
+__global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+                                                          uint8_t* __restrict__ qt, size_t ldk, SMap stm,
+                                                          uint8_t* __restrict__ q, size_t ldq, SMap srm) {
+    extern __shared__ float tile[];  // [TILE][TSTRIDE]
+    __shared__ float cmax[2][TILE], rmax[2][TILE], csc[TILE], rsc[TILE];
+    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
+    for (int e = tid; e < TILE * TILE; e += Q_THREADS) {
+        const int i = e / TILE, c = e % TILE;
+        tile[i * TSTRIDE + c] = (i0 + i < n && c0 + c < C) ? to_f(x[(size_t)(i0 + i) * ldx + c0 + c]) : 0.f;
+    }
+    __syncthreads();
+    {
+        const int k = tid & (TILE - 1), h = tid >> 7;
+        float mc = 0.f, mr = 0.f;
+        for (int j = h * 64; j < h * 64 + 64; j++) {
+            mc = fmaxf(mc, fin_abs(tile[j * TSTRIDE + k]));  // column k
+            mr = fmaxf(mr, fin_abs(tile[k * TSTRIDE + j]));  // row k
+        }
+        cmax[h][k] = mc;
+        rmax[h][k] = mr;
+    }
+    __syncthreads();
+    if (tid < TILE) {
+        const int c = tid, i = tid;
+        csc[c] = scale_of_amax(fmaxf(cmax[0][c], cmax[1][c]));
+        rsc[i] = scale_of_amax(fmaxf(rmax[0][i], rmax[1][i]));
+        if (i0 < n && c0 + c < C) smap_put(stm, c0 + c, blockIdx.y, csc[c]);
+        if (q && i0 + i < n && c0 < C) smap_put(srm, i0 + i, blockIdx.x, rsc[i]);
+    }
+    __syncthreads();
+    // transposed codes: column c's 128 codes as 32 words
+    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
+        const int c = e >> 5, iw = (e & 31) * 4;
+        if (c0 + c >= C || (size_t)(i0 + iw) >= ldk) continue;
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            word |= (i0 + iw + j < n ? quant_elem(tile[(iw + j) * TSTRIDE + c], csc[c]) : 0u) << (8 * j);
+        *(uint32_t*)(qt + (size_t)(c0 + c) * ldk + i0 + iw) = word;
+    }
+    if (!q) return;
+    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
+        const int i = e >> 5, cw = (e & 31) * 4;
+        if (i0 + i >= n || (size_t)(c0 + cw) >= ldq) continue;
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            word |= (c0 + cw + j < C ? quant_elem(tile[i * TSTRIDE + cw + j], rsc[i]) : 0u) << (8 * j);
+        *(uint32_t*)(q + (size_t)(i0 + i) * ldq + c0 + cw) = word;
+    }
+}
+
+// ---- k_quant_blocks: 128×128 blocks --------------------------------------------------------------
+// W [R, C] (row stride ldw). trans = 0: q [R, ldq] (ldq ≥ C), block (rb, cb) scale at s[rb·lds + cb];
+// trans = 1: q [C, ldq] = the transpose (ldq ≥ R), scale at s[cb·lds + rb]. Zero codes fill each
+// output row to ldq.
+template <typename T>
+__global__ void __launch_bounds__(Q_THREADS) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
+                                                            int trans, uint8_t* __restrict__ q, size_t ldq,
+                                                            float* __restrict__ s, int lds) {
+    extern __shared__ float tile[];
+    __shared__ float red[32];
+    // grid: x over the output's K (C, or R transposed, up to ldq), y over the output's rows
+    const int ok0 = blockIdx.x * TILE, or0 = blockIdx.y * TILE, tid = threadIdx.x;
+    const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
+    for (int e = tid; e < TILE * TILE; e += Q_THREADS) {
+        const int i = e / TILE, c = e % TILE;
+        tile[i * TSTRIDE + c] = (r0 + i < R && cc0 + c < C) ? to_f(w[(size_t)(r0 + i) * ldw + cc0 + c]) : 0.f;
+    }
+    __syncthreads();
+    float m = 0.f;
+    for (int e = tid; e < TILE * TILE; e += Q_THREADS) m = fmaxf(m, fin_abs(tile[(e / TILE) * TSTRIDE + e % TILE]));
+    m = block_max(m, red);
+    const float sc = scale_of_amax(m);
+    const int out_rows = trans ? C : R, out_k = trans ? R : C;
+    if (tid == 0 && r0 < R && cc0 < C) s[(size_t)(trans ? cc0 / TILE : r0 / TILE) * lds + (trans ? r0 : cc0) / TILE] = sc;
+    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
+        const int orow = e >> 5, kw = (e & 31) * 4;  // output row or0 + orow, output K ok0 + kw ..
+        if (or0 + orow >= out_rows || (size_t)(ok0 + kw) >= ldq) continue;
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int k = kw + j;
+            const float v = trans ? tile[k * TSTRIDE + orow] : tile[orow * TSTRIDE + k];
+            word |= (ok0 + k < out_k ? quant_elem(v, sc) : 0u) << (8 * j);
+        }
+        *(uint32_t*)(q + (size_t)(or0 + orow) * ldq + ok0 + kw) = word;
+    }
+}
+
+static const size_t TILE_SMEM = sizeof(float) * TILE * TSTRIDE;
+
+template <typename F> static void smem_opt_in(F* f) {
+    static int done = 0;  // per kernel instantiation; the attribute is per device function
+    if (!done) {
+        CUDA_CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_SMEM));
+        done = 1;
+    }
+}
+
+// ---- launchers (act dtype from the backend) -------------------------------------------------------
+
+static void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q, size_t ldq, SMap sm) {
+    if (R == 0 || C == 0) return;
+    const size_t warps = (size_t)R * sm.Kt;
+    const unsigned blocks = (unsigned)((warps * 32 + Q_THREADS - 1) / Q_THREADS);
+    if (is_bf16(be)) k_quant_rows<bf16><<<blocks, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm);
+    else k_quant_rows<float><<<blocks, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm);
+    LAUNCH_CK(CI(be));
+}
+
+static void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* qt, size_t ldk, SMap stm,
+                       uint8_t* q, size_t ldq, SMap srm) {
+    if (C == 0 || ldk == 0) return;
+    const dim3 grid((unsigned)cdiv(C, TILE), (unsigned)cdiv((int)(ldk > (size_t)n ? ldk : (size_t)n), TILE));
+    if (is_bf16(be)) {
+        smem_opt_in(k_quant_cols<bf16>);
+        k_quant_cols<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm);
+    } else {
+        smem_opt_in(k_quant_cols<float>);
+        k_quant_cols<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm);
+    }
+    LAUNCH_CK(CI(be));
+}
+
+static void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq,
+                         float* s, int lds) {
+    if (R == 0 || C == 0) return;
+    const int out_rows = trans ? C : R;
+    const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
+    if (is_bf16(be)) {
+        smem_opt_in(k_quant_blocks<bf16>);
+        k_quant_blocks<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds);
+    } else {
+        smem_opt_in(k_quant_blocks<float>);
+        k_quant_blocks<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds);
+    }
+    LAUNCH_CK(CI(be));
+}
+
+// ---- the fallback GEMM: mma.sync m16n8k32 e4m3 ----------------------------------------------------
+// C[r, j] for r in [row0, M), j in [0, N) = alpha · Σ_t fl(fl(sa·sb) · P_t) (+ beta · addend), from
+// qa [M, ldq] and qb [N, ldq] (zero codes from K up to ldq). A block: 4 warps, 16 rows × 128
+// columns; a warp 16 × 32 (four n8 tiles). Operands straight from global memory (L1/L2): the tails
+// and the odd shapes it serves are small, and the tests use it as a second opinion.
+enum { FB_WARPS = 4, FB_BM = 16, FB_BN = 32 * FB_WARPS };
+
+__device__ __forceinline__ uint32_t ld_code4(const uint8_t* p, int row, int rows, int k, int K, size_t ld) {
+    return (row < rows && k < K) ? __ldg((const uint32_t*)(p + (size_t)row * ld + k)) : 0u;
+}
+
+template <typename TC>
+__global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int N, int K, const uint8_t* __restrict__ qa,
+                                                            SMap sa, const uint8_t* __restrict__ qb, SMap sb, size_t ldq,
+                                                            float alpha, float beta, const TC* addend, TC* C, size_t ldc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int rb = row0 + blockIdx.y * FB_BM, nb = blockIdx.x * FB_BN + warp * 32;
+    const int Kt = (K + TILE - 1) / TILE;
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    const int ra = rb + g, rb8 = rb + g + 8;
+    for (int t = 0; t < Kt; t++) {
+        float p[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[j][e] = 0.f;
+        for (int ks = 0; ks < TILE / 32; ks++) {
+            const int k = t * TILE + ks * 32;
+            if (k >= K) break;
+            const int ka = k + tg * 4, kb = k + 16 + tg * 4;
+            const uint32_t a0 = ld_code4(qa, ra, M, ka, K, ldq), a1 = ld_code4(qa, rb8, M, ka, K, ldq);
+            const uint32_t a2 = ld_code4(qa, ra, M, kb, K, ldq), a3 = ld_code4(qa, rb8, M, kb, K, ldq);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = nb + j * 8 + g;
+                const uint32_t b0 = ld_code4(qb, col, N, ka, K, ldq), b1 = ld_code4(qb, col, N, kb, K, ldq);
+                asm volatile(
+                    "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                    "{%0,%1,%2,%3};\n"
+                    : "+f"(p[j][0]), "+f"(p[j][1]), "+f"(p[j][2]), "+f"(p[j][3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            }
+        }
+        // promotion: the spec's order, no fused multiply-add
+        const float s0 = ra < M ? smap_get(sa, ra, t) : 0.f, s1 = rb8 < M ? smap_get(sa, rb8, t) : 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nb + j * 8 + tg * 2 + (e & 1);
+                if (col >= N) continue;
+                const float w = __fmul_rn(e < 2 ? s0 : s1, smap_get(sb, col, t));
+                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(w, p[j][e]));
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = e < 2 ? ra : rb8, col = nb + j * 8 + tg * 2 + (e & 1);
+            if (row >= M || col >= N) continue;
+            float v = alpha == 1.f ? acc[j][e] : __fmul_rn(alpha, acc[j][e]);
+            if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(addend[(size_t)row * ldc + col])));
+            C[(size_t)row * ldc + col] = from_f<TC>(v);
+        }
+#endif
+}
+
+// ---- epilogue: C = alpha · r + beta · addend, r fp32 [rows, N] packed -----------------------------
+template <typename TC>
+__global__ void k_epilogue(const float* __restrict__ r, int rows, int N, float alpha, float beta, const TC* addend,
+                           TC* C, size_t ldc) {
+    const size_t n = (size_t)rows * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = i / N, col = i % N;
+        float v = alpha == 1.f ? r[i] : __fmul_rn(alpha, r[i]);
+        if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(addend[row * ldc + col])));
+        C[row * ldc + col] = from_f<TC>(v);
+    }
+}
+
+// ---- cuBLASLt plans --------------------------------------------------------------------------------
+
+typedef struct Fp8Key {
+    int m, n, k;      // cuBLASLt's dims (n rounded for the expert GEMMs' varying rows)
+    int ldc;
+    int blk;          // cuBLASLt's A (our B) BLK128x128 (else VEC128)
+    int d_f32;        // D (and C) fp32, else bf16
+    int align;        // C/D pointer alignment (≤ 16)
+    int dyn;          // n rounded
+} Fp8Key;
+
+typedef struct Fp8Plan {
+    Fp8Key key;
+    int used, ok;     // ok = 0: cuBLASLt has no algorithm (the fallback runs)
+    int cur_n;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} Fp8Plan;
+
+struct Fp8Cache {
+    Fp8Plan slot[FP8_CACHE_CAP];
+    int used;
+};
+
+static void plan_free(Fp8Plan* p) {
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatmulDescDestroy(p->op);
+    p->used = 0;
+}
+
+void fp8_cache_destroy(struct Fp8Cache* f) {
+    if (!f) return;
+    for (int i = 0; i < FP8_CACHE_CAP; i++) plan_free(&f->slot[i]);
+    free(f);
+}
+
+static void plan_build(CudaImpl* c, Fp8Plan* p, const Fp8Key* k) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    p->used = 1;
+    CUBLAS_CK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const int32_t ma = k->blk ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const int32_t mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    // the heuristic wants the scale pointers set (any device address; each call sets its own)
+    const void* dummy = c->scratch;
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
+    CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
+    const cudaDataType_t dt = k->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, k->k, k->m, k->k));
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, k->k, k->n, k->k));
+    CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lc, dt, k->m, k->n, k->ldc));
+    p->cur_n = k->n;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = c->lt_ws_bytes;
+    const uint32_t al = (uint32_t)k->align, a16 = 16;
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a16, sizeof a16));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a16, sizeof a16));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->ok = s == CUBLAS_STATUS_SUCCESS && nres > 0;
+    if (p->ok) p->algo = res.algo;
+    if (c->opt.gemm_log)
+        fprintf(stderr, "fp8 gemm plan m=%d n=%d k=%d %s x VEC128 -> %s: %s\n", k->m, k->n, k->k,
+                k->blk ? "BLK128x128" : "VEC128", k->d_f32 ? "fp32" : "bf16",
+                p->ok ? "cuBLASLt" : cublasLt_status_name(s));
+}
+
+static Fp8Plan* plan_get(CudaImpl* c, const Fp8Key* k) {
+    if (!c->fp8) c->fp8 = (struct Fp8Cache*)xcalloc(1, sizeof(struct Fp8Cache));
+    struct Fp8Cache* f = c->fp8;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ ((const unsigned char*)k)[i]) * 1099511628211ull;
+    for (int probe = 0; probe < FP8_CACHE_CAP; probe++) {
+        Fp8Plan* p = &f->slot[(h + probe) % FP8_CACHE_CAP];
+        if (!p->used) {
+            if (f->used >= FP8_CACHE_CAP * 3 / 4) {  // full: start again (plans are cheap to rebuild)
+                for (int i = 0; i < FP8_CACHE_CAP; i++) plan_free(&f->slot[i]);
+                f->used = 0;
+                return plan_get(c, k);
+            }
+            plan_build(c, p, k);
+            f->used++;
+            return p;
+        }
+        if (!memcmp(&p->key, k, sizeof *k)) return p;
+    }
+    FATAL("cuda fp8: plan cache full");
+}
+
+static int ptr_align16(const void* p) {
+    const uintptr_t a = (uintptr_t)p;
+    int al = 16;
+    while (al > 1 && (a % al)) al >>= 1;
+    return al;
+}
+
+// rows (n) of a plan: the expert GEMMs' rows change every step, so plans are keyed at n rounded up
+// to a multiple of 256 (above 1,024: to 1/32 of the power of two below), the exact n set per call
+static int round_rows(int n) {
+    if (n <= 1024) return (n + 255) / 256 * 256;
+    int p = 1;
+    while (p < n) p <<= 1;
+    const int step = p / 64;
+    return (n + step - 1) / step * step;
+}
+
+// One cuBLASLt product: D[n, m] (row-major rows n of m: our C) = alpha · qa·qbᵀ + beta · Cin.
+// Returns 0 when cuBLASLt has no algorithm for it (nothing issued).
+static int lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb, const float* sb,
+                     const uint8_t* qa, const float* sa, float alpha, float beta, const void* Cin, void* D,
+                     int ldc, int d_f32) {
+    CudaImpl* c = CI(be);
+    Fp8Key k;
+    memset(&k, 0, sizeof k);
+    k.m = m, k.n = round_rows(n), k.k = kq, k.ldc = ldc, k.blk = blk, k.d_f32 = d_f32;
+    int al = ptr_align16(D), t = ptr_align16(Cin);
+    k.align = t < al ? t : al;
+    k.dyn = 1;
+    Fp8Plan* p = plan_get(c, &k);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!p->ok) {
+            if (attempt == 0) {
+                k.n = n, k.dyn = 0;
+                p = plan_get(c, &k);
+                continue;
+            }
+            return 0;
+        }
+        if (p->cur_n != n) {
+            const uint64_t nn = (uint64_t)n;
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &nn, sizeof nn));
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &nn, sizeof nn));
+            p->cur_n = n;
+        }
+        CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
+        CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
+        const cublasStatus_t s = cublasLtMatmul(c->lt, p->op, &alpha, qb, p->la, qa, p->lb, &beta, Cin, p->lc, D, p->lc,
+                                                &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            LAUNCH_CK(c);
+            c->fp8_lt_calls++;
+            return 1;
+        }
+        if (s != CUBLAS_STATUS_NOT_SUPPORTED)
+            FATAL("cuBLASLt FP8 matmul failed (m=%d n=%d k=%d): %s", m, n, kq, cublasLt_status_name(s));
+        if (attempt == 0 && k.dyn) {  // the rounded plan's algorithm refused the exact size
+            k.n = n, k.dyn = 0;
+            p = plan_get(c, &k);
+        } else {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+// ---- the workspace --------------------------------------------------------------------------------
+
+typedef struct Fp8Bufs {
+    uint8_t *qa, *qb;
+    float *sa0, *sa1, *sb, *epi;
+    size_t epi_rows;
+} Fp8Bufs;
+
+// Rows of fp32 product the epilogue path stages at a time for an output N wide: a multiple of 8.
+static size_t epi_rows_for(int M, int N) {
+    size_t r = EPI_BYTES / (4 * (size_t)(N > 0 ? N : 1));
+    r = r < 8 ? 8 : r / 8 * 8;
+    const size_t m8 = up((size_t)M, 8);
+    return r < m8 ? r : m8;
+}
+
+// The layout of ws for one GEMM: our A quantised [M, ldq] with Kt tiles, our B [N, ldq]; with
+// base = NULL only the size. Every part starts on WS_ALIGN bytes.
+static size_t ws_layout(int M, int N, int ldq, int Kt, int act_bf16, char* base, Fp8Bufs* b) {
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        const size_t o = off;
+        off = up(off + bytes, WS_ALIGN);
+        return base ? base + o : (char*)0;
+    };
+    char* qa = take((size_t)M * ldq);
+    char* sa0 = take(4 * (size_t)M * Kt);
+    char* sa1 = take(4 * (size_t)8 * Kt);  // the last M % 8 rows' scales (fallback)
+    char* qb = take((size_t)N * ldq);
+    const size_t blk = (size_t)cdiv(N, TILE) * up((size_t)Kt, 4), vec = (size_t)Kt * up((size_t)N, 8);
+    char* sb = take(4 * (blk > vec ? blk : vec));
+    const size_t er = act_bf16 ? epi_rows_for(M, N) : 0;
+    char* epi = take(4 * er * (size_t)N);
+    if (b) {
+        b->qa = (uint8_t*)qa, b->qb = (uint8_t*)qb, b->sa0 = (float*)sa0, b->sa1 = (float*)sa1, b->sb = (float*)sb;
+        b->epi = (float*)epi, b->epi_rows = er;
+    }
+    return off + WS_ALIGN;  // slack for an unaligned ws pointer
+}
+
+static char* ws_base(const void* ws) { return (char*)up((uintptr_t)ws, WS_ALIGN); }
+
+extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups) {
+    if (fp8 == FP8_OFF) return 0;
+    if (M < 0) M = 0;
+    if (op == FP8_OP_WGRAD)  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
+        return ws_layout(N, K, (int)up((size_t)M, 16), cdiv(M, TILE), is_bf16(be), NULL, NULL);
+    // gemm and the grouped GEMMs (one group at a time, ws reused: the largest group ≤ M rows)
+    return ws_layout(M, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);
+}
+
+// ---- one FP8 GEMM on quantised operands --------------------------------------------------------
+// Our A's codes (qa [M, ldq]) and scales (sa: rows [0, split) in chunks of `chunk`, the rest at
+// sa1), B's codes (qb [N, ldq]) and scales (sb) are in place. C[M, N] (ldc, fp32 when c_f32) =
+// alpha · r + beta · addend. split = the rows cuBLASLt takes (a multiple of 8, or 0), chunk = the
+// epilogue path's rows at a time (or split).
+static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs* b, SMap sam, SMap sbm, int blk,
+                        float alpha, float beta, const void* addend, void* C, int ldc, int c_f32, int split) {
+    CudaImpl* c = CI(be);
+    int done = 0;  // rows computed
+    if (split > 0) {
+        const int epi = !c_f32 && beta != 0.f;
+        if (!epi) {
+            if (lt_matmul(be, N, split, ldq, blk, b->qb, b->sb, b->qa, b->sa0, alpha, beta, beta != 0.f ? addend : C, C,
+                          ldc, c_f32))
+                done = split;
+        } else {
+            // bf16 C with beta: the fp32 product in chunks of sam.chunk rows, then the epilogue
+            int ok = 1;
+            for (int r0 = 0; r0 < split && ok; r0 += sam.chunk) {
+                const int rows = split - r0 < sam.chunk ? split - r0 : sam.chunk;
+                ok = lt_matmul(be, N, rows, ldq, blk, b->qb, b->sb, b->qa + (size_t)r0 * ldq, b->sa0 + (size_t)r0 * sam.Kt,
+                               1.f, 0.f, b->epi, b->epi, N, 1);
+                if (!ok) break;
+                const unsigned g = grid_for(c, (size_t)rows * N, 256);
+                k_epilogue<bf16><<<g, 256, 0, c->stream>>>(b->epi, rows, N, alpha, beta,
+                                                          (const bf16*)addend + (size_t)r0 * ldc,
+                                                          (bf16*)C + (size_t)r0 * ldc, ldc);
+                LAUNCH_CK(c);
+                done = r0 + rows;
+            }
+            if (!ok && done > 0)
+                FATAL("cuda fp8: cuBLASLt refused a chunk after accepting others (m=%d n=%d k=%d)", N, sam.chunk, ldq);
+        }
+    }
+    if (done == M) return;
+    // the fallback: rows [done, M)
+    const dim3 grid((unsigned)cdiv(N, FB_BN), (unsigned)cdiv(M - done, FB_BM));
+    if (c_f32)
+        k_fp8_gemm<float><<<grid, 32 * FB_WARPS, 0, c->stream>>>(done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha,
+                                                                 beta, (const float*)addend, (float*)C, (size_t)ldc);
+    else
+        k_fp8_gemm<bf16><<<grid, 32 * FB_WARPS, 0, c->stream>>>(done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha,
+                                                                beta, (const bf16*)addend, (bf16*)C, (size_t)ldc);
+    LAUNCH_CK(c);
+    c->fp8_fb_calls++;
+}
+
+// How the rows of a product split between cuBLASLt and the fallback: returns split (the rows
+// cuBLASLt takes, a multiple of 8, or 0), *map_split (where the scale map's tail starts: split, or
+// all M rows in p0 when the fallback takes everything) and *chunk (rows per epilogue pass).
+static int plan_split(Backend* be, int M, int N, int c_f32, float beta, const Fp8Bufs* b, int* map_split, int* chunk) {
+    CudaImpl* c = CI(be);
+    int split = 0;
+    const int lt_ok = c->fp8_path != 2 && c->cc_major == 9 && N % 8 == 0;
+    if (lt_ok) split = M / 8 * 8;
+    *map_split = split > 0 ? split : M;
+    *chunk = *map_split > 0 ? *map_split : 1;
+    if (split > 0 && !c_f32 && beta != 0.f) *chunk = (int)(b->epi_rows < (size_t)split ? b->epi_rows : (size_t)split);
+    return split;
+}
+
+// Quantises our B operand for a GEMM (B [K, N] or, trans_b, [N, K], row stride ldb) into b->qb /
+// b->sb: 128×128 blocks (FP8_WEIGHT) or 1×128 tiles along K (FP8_ACT). Returns its scale map.
+static SMap quant_b(Backend* be, Fp8Gemm fp8, const void* B, int N, int K, int trans_b, int ldb, int ldq, int Kt,
+                    const Fp8Bufs* b) {
+    if (fp8 == FP8_WEIGHT) {
+        const SMap m = smap_blk(b->sb, Kt);
+        if (trans_b) quant_blocks(be, B, N, K, ldb, 0, b->qb, ldq, b->sb, m.lds);
+        else quant_blocks(be, B, K, N, ldb, 1, b->qb, ldq, b->sb, m.lds);
+        return m;
+    }
+    const SMap m = smap_vec(b->sb, b->sb, N, N, N, Kt);
+    if (trans_b) {
+        quant_rows(be, B, N, K, ldb, b->qb, ldq, m);
+    } else {
+        SMap none;
+        memset(&none, 0, sizeof none);
+        quant_cols(be, B, K, N, ldb, b->qb, ldq, m, NULL, 0, none);
+    }
+    return m;
+}
+
+// Quantises our A operand (A [M, K], or trans_a [K, M]; row stride lda) into b->qa with the scale
+// map for `split` / `chunk`.
+static SMap quant_a(Backend* be, const void* A, int M, int K, int trans_a, int lda, int ldq, int Kt, const Fp8Bufs* b,
+                    int split, int chunk) {
+    const SMap m = smap_vec(b->sa0, b->sa1, split, chunk, M, Kt);
+    if (!trans_a) {
+        quant_rows(be, A, M, K, lda, b->qa, ldq, m);
+    } else {
+        SMap none;
+        memset(&none, 0, sizeof none);
+        quant_cols(be, A, K, M, lda, b->qa, ldq, m, NULL, 0, none);
+    }
+    return m;
+}
+
+static void check_ws(const char* op, const void* ws, size_t have, size_t need) {
+    CHECK(ws && have >= need, "%s: fp8 needs ws of %zu bytes (Backend.fp8_ws_bytes), got %zu%s", op, need, have,
+          ws ? "" : " (NULL)");
+}
+
+static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
+                         void* C, const Fp8Bufs* b) {
+    const int M = d->M, N = d->N, K = d->K, ldq = (int)up((size_t)K, 16), Kt = cdiv(K, TILE);
+    const int c_f32 = d->c_f32 || !is_bf16(be);
+    int ms, chunk;
+    const int split = plan_split(be, M, N, c_f32, d->beta, b, &ms, &chunk);
+    const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, b);
+    const SMap sam = quant_a(be, A, M, K, d->trans_a, lda, ldq, Kt, b, ms, chunk);
+    const void* addend = d->c_in ? d->c_in : C;
+    fp8_product(be, M, N, K, ldq, b, sam, sbm, d->fp8 == FP8_WEIGHT, d->alpha, d->beta, addend, C, ldc, c_f32, split);
+}
+
+// ---- the ops ---------------------------------------------------------------------------------------
+
+extern "C" void cuda_gemm_fp8(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C) {
+    int lda, ldb, ldc;
+    gemm_desc_check(d, &lda, &ldb, &ldc);
+    CHECK(d->fp8 == FP8_WEIGHT || d->fp8 == FP8_ACT, "gemm: fp8 mode %d unknown", (int)d->fp8);
+    if (d->M == 0 || d->N == 0) return;
+    if (d->K == 0 || d->alpha == 0.f) {  // no product: C = beta · addend, as without fp8
+        GemmDesc x = *d;
+        x.fp8 = FP8_OFF;
+        cuda_gemm(be, &x, A, B, C);
+        return;
+    }
+    const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_GEMM, d->fp8, d->M, d->N, d->K, 1);
+    check_ws("gemm", d->ws, d->ws_bytes, need);
+    Fp8Bufs b;
+    ws_layout(d->M, d->N, (int)up((size_t)d->K, 16), cdiv(d->K, TILE), is_bf16(be), ws_base(d->ws), &b);
+    gemm_fp8_one(be, d, lda, ldb, ldc, A, B, C, &b);
+}
+
+// One group at a time (the ws reused: the stream orders each group's quantisers after the last
+// group's product).
+extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                                      void* C) {
+    gemm_grouped_check("gemm_grouped", d, g);
+    CHECK(d->fp8 == FP8_WEIGHT || d->fp8 == FP8_ACT, "gemm_grouped: fp8 mode %d unknown", (int)d->fp8);
+    const int lda = d->lda ? d->lda : d->K, ldc = d->ldc ? d->ldc : d->N;
+    const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
+    if (d->K == 0 || d->alpha == 0.f || d->N == 0) {
+        GemmDesc x = *d;
+        x.fp8 = FP8_OFF;
+        cuda_gemm_grouped(be, &x, g, A, B, C);
+        return;
+    }
+    const int R = g->host_off[g->groups];
+    const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, d->fp8, R, d->N, d->K, g->groups);
+    check_ws("gemm_grouped", d->ws, d->ws_bytes, need);
+    const size_t ea = dtype_size(be->act_dtype), ec = (d->c_f32 || !is_bf16(be)) ? 4 : ea;
+    int last = -1;  // the last non-empty group
+    for (int i = 0; i < g->groups; i++)
+        if (g->host_off[i + 1] > g->host_off[i]) last = i;
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        if (rows == 0) continue;
+        GemmDesc x = *d;
+        x.M = rows;
+        // With beta = 0 a group's product may run on past its rows into the next groups' (up to a
+        // multiple of 8, so cuBLASLt takes it whole): those rows of C are written again, right, by
+        // their own group's product later on the stream. Only the last group leaves a tail to the
+        // fallback kernel.
+        if (d->beta == 0.f && i != last) {
+            const int m8 = (rows + 7) / 8 * 8;
+            x.M = m8 < R - r0 ? m8 : R - r0;
+        }
+        Fp8Bufs b;  // laid out for this group's rows (within the size for all rows)
+        ws_layout(x.M, d->N, (int)up((size_t)d->K, 16), cdiv(d->K, TILE), is_bf16(be), ws_base(d->ws), &b);
+        gemm_fp8_one(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea, (const char*)B + g->b_stride * i * ea,
+                     (char*)C + (size_t)r0 * ldc * ec, &b);
+    }
+}
+
+// dB_g [N, K] = dY_gᵀ X_g + beta · dB_g: both operands quantised along the group's rows (the
+// cast-transpose per group: tiles restart at the group's first row, rows padded with zero codes
+// to a multiple of 16), 1×128 × 1×128.
+extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int N, int K, const void* dY, const void* X,
+                                            void* dB, float beta) {
+    gemm_grouped_wgrad_check(g, beta);
+    CHECK(g->fp8 == FP8_ACT, "gemm_grouped_wgrad: fp8 must be FP8_ACT (got %d)", (int)g->fp8);
+    const int R = g->host_off[g->groups];
+    if (N == 0 || K == 0) return;
+    const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_WGRAD, g->fp8, R, N, K, g->groups);
+    check_ws("gemm_grouped_wgrad", g->ws, g->ws_bytes, need);
+    const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
+    const int c_f32 = !g->db_act || !is_bf16(be);
+    char* db = (char*)dB;
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        char* dbg = db + g->b_stride * i * eb;
+        if (rows == 0) {  // += 0, or = 0
+            if (beta == 0.f) be->zero(be, dbg, eb * N * K);
+            continue;
+        }
+        const int ldk = (int)up((size_t)rows, 16), Kt = cdiv(rows, TILE);
+        Fp8Bufs b;
+        ws_layout(N, K, ldk, Kt, is_bf16(be), ws_base(g->ws), &b);
+        int ms, chunk;
+        const int split = plan_split(be, N, K, c_f32, beta, &b, &ms, &chunk);
+        const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, N, Kt);
+        const SMap sbm = smap_vec(b.sb, b.sb, K, K, K, Kt);
+        SMap none;
+        memset(&none, 0, sizeof none);
+        quant_cols(be, (const char*)dY + (size_t)r0 * N * ea, rows, N, N, b.qa, ldk, sam, NULL, 0, none);
+        quant_cols(be, (const char*)X + (size_t)r0 * K * ea, rows, K, K, b.qb, ldk, sbm, NULL, 0, none);
+        fp8_product(be, N, K, rows, ldk, &b, sam, sbm, 0, 1.f, beta, dbg, dbg, K, c_f32, split);
+    }
+}
+
+// ---- hooks for the tests ---------------------------------------------------------------------------
+// The quantisers alone, with the spec's plain layouts (fp8.h): row-wise s [R, ⌈C/128⌉] is asked for
+// as scale map "rows = the quantised rows, K tiles" through a chunk of 1 (t · 1 + r becomes...):
+// the tests pass the cuBLASLt layout and convert.
+
+// x [R, C] act (row stride ldx) → q [R, ldq], s in the VEC128 layout [Kt, R] (rows [0, split) of
+// chunk rows, the rest at s1: the same map the GEMMs use).
+extern "C" void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint8_t* q, int ldq, float* s0,
+                                    float* s1, int split, int chunk) {
+    quant_rows(be, x, R, C, (size_t)ldx, q, (size_t)ldq, smap_vec(s0, s1, split, chunk, R, cdiv(C, TILE)));
+}
+// x rows [0, n) × C (row stride ldx) → qt [C, ldk], st in the VEC128 layout [⌈n/128⌉, C]; with q
+// non-NULL also q [n, ldq] and s [⌈C/128⌉, n] (the row-wise pair) from the same read.
+extern "C" void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st,
+                                    uint8_t* q, int ldq, float* s) {
+    const SMap stm = smap_vec(st, st, C, C, C, cdiv(n, TILE));
+    SMap srm = smap_vec(s, s, n, n, n, cdiv(C, TILE));
+    quant_cols(be, x, n, C, (size_t)ldx, qt, (size_t)ldk, stm, q, (size_t)ldq, srm);
+}
+// w [R, C] (row stride ldw) → 128×128 blocks: trans 0: q [R, ldq], s [⌈R/128⌉, pad4(⌈C/128⌉)];
+// trans 1: q [C, ldq] = the transpose, s [⌈C/128⌉, pad4(⌈R/128⌉)].
+extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq,
+                                      float* s) {
+    const int kt = cdiv(trans ? R : C, TILE);
+    quant_blocks(be, w, R, C, (size_t)ldw, trans, q, (size_t)ldq, s, (int)up((size_t)kt, 4));
+}
+// Which path the FP8 GEMMs take: 0 = cuBLASLt where it can (the default), 2 = the fallback kernel
+// only. Counters: products issued through each (cuBLASLt calls; fallback launches).
+extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = path; }
+extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
+    *lt = CI(be)->fp8_lt_calls;
+    *fb = CI(be)->fp8_fb_calls;
+}

@@ -1,0 +1,654 @@
+// test_cuda_fp8.c — the CUDA backend's FP8 block-scaled GEMMs (cuda/cuda_fp8.cu) against the CPU
+// spec (src/fp8.h), in fp32 and bf16 modes:
+//   - the quantisers bit for bit (codes and scales) for bf16 and fp32 inputs: 1×128 row-wise, the
+//     cast-transpose (both layouts from one read), 128×128 blocks as stored and transposed; partial
+//     tiles, padded strides, NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32
+//     subnormals and values near FLT_MAX;
+//   - every FP8 op (gemm with FP8_WEIGHT and FP8_ACT in each transpose form, alpha, beta, c_in,
+//     fp32 outputs; gemm_grouped and gemm_grouped_swiglu with empty groups and rows that are not a
+//     multiple of 8; gemm_grouped_wgrad with beta 0 and 1, db_act, empty groups) against
+//     fp8_gemm_tn on the spec's quantisation of the same operands, element by element within a
+//     bound computed from the operands (below), through cuBLASLt (sm_90) and through the fallback
+//     kernel, and at Mixtral-8x7B's expert shapes (H 4,096, F 14,336).
+//
+// The bound (docs/fp8.md, "Error bounds"). For output element (i, j) with K tiles t = 0..T−1,
+// w_t = sa·sb and p_k = e4m3(qa_k)·e4m3(qb_k) (exact):
+//   |r_gpu − r_spec| ≤ 2·γ_{T+2}·S + Σ_t |w_t|·E_t,   S = Σ_k |w_{t(k)}·p_k|
+// where both r are within γ_{T+2}·S of the exact dequantised product (the fp32 roundings of the
+// promotion: docs/fp8.md), and E_t bounds the tensor core's inner product of tile t, the one term
+// widened: Hopper's FP8 MMA adds a k = 32 step's products to its accumulator with a limited
+// significand (DeepSeek-V3 §3.3.2 measured about 14 bits) and truncates, and the accumulator is
+// promoted to fp32 once per 128 (cuBLASLt: every 4 steps; the fallback kernel likewise). Whether a
+// step adds its 32 products at once (33 addends) or in four parts of 8 (4 × 9 addends), each
+// addend loses less than one unit of 2^-12 (13 bits, one bit of margin) of the largest magnitude
+// it is aligned to, which is at most M_s = max(the largest |running sum| of the tile at the step's
+// start and after every 8 products + E so far, the largest |p_k| of the step):
+//   E_t = Σ_steps 36 · 2^-12 · M_s.
+// Then the epilogue (alpha·r + beta·addend: two fp32 roundings) and, for a bf16 C, half a bf16 ulp.
+// A failing element prints its error and bound; the worst error / bound per check is in the table
+// at the end (≤ 1 passes). A control run shows the check catches a product whose scales are off.
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp8.h"
+#include "gpu_check.h"
+
+void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint8_t* q, int ldq, float* s0, float* s1,
+                         int split, int chunk);
+void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
+                         int ldq, float* s);
+void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
+void cuda_fp8_set_path(Backend* be, int path);
+void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
+int cuda_compute_capability(Backend* be);
+
+static int g_hopper;  // cuBLASLt's block-scaled modes available (compute capability 9.0)
+
+static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
+
+// ---- data ---------------------------------------------------------------------------------------
+
+// [R, C] (stride ld) of N(0, 1) values scaled per row by 2^u, u in [-2, 2]: realistic activations
+static float* act_data(int R, int C, int ld, float scale) {
+    float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
+    for (int r = 0; r < R; r++) {
+        const float s = scale * exp2f(4.f * rng_uniform(&g_rng) - 2.f);
+        for (int c = 0; c < ld; c++) {
+            float v = rng_normal(&g_rng) * s;
+            x[(size_t)r * ld + c] = v == 0.f ? s : v;
+        }
+    }
+    return x;
+}
+
+// [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades, an
+// all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values near FLT_MAX, a row of
+// one value repeated (every element at the tile maximum: saturation at 448 after the division).
+static float* quant_data(int R, int C, int ld) {
+    float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
+    for (int r = 0; r < R; r++) {
+        const float s = exp2f((float)((int)(rng_u64(&g_rng) % 61) - 30));
+        for (int c = 0; c < ld; c++) x[(size_t)r * ld + c] = rng_normal(&g_rng) * s;
+    }
+    if (R > 1)
+        for (int c = 0; c < C && c < FP8_TILE; c++) x[(size_t)1 * ld + c] = 0.f;  // all-zero row tile
+    if (C > 3)
+        for (int r = 0; r < R && r < FP8_TILE; r++) x[(size_t)r * ld + 3] = 0.f;  // all-zero column tile
+    if (R > 2)
+        for (int c = 0; c < C; c++) x[(size_t)2 * ld + c] = 1e-39f * (c % 7 - 3);  // fp32 subnormals
+    if (R > 4)
+        for (int c = 0; c < C; c++) x[(size_t)4 * ld + c] = 3e38f * (rng_uniform(&g_rng) - 0.5f);
+    if (R > 5)
+        for (int c = 0; c < C; c++) x[(size_t)5 * ld + c] = (c & 1) ? -0.3f : 0.3f;  // all at the maximum
+    for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements
+        const size_t i = (size_t)(rng_u64(&g_rng) % R) * ld + rng_u64(&g_rng) % C;
+        x[i] = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
+    }
+    return x;
+}
+
+// the values the act dtype holds (bf16: rounded; the spec quantises those)
+static void to_act_vals(const Mode* m, float* x, size_t n) {
+    if (m->bf16)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+static uint8_t* down_u8(Backend* be, const void* d, size_t n) {
+    uint8_t* h = xmalloc(n ? n : 1);
+    be->to_host(be, h, d, n);
+    return h;
+}
+
+// ---- quantisers, bit for bit ---------------------------------------------------------------------
+
+// The scale index of (row r, tile t) in the GEMMs' layout (cuda_fp8.cu SMap): rows [0, split) in
+// chunks of `chunk` ([Kt, chunk rows] each), the rest [Kt, R − split] at s1.
+static const float* smap_at(const float* s0, const float* s1, int split, int chunk, int R, int Kt, int r, int t) {
+    if (r < split) {
+        const int c = r / chunk, r0 = c * chunk, n = split - r0 < chunk ? split - r0 : chunk;
+        return s0 + (size_t)r0 * Kt + (size_t)t * n + (r - r0);
+    }
+    return s1 + (size_t)t * (R - split) + (r - split);
+}
+
+static void check_codes(const Mode* m, const char* label, const uint8_t* got, size_t ldg, const uint8_t* want, int R,
+                        int C) {
+    size_t bad = 0, first = (size_t)-1;
+    for (int r = 0; r < R; r++)
+        for (size_t c = 0; c < ldg; c++) {
+            const uint8_t w = c < (size_t)C ? want[(size_t)r * C + c] : 0;  // zero codes pad each row
+            if (got[(size_t)r * ldg + c] != w) {
+                if (!bad) first = (size_t)r * ldg + c;
+                bad++;
+            }
+        }
+    record(label, m->bf16, (double)bad, 0);
+    EXPECT(bad == 0, "%s [%s]: %zu codes differ (first at row %zu col %zu: got 0x%02x)", label, m->name, bad,
+           bad ? first / ldg : 0, bad ? first % ldg : 0, bad ? got[first] : 0);
+}
+
+static void check_scales(const Mode* m, const char* label, const float* got_at_rt[], const float* want, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(got_at_rt[i], &want[i], 4)) {
+            if (!bad) first = i;
+            bad++;
+        }
+    record(label, m->bf16, (double)bad, 0);
+    EXPECT(bad == 0, "%s [%s]: %zu of %zu scales differ (first #%zu: got %.9g, want %.9g)", label, m->name, bad, n,
+           first, bad ? *got_at_rt[first] : 0.f, bad ? want[first] : 0.f);
+}
+
+static void test_quant(void) {
+    const struct { int R, C, ld; } sh[] = {{37, 300, 300}, {130, 256, 264}, {256, 1024, 1024}, {5, 129, 131}};
+    FOR_MODES for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        Backend* be = m->gpu;
+        const int R = sh[si].R, C = sh[si].C, ld = sh[si].ld, KtC = tiles(C), KtR = tiles(R);
+        float* x = quant_data(R, C, ld);
+        to_act_vals(m, x, (size_t)R * ld);
+        void* dx = up_act(be, x, (size_t)R * ld);
+        uint8_t *q = xmalloc((size_t)R * C), *qt = xmalloc((size_t)R * C);
+        float *s = xmalloc(4 * (size_t)R * KtC), *st = xmalloc(4 * (size_t)C * KtR);
+        fp8_quant_1x128(x, R, C, (size_t)ld, q, s, qt, st);
+        char lab[64];
+
+        // 1×128 row-wise, with the GEMMs' split/chunk scale map (rows past the split at s1)
+        {
+            const int ldq = (int)pad((size_t)C, 16), split = R / 8 * 8, chunk = 16;
+            uint8_t* dq = poison(be, (size_t)R * ldq);
+            float *ds0 = poison(be, 4 * (size_t)R * KtC), *ds1 = poison(be, 4 * (size_t)8 * KtC);
+            cuda_fp8_quant_rows(be, dx, R, C, ld, dq, ldq, ds0, ds1, split, chunk);
+            uint8_t* gq = down_u8(be, dq, (size_t)R * ldq);
+            float *g0 = down_f32(be, ds0, (size_t)R * KtC), *g1 = down_f32(be, ds1, (size_t)8 * KtC);
+            snprintf(lab, sizeof lab, "quant rows %dx%d codes", R, C);
+            check_codes(m, lab, gq, ldq, q, R, C);
+            const float** at = xmalloc(sizeof(float*) * (size_t)R * KtC);
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < KtC; t++) at[(size_t)r * KtC + t] = smap_at(g0, g1, split, chunk, R, KtC, r, t);
+            snprintf(lab, sizeof lab, "quant rows %dx%d scales", R, C);
+            check_scales(m, lab, at, s, (size_t)R * KtC);
+            free(at), free(gq), free(g0), free(g1);
+        }
+        // the cast-transpose, both layouts from one read
+        {
+            const int ldk = (int)pad((size_t)R, 16), ldq = (int)pad((size_t)C, 16);
+            uint8_t *dqt = poison(be, (size_t)C * ldk), *dq = poison(be, (size_t)R * ldq);
+            float *dst = poison(be, 4 * (size_t)KtR * C), *ds = poison(be, 4 * (size_t)KtC * R);
+            cuda_fp8_quant_cols(be, dx, R, C, ld, dqt, ldk, dst, dq, ldq, ds);
+            uint8_t *gqt = down_u8(be, dqt, (size_t)C * ldk), *gq = down_u8(be, dq, (size_t)R * ldq);
+            float *gst = down_f32(be, dst, (size_t)KtR * C), *gs = down_f32(be, ds, (size_t)KtC * R);
+            snprintf(lab, sizeof lab, "cast-transpose %dx%d qt", R, C);
+            check_codes(m, lab, gqt, ldk, qt, C, R);
+            snprintf(lab, sizeof lab, "cast-transpose %dx%d q", R, C);
+            check_codes(m, lab, gq, ldq, q, R, C);
+            const float** at = xmalloc(sizeof(float*) * ((size_t)C * KtR + (size_t)R * KtC));
+            for (int c = 0; c < C; c++)
+                for (int t = 0; t < KtR; t++) at[(size_t)c * KtR + t] = gst + (size_t)t * C + c;
+            snprintf(lab, sizeof lab, "cast-transpose %dx%d st", R, C);
+            check_scales(m, lab, at, st, (size_t)C * KtR);
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < KtC; t++) at[(size_t)r * KtC + t] = gs + (size_t)t * R + r;
+            snprintf(lab, sizeof lab, "cast-transpose %dx%d s", R, C);
+            check_scales(m, lab, at, s, (size_t)R * KtC);
+            free(at), free(gqt), free(gq), free(gst), free(gs);
+        }
+        // 128×128 blocks, as stored and transposed
+        {
+            uint8_t *bq = xmalloc((size_t)R * C), *bqt = xmalloc((size_t)R * C);
+            float *bs = xmalloc(4 * (size_t)KtR * KtC), *bst = xmalloc(4 * (size_t)KtR * KtC);
+            fp8_quant_128x128(x, R, C, (size_t)ld, bq, bs, bqt, bst);
+            for (int tr = 0; tr < 2; tr++) {
+                const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
+                const int ldq = (int)pad((size_t)ok, 16), lds = (int)pad((size_t)okt, 4);
+                uint8_t* dq = poison(be, (size_t)orows * ldq);
+                float* ds = poison(be, 4 * (size_t)orb * lds);
+                cuda_fp8_quant_blocks(be, dx, R, C, ld, tr, dq, ldq, ds);
+                uint8_t* gq = down_u8(be, dq, (size_t)orows * ldq);
+                float* gs = down_f32(be, ds, (size_t)orb * lds);
+                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d codes", tr ? "ᵀ" : "", R, C);
+                check_codes(m, lab, gq, ldq, tr ? bqt : bq, orows, ok);
+                const float** at = xmalloc(sizeof(float*) * (size_t)orb * okt);
+                for (int b = 0; b < orb; b++)
+                    for (int t = 0; t < okt; t++) at[(size_t)b * okt + t] = gs + (size_t)b * lds + t;
+                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d scales", tr ? "ᵀ" : "", R, C);
+                check_scales(m, lab, at, tr ? bst : bs, (size_t)orb * okt);
+                free(at), free(gq), free(gs);
+            }
+            free(bq), free(bqt), free(bs), free(bst);
+        }
+        free(x), free(q), free(qt), free(s), free(st);
+        dev_free_all();
+    }
+}
+
+// ---- the GEMM reference and its bound ------------------------------------------------------------
+
+// A quantised TN product for the reference: qa [M, K] with sa [M, Kt], qb [N, K] with sb
+// ([N, Kt], or [⌈N/128⌉, Kt] when blk): the spec's layouts.
+typedef struct QTN {
+    int M, N, K, blk;
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+} QTN;
+
+static void qtn_free(QTN* q) { free(q->qa), free(q->qb), free(q->sa), free(q->sb); }
+
+// opA [M, K] and opBt [N, K] (fp32 values the act dtype holds) quantised as the contract says
+static QTN qtn_make(const float* opA, const float* opBt, int M, int N, int K, int blk) {
+    QTN q = {M, N, K, blk, xmalloc((size_t)M * K + 1), xmalloc((size_t)N * K + 1), NULL, NULL};
+    q.sa = xmalloc(4 * ((size_t)M * tiles(K) + 1));
+    q.sb = xmalloc(4 * ((size_t)(blk ? tiles(N) : N) * tiles(K) + 1));
+    fp8_quant_1x128(opA, M, K, (size_t)K, q.qa, q.sa, NULL, NULL);
+    if (blk) fp8_quant_128x128(opBt, N, K, (size_t)K, q.qb, q.sb, NULL, NULL);
+    else fp8_quant_1x128(opBt, N, K, (size_t)K, q.qb, q.sb, NULL, NULL);
+    return q;
+}
+
+static double g_dec[256];  // e4m3 → double, exact
+
+// For output row i (of q) and every column j: the bound on |r_gpu − r_spec| (header) into bnd[N].
+static void bound_row(const QTN* q, int i, double* bnd) {
+    const int N = q->N, K = q->K, Kt = tiles(K);
+    const double u = ldexp(1, -24), g = (Kt + 2) * u / (1 - (Kt + 2) * u), utc = ldexp(1, -12);
+    const uint8_t* a = q->qa + (size_t)i * K;
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < N; j++) {
+        const uint8_t* b = q->qb + (size_t)j * K;
+        const float* sbr = q->sb + (size_t)(q->blk ? j / FP8_TILE : j) * Kt;
+        double S = 0, B = 0;
+        for (int t = 0; t < Kt; t++) {
+            const double w = fabs((double)q->sa[(size_t)i * Kt + t] * (double)sbr[t]);
+            double prefix = 0, e = 0, st = 0;
+            for (int k0 = t * FP8_TILE; k0 < K && k0 < (t + 1) * FP8_TILE; k0 += 32) {
+                double mp = 0, mx = fabs(prefix);  // the largest |product| and |running sum| of the step
+                for (int k = k0; k < k0 + 32 && k < K; k++) {
+                    const double p = g_dec[a[k]] * g_dec[b[k]];
+                    mp = fmax(mp, fabs(p));
+                    prefix += p;
+                    st += fabs(p);
+                    if ((k - k0) % 8 == 7 || k + 1 == K) mx = fmax(mx, fabs(prefix));
+                }
+                e += 36 * utc * fmax(mx + e, mp);
+            }
+            S += w * st;
+            B += w * e;
+        }
+        bnd[j] = 2 * g * S + B;
+    }
+}
+
+// Checks the GPU's C rows against the spec: C_ref = alpha·r + beta·addend (fp32), |C − C_ref| ≤
+// |alpha|·bnd + the epilogue's roundings (+ half a bf16 ulp for a bf16 C). rows: which rows of q
+// are checked (their C rows are got[k·ldg ..], addend[k·ldg ..]). Returns the number of elements
+// out of bound; records the worst error / bound.
+static size_t check_rows(const Mode* m, const char* label, const QTN* q, const int* rows, int nrows, const float* got,
+                         size_t ldg, const float* addend, float alpha, float beta, int c_bf16, int quiet) {
+    const int N = q->N, K = q->K, Kt = tiles(K);
+    // the spec's r for the checked rows: fp8_gemm_tn on those rows of qa (one call, parallel)
+    uint8_t* qa = xmalloc((size_t)nrows * K + 1);
+    float* sa = xmalloc(sizeof(float) * ((size_t)nrows * Kt + 1));
+    for (int k = 0; k < nrows; k++) {
+        memcpy(qa + (size_t)k * K, q->qa + (size_t)rows[k] * K, (size_t)K);
+        memcpy(sa + (size_t)k * Kt, q->sa + (size_t)rows[k] * Kt, sizeof(float) * Kt);
+    }
+    float* rr = xmalloc(sizeof(float) * ((size_t)nrows * N + 1));
+    fp8_gemm_tn(nrows, N, K, qa, sa, q->qb, q->sb, q->blk, rr, (size_t)N, 0);
+    double* bnd = xmalloc(sizeof(double) * N);
+    size_t bad = 0;
+    double worst = 0;
+    for (int k = 0; k < nrows; k++) {
+        const float* r = rr + (size_t)k * N;
+        bound_row(q, rows[k], bnd);
+        for (int j = 0; j < N; j++) {
+            const double a = beta != 0.f ? (double)addend[(size_t)k * ldg + j] : 0;
+            const double ar = (double)alpha * r[j], ba = (double)beta * a, cref = ar + ba;
+            double b = fabs((double)alpha) * bnd[j] + ldexp(1, -23) * (fabs(ar) + fabs(ba));
+            if (c_bf16) b += ldexp(1, -8) * (fabs(cref) + b);
+            const double gv = got[(size_t)k * ldg + j], err = fabs(gv - cref);
+            const double ratio = isfinite(gv) ? (b > 0 ? err / b : (err > 0 ? INFINITY : 0)) : INFINITY;
+            if (ratio > worst) worst = ratio;
+            if (!(ratio <= 1)) {
+                if (!bad && !quiet)
+                    fprintf(stderr, "  %s [%s]: row %d col %d: got %.9g, spec %.9g, error %.3g > bound %.3g\n", label,
+                            m->name, rows[k], j, gv, cref, err, b);
+                bad++;
+            }
+        }
+    }
+    if (!quiet) {
+        record(label, m->bf16, worst, 1);
+        EXPECT(bad == 0, "%s [%s]: %zu elements outside the bound (worst error / bound %.3g)", label, m->name, bad, worst);
+    }
+    free(qa), free(sa), free(rr), free(bnd);
+    return bad;
+}
+
+// rows to check of an M-row output: all up to 2·(spread + tail), else `spread` spread ones and the
+// last `tail` (the Mixtral shapes check fewer: their reference rows are long)
+static int g_spread = 48, g_tail = 8;
+static int pick_rows(int M, int* rows) {
+    if (M <= 2 * (g_spread + g_tail)) {
+        for (int i = 0; i < M; i++) rows[i] = i;
+        return M;
+    }
+    int n = 0;
+    for (int k = 0; k < g_spread; k++) rows[n++] = (int)((long)k * (M - g_tail) / g_spread);
+    for (int i = M - g_tail; i < M; i++) rows[n++] = i;
+    return n;
+}
+
+// the control: the spec's product with every scale of row 0 doubled must fail the check (the
+// bound is tight enough to see a wrong scale), the true product must pass
+static void test_bound_control(void) {
+    const Mode* m = &g_modes[1];
+    const int M = 4, N = 64, K = 4096;
+    float *A = act_data(M, K, K, 1.f), *B = act_data(N, K, K, 0.02f);
+    to_act_vals(m, A, (size_t)M * K);
+    to_act_vals(m, B, (size_t)N * K);
+    QTN q = qtn_make(A, B, M, N, K, 1);
+    float* r = xmalloc(sizeof(float) * N);
+    fp8_gemm_tn(1, N, K, q.qa, q.sa, q.qb, q.sb, 1, r, (size_t)N, 0);
+    const int row0 = 0;
+    size_t bad = check_rows(m, "control", &q, &row0, 1, r, (size_t)N, NULL, 1.f, 0.f, 0, 1);
+    EXPECT(bad == 0, "control: the spec's own product fails its bound (%zu elements)", bad);
+    for (int t = 0; t < tiles(K); t++) q.sa[t] *= 2.f;
+    QTN q2 = q;  // r from doubled scales, checked against the true ones
+    float* r2 = xmalloc(sizeof(float) * N);
+    fp8_gemm_tn(1, N, K, q2.qa, q2.sa, q2.qb, q2.sb, 1, r2, (size_t)N, 0);
+    for (int t = 0; t < tiles(K); t++) q.sa[t] *= 0.5f;
+    bad = check_rows(m, "control", &q, &row0, 1, r2, (size_t)N, NULL, 1.f, 0.f, 0, 1);
+    EXPECT(bad >= (size_t)N * 3 / 4, "control: only %zu of %d elements of a product with doubled scales fail", bad, N);
+    qtn_free(&q);
+    free(A), free(B), free(r), free(r2);
+}
+
+// ---- the ops ---------------------------------------------------------------------------------------
+
+// op(A) [M, K] and op(B)ᵀ [N, K] from stored A, B
+static float* op_a(const float* A, int M, int K, int ta, int lda) {
+    float* o = xmalloc(sizeof(float) * ((size_t)M * K + 1));
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) o[(size_t)i * K + k] = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+    return o;
+}
+static float* op_bt(const float* B, int N, int K, int tb, int ldb) {
+    float* o = xmalloc(sizeof(float) * ((size_t)N * K + 1));
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++) o[(size_t)j * K + k] = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+    return o;
+}
+
+static void* ws_for(Backend* be, Fp8Op op, Fp8Gemm f, int M, int N, int K, int G, size_t* bytes) {
+    *bytes = be->fp8_ws_bytes(be, op, f, M, N, K, G);
+    return poison(be, *bytes);  // 0xFF bytes: NaN codes and scales where a kernel reads what nobody wrote
+}
+
+typedef struct GCase {
+    const char* name;
+    int M, N, K, ta, tb, lda, ldb, ldc;
+    float alpha, beta;
+    int c_f32, cin;
+    Fp8Gemm fp8;
+} GCase;
+
+static const GCase GCASES[] = {
+    {"fwd W 256x384x1088", 256, 384, 1088, 0, 1, 0, 0, 0, 1, 0, 0, 0, FP8_WEIGHT},
+    {"dgrad W 200x256x640", 200, 256, 640, 0, 0, 0, 0, 0, 1, 0, 0, 0, FP8_WEIGHT},
+    {"wgrad A 256x192x300 t10 c_f32", 256, 192, 300, 1, 0, 0, 0, 0, 1, 0, 1, 0, FP8_ACT},
+    {"act A 64x128x256 t01", 64, 128, 256, 0, 1, 0, 0, 0, 1, 0, 0, 0, FP8_ACT},
+    {"act A 64x128x256 t11 beta", 64, 128, 256, 1, 1, 0, 0, 0, 1, 1, 0, 0, FP8_ACT},
+    {"fwd W c_in alpha 0.5", 128, 256, 512, 0, 1, 0, 0, 0, 0.5f, 1, 0, 1, FP8_WEIGHT},
+    {"fwd W beta 0.5 c_f32", 96, 128, 384, 0, 1, 0, 0, 0, 1, 0.5f, 1, 0, FP8_WEIGHT},
+    {"tail 37x96x200 strides", 37, 96, 200, 0, 1, 208, 216, 104, 1, 0, 0, 0, FP8_WEIGHT},
+    {"tail 37x96x200 beta", 37, 96, 200, 0, 0, 0, 0, 0, 1, 1, 0, 0, FP8_WEIGHT},
+    {"N%8 64x100x256", 64, 100, 256, 0, 1, 0, 0, 0, 1, 0, 0, 0, FP8_WEIGHT},
+};
+
+// One gemm case through path (0 auto, 2 fallback); checks C within the bound, and which path ran.
+static void run_gemm_case(const Mode* m, const GCase* g, int path) {
+    Backend* be = m->gpu;
+    const int M = g->M, N = g->N, K = g->K;
+    const int ar = g->ta ? K : M, ac = g->ta ? M : K, br = g->tb ? N : K, bc = g->tb ? K : N;
+    const int lda = g->lda ? g->lda : ac, ldb = g->ldb ? g->ldb : bc, ldc = g->ldc ? g->ldc : N;
+    const int cf = g->c_f32 || !m->bf16;
+    float* A = act_data(ar, ac, lda, 1.f);
+    float* B = act_data(br, bc, ldb, g->fp8 == FP8_WEIGHT ? 0.02f : 1.f);
+    float* C0 = act_data(M, N, ldc, 3.f);
+    to_act_vals(m, A, (size_t)ar * lda);
+    to_act_vals(m, B, (size_t)br * ldb);
+    if (!cf) to_act_vals(m, C0, (size_t)M * ldc);
+    const size_t nc = (size_t)M * ldc;
+    void* dC = g->beta != 0.f && !g->cin ? (cf ? (void*)up_f32(be, C0, nc) : up_act(be, C0, nc))
+                                         : (cf ? poison(be, 4 * nc) : poison_act(be, nc));
+    size_t wsb;
+    void* ws = ws_for(be, FP8_OP_GEMM, g->fp8, M, N, K, 1, &wsb);
+    GemmDesc d = {M, N, K, g->ta, g->tb, g->lda, g->ldb, g->ldc, g->alpha, g->beta, g->c_f32, NULL, g->fp8, ws, wsb};
+    if (g->cin) d.c_in = cf ? (void*)up_f32(be, C0, nc) : up_act(be, C0, nc);
+    cuda_fp8_set_path(be, path);
+    size_t lt0, fb0, lt1, fb1;
+    cuda_fp8_counts(be, &lt0, &fb0);
+    be->gemm(be, &d, up_act(be, A, (size_t)ar * lda), up_act(be, B, (size_t)br * ldb), dC);
+    cuda_fp8_counts(be, &lt1, &fb1);
+    cuda_fp8_set_path(be, 0);
+    float* got = cf ? down_f32(be, dC, nc) : down_act(be, dC, nc);
+    float *oa = op_a(A, M, K, g->ta, lda), *ob = op_bt(B, N, K, g->tb, ldb);
+    QTN q = qtn_make(oa, ob, M, N, K, g->fp8 == FP8_WEIGHT);
+    int* rows = xmalloc(sizeof(int) * (M + 64));
+    const int nr = pick_rows(M, rows);
+    float *gr = xmalloc(sizeof(float) * (size_t)nr * N), *ad = xmalloc(sizeof(float) * (size_t)nr * N);
+    for (int k = 0; k < nr; k++)
+        for (int j = 0; j < N; j++) {
+            gr[(size_t)k * N + j] = got[(size_t)rows[k] * ldc + j];
+            ad[(size_t)k * N + j] = C0[(size_t)rows[k] * ldc + j];
+        }
+    char label[64];
+    snprintf(label, sizeof label, "gemm %s%s", g->name, path == 2 ? " (fallback)" : "");
+    check_rows(m, label, &q, rows, nr, gr, (size_t)N, ad, g->alpha, g->beta, !cf, 0);
+    // untouched: the columns past N of a padded C
+    if (ldc > N && g->beta == 0.f) {
+        size_t touched = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = N; j < ldc; j++) touched += !isnan(got[(size_t)i * ldc + j]);
+        EXPECT(touched == 0, "%s [%s]: %zu elements past N written", label, m->name, touched);
+    }
+    // the path: forced fallback never calls cuBLASLt; on Hopper the auto path runs cuBLASLt when
+    // N % 8 = 0 and M ≥ 8, and the fallback exactly when M % 8 ≠ 0 or N % 8 ≠ 0
+    if (path == 2) {
+        EXPECT(lt1 == lt0 && fb1 > fb0, "%s [%s]: the forced fallback ran cuBLASLt %zu times", label, m->name, lt1 - lt0);
+    } else if (g_hopper) {
+        const int lt_shape = N % 8 == 0 && M >= 8;
+        EXPECT(lt_shape ? lt1 > lt0 : lt1 == lt0, "%s [%s]: cuBLASLt calls %zu", label, m->name, lt1 - lt0);
+        EXPECT((M % 8 != 0 || N % 8 != 0) ? fb1 > fb0 : fb1 == fb0, "%s [%s]: fallback launches %zu (cuBLASLt refused?)",
+               label, m->name, fb1 - fb0);
+    }
+    qtn_free(&q);
+    free(A), free(B), free(C0), free(got), free(oa), free(ob), free(rows), free(gr), free(ad);
+    dev_free_all();
+}
+
+static void test_gemm_fp8(void) {
+    FOR_MODES for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) {
+        run_gemm_case(m, &GCASES[i], 0);
+        run_gemm_case(m, &GCASES[i], 2);
+    }
+}
+
+// gemm_grouped (and its SwiGLU form): per group, rows of A against B_g
+static void run_grouped(const Mode* m, const int* off, int G, int N, int K, int tb, Fp8Gemm f, int swiglu, int path,
+                        const char* name, float bscale) {
+    Backend* be = m->gpu;
+    const int R = off[G];
+    const size_t na = (size_t)R * K, nb = (size_t)G * N * K, nc = (size_t)R * N;
+    float* A = act_data(R > 0 ? R : 1, K, K, 1.f);
+    float* B = act_data(G * (tb ? N : K), tb ? K : N, tb ? K : N, bscale);
+    to_act_vals(m, A, na);
+    to_act_vals(m, B, nb);
+    size_t wsb;
+    void* ws = ws_for(be, FP8_OP_GROUPED, f, R, N, K, G, &wsb);
+    GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .fp8 = f, .ws = ws, .ws_bytes = wsb};
+    GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
+    void *dA = up_act(be, A, na), *dB = up_act(be, B, nb), *dC = poison_act(be, nc);
+    const int F = N / 2;
+    float* sc = randu(R > 0 ? R : 1, 0.2f, 1.f);
+    void* dh = swiglu ? poison_act(be, (size_t)R * F) : NULL;
+    cuda_fp8_set_path(be, path);
+    if (swiglu) be->gemm_grouped_swiglu(be, &d, &gd, dA, dB, dC, dh, up_f32(be, sc, R));
+    else be->gemm_grouped(be, &d, &gd, dA, dB, dC);
+    cuda_fp8_set_path(be, 0);
+    float* got = down_act(be, dC, nc);
+    char label[64];
+    snprintf(label, sizeof label, "%s%s", name, path == 2 ? " (fallback)" : "");
+    for (int g = 0; g < G; g++) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        if (!rows) continue;
+        float* ob = op_bt(B + (size_t)g * N * K, N, K, tb, tb ? K : N);
+        QTN q = qtn_make(A + (size_t)r0 * K, ob, rows, N, K, f == FP8_WEIGHT);
+        int* rs = xmalloc(sizeof(int) * (rows + 64));
+        const int nr = pick_rows(rows, rs);
+        float* gr = xmalloc(sizeof(float) * (size_t)nr * N);
+        for (int k = 0; k < nr; k++) memcpy(gr + (size_t)k * N, got + (size_t)(r0 + rs[k]) * N, sizeof(float) * N);
+        check_rows(m, label, &q, rs, nr, gr, (size_t)N, NULL, 1.f, 0.f, m->bf16, 0);
+        qtn_free(&q);
+        free(ob), free(rs), free(gr);
+    }
+    if (swiglu) {  // h from the GPU's own gu, as swiglu_fwd computes it
+        float* h = xmalloc(sizeof(float) * ((size_t)R * F + 1));
+        g_cpu->swiglu_fwd(g_cpu, h, got, sc, R, F);
+        snprintf(label, sizeof label, "%s h%s", name, path == 2 ? " (fallback)" : "");
+        cmp(m, label, down_act(be, dh, (size_t)R * F), h, (size_t)R * F, TOL(TOL_F32, TOL_BF16_OUT));
+        free(h);
+    }
+    free(A), free(B), free(got), free(sc);
+    dev_free_all();
+}
+
+static void test_grouped_fp8(void) {
+    const int offs[][5] = {{0, 13, 13, 120, 200}, {0, 0, 64, 64, 136}};  // empty groups, rows % 8 ≠ 0
+    FOR_MODES for (int c = 0; c < 2; c++) for (int tb = 0; tb < 2; tb++) for (int path = 0; path <= 2; path += 2) {
+        run_grouped(m, offs[c], 4, 256, 640, tb, FP8_WEIGHT, 0, path, tb ? "gemm_grouped W fwd" : "gemm_grouped W dgrad",
+                    0.02f);
+    }
+    FOR_MODES for (int path = 0; path <= 2; path += 2) {
+        run_grouped(m, offs[0], 4, 192, 256, 1, FP8_ACT, 0, path, "gemm_grouped A", 1.f);
+        run_grouped(m, offs[0], 4, 256, 384, 1, FP8_WEIGHT, 1, path, "gemm_grouped_swiglu W", 0.02f);
+    }
+}
+
+// gemm_grouped_wgrad: dB_g [N, K] = dY_gᵀ X_g (+ dB_g)
+static void run_wgrad(const Mode* m, const int* off, int G, int N, int K, float beta, int db_act, int path,
+                      const char* name) {
+    Backend* be = m->gpu;
+    const int R = off[G];
+    const size_t ny = (size_t)R * N, nx = (size_t)R * K, nb = (size_t)G * N * K;
+    float *dY = act_data(R, N, N, 1e-3f), *X = act_data(R, K, K, 1.f), *B0 = act_data(G * N, K, K, 0.05f);
+    to_act_vals(m, dY, ny);
+    to_act_vals(m, X, nx);
+    const int bf = db_act && m->bf16;  // dB is bf16
+    if (bf) to_act_vals(m, B0, nb);
+    size_t wsb;
+    void* ws = ws_for(be, FP8_OP_WGRAD, FP8_ACT, R, N, K, G, &wsb);
+    GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K, .db_act = db_act, .fp8 = FP8_ACT,
+                    .ws = ws, .ws_bytes = wsb};
+    void* dB = beta != 0.f ? (db_act ? up_act(be, B0, nb) : (void*)up_f32(be, B0, nb))
+                           : (db_act ? poison_act(be, nb) : poison(be, 4 * nb));
+    cuda_fp8_set_path(be, path);
+    be->gemm_grouped_wgrad(be, &gd, N, K, up_act(be, dY, ny), up_act(be, X, nx), dB, beta);
+    cuda_fp8_set_path(be, 0);
+    float* got = db_act ? down_act(be, dB, nb) : down_f32(be, dB, nb);
+    char label[64];
+    snprintf(label, sizeof label, "%s%s", name, path == 2 ? " (fallback)" : "");
+    for (int g = 0; g < G; g++) {
+        const int r0 = off[g], rows = off[g + 1] - r0;
+        float *gotg = got + (size_t)g * N * K, *b0 = B0 + (size_t)g * N * K;
+        if (!rows) {  // beta 0: zeros; beta 1: unchanged
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)N * K; i++) bad += beta == 0.f ? gotg[i] != 0.f : memcmp(&gotg[i], &b0[i], 4) != 0;
+            EXPECT(bad == 0, "%s [%s]: empty group %d: %zu elements not %s", label, m->name, g, bad,
+                   beta == 0.f ? "zero" : "unchanged");
+            continue;
+        }
+        // opA = dY_gᵀ [N, rows], opBt = X_gᵀ [K, rows]
+        float *ta = xmalloc(sizeof(float) * (size_t)N * rows), *tx = xmalloc(sizeof(float) * (size_t)K * rows);
+        for (int i = 0; i < rows; i++) {
+            for (int n = 0; n < N; n++) ta[(size_t)n * rows + i] = dY[(size_t)(r0 + i) * N + n];
+            for (int k = 0; k < K; k++) tx[(size_t)k * rows + i] = X[(size_t)(r0 + i) * K + k];
+        }
+        QTN q = qtn_make(ta, tx, N, K, rows, 0);
+        int* rs = xmalloc(sizeof(int) * (N + 64));
+        const int nr = pick_rows(N, rs);
+        float *gr = xmalloc(sizeof(float) * (size_t)nr * K), *ad = xmalloc(sizeof(float) * (size_t)nr * K);
+        for (int k = 0; k < nr; k++) {
+            memcpy(gr + (size_t)k * K, gotg + (size_t)rs[k] * K, sizeof(float) * K);
+            memcpy(ad + (size_t)k * K, b0 + (size_t)rs[k] * K, sizeof(float) * K);
+        }
+        check_rows(m, label, &q, rs, nr, gr, (size_t)K, ad, 1.f, beta, bf, 0);
+        qtn_free(&q);
+        free(ta), free(tx), free(rs), free(gr), free(ad);
+    }
+    free(dY), free(X), free(B0), free(got);
+    dev_free_all();
+}
+
+static void test_wgrad_fp8(void) {
+    const int off[] = {0, 50, 50, 180, 300};  // an empty group; rows not a multiple of 16 or 128
+    FOR_MODES for (int path = 0; path <= 2; path += 2) {
+        run_wgrad(m, off, 4, 192, 256, 0.f, 0, path, "wgrad A beta 0");
+        run_wgrad(m, off, 4, 192, 256, 1.f, 0, path, "wgrad A beta 1");
+        run_wgrad(m, off, 4, 192, 256, 1.f, 1, path, "wgrad A db_act beta 1");
+        run_wgrad(m, off, 4, 192, 256, 0.f, 1, path, "wgrad A db_act beta 0");
+    }
+}
+
+// Mixtral-8x7B's six expert GEMMs (H 4,096, F 14,336) on two experts of 1,000 and 1,037 rows, in
+// bf16, through the auto path (cuBLASLt on Hopper; the fallback for the 5 rows past a multiple of 8);
+// 4 spread and the last 4 rows of each output checked
+static void test_mixtral_shapes(void) {
+    const Mode* m = &g_modes[1];
+    const int H = 4096, F = 14336, off[] = {0, 1000, 2037};
+    g_spread = 4, g_tail = 4;
+    run_grouped(m, off, 2, 2 * F, H, 1, FP8_WEIGHT, 1, 0, "w13 fwd (swiglu) 8x7B", 0.02f);
+    run_grouped(m, off, 2, H, F, 1, FP8_WEIGHT, 0, 0, "w2 fwd 8x7B", 0.02f);
+    run_grouped(m, off, 2, H, 2 * F, 0, FP8_WEIGHT, 0, 0, "w13 dgrad 8x7B", 0.02f);
+    run_grouped(m, off, 2, F, H, 0, FP8_WEIGHT, 0, 0, "w2 dgrad 8x7B", 0.02f);
+    run_wgrad(m, off, 2, 2 * F, H, 1.f, 0, 0, "w13 wgrad 8x7B");
+    run_wgrad(m, off, 2, H, F, 1.f, 0, 0, "w2 wgrad 8x7B");
+    g_spread = 48, g_tail = 8;
+}
+
+// fp8_ws_bytes depends only on its arguments, grows with them, and is 0 with fp8 off
+static void test_ws_bytes(void) {
+    FOR_MODES {
+        Backend* be = m->gpu;
+        EXPECT(be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_OFF, 64, 64, 64, 1) == 0, "ws with fp8 off is not 0");
+        const size_t a = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, 1000, 256, 512, 8);
+        EXPECT(a == be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, 1000, 256, 512, 8), "ws not deterministic");
+        EXPECT(be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, 2000, 256, 512, 8) > a, "ws does not grow with rows");
+        EXPECT(be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, 1000, 256, 512, 8) >= (size_t)(256 + 512) * 1000,
+               "wgrad ws smaller than its codes");
+    }
+}
+
+// --small: without the Mixtral-sized shapes (compute-sanitizer's memcheck: scripts/gpu_check.sh san)
+int main(int argc, char** argv) {
+    const int small = argc > 1 && !strcmp(argv[1], "--small");
+    if (gpu_setup("test_cuda_fp8")) return 1;
+    if (!g_modes[0].gpu->fp8_ws_bytes) {
+        printf("skip: the GPU has no FP8 tensor cores (compute capability below 8.9)\n");
+        gpu_teardown();
+        TEST_END();
+    }
+    g_hopper = cuda_compute_capability(g_modes[0].gpu) == 9;
+    for (int v = 0; v < 256; v++) g_dec[v] = (double)fp8_e4m3_to_f32((uint8_t)v);
+    RUN(test_quant);
+    RUN(test_bound_control);
+    RUN(test_ws_bytes);
+    RUN(test_gemm_fp8);
+    RUN(test_grouped_fp8);
+    RUN(test_wgrad_fp8);
+    if (!small) RUN(test_mixtral_shapes);
+    gpu_teardown();
+    TEST_END();
+}
