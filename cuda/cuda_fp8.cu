@@ -341,9 +341,10 @@ __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) p[j][e] = 0.f;
-        for (int ks = 0; ks < TILE / 32; ks++) {
+#pragma unroll
+        for (int ks = 0; ks < TILE / 32; ks++) {  // unrolled: the four steps' loads in flight together
             const int k = t * TILE + ks * 32;
-            if (k >= K) break;
+            if (k >= K) continue;
             const int ka = k + tg * 4, kb = k + 16 + tg * 4;
             const uint32_t a0 = ld_code4(qa, ra, M, ka, K, ldq), a1 = ld_code4(qa, rb8, M, ka, K, ldq);
             const uint32_t a2 = ld_code4(qa, ra, M, kb, K, ldq), a3 = ld_code4(qa, rb8, M, kb, K, ldq);
