@@ -82,3 +82,5 @@ int dist_agree_error(int status, Err* e);
 // Rank among the processes of this node (the GPU to use): MPI_Comm_split_type(SHARED), or
 // OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID before MPI is up. The caller does cudaSetDevice.
 int dist_local_rank(void);
+// The world's size (MPI_COMM_WORLD; 1 before MPI_Init), no communication.
+int dist_world_size(void);

@@ -92,6 +92,12 @@ int dist_agree_error(int status, Err* e) {
     return v[0];
 }
 
+int dist_world_size(void) {
+    int size = 1;
+    if (mpi_live()) MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    return size;
+}
+
 int dist_local_rank(void) {
     static int cached = -1;
     if (cached >= 0) return cached;

@@ -70,6 +70,41 @@ static int metrics_trim(const char* path, int step, Err* e) {
     return 0;
 }
 
+// ---- start-up under the watchdog (watchdog.h: step 0) ------------------------------------------
+// Each stage of trainer_init is watched with train.timeout_s, the checkpoint restore with
+// max(train.timeout_s, 4 x the whole checkpoint's bytes over the write rate measured in
+// checkpoint.dir, or 100 MB/s without one). Tests: the failpoint train.startup_stall "R:WORD"
+// stops rank R for good at the end of the stage whose name holds WORD.
+static void startup_stage(const char* stage, double timeout) {
+    static const char* prev = NULL;
+    const char* stall = failpoint_value("train.startup_stall");
+    const char* colon = stall ? strchr(stall, ':') : NULL;
+    if (prev && colon && atoi(stall) == util_rank() && strstr(prev, colon + 1))
+        for (;;) pause();  // its watchdog thread goes on publishing "in <prev>"
+    prev = stage;
+    watchdog_timeout(timeout);
+    watchdog_stage(0, stage);
+}
+
+// A token for this job's heartbeat files that every rank finds without communication (the
+// launcher's job id: Open MPI's, PMIx's, Slurm's step), hashed to 16 hex digits; "" when
+// unknown. One rank needs none: a random one.
+static void launcher_token(char token[17], int world) {
+    const char* ompi = getenv("OMPI_MCA_orte_precondition_transports");  // Open MPI 4: random per job
+    const char* pmix = getenv("PMIX_NAMESPACE");                          // Open MPI 5, srun --mpi=pmix
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    char id[512] = "";
+    if (world == 1) snprintf(id, sizeof id, "pid %d at %.9f", (int)getpid(), now_sec());
+    else if (ompi && *ompi) snprintf(id, sizeof id, "ompi %.400s", ompi);
+    else if (pmix && *pmix) snprintf(id, sizeof id, "pmix %.400s", pmix);
+    else if (job && *job && step && *step) snprintf(id, sizeof id, "slurm %.200s.%.200s", job, step);
+    token[0] = 0;
+    if (!id[0]) return;
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (const char* c = id; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    snprintf(token, 17, "%016llx", (unsigned long long)h);
+}
+
 // The backend of this rank; *why says why train.device=auto fell back to the CPU.
 static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
     DeviceKind dev = cfg->train.device;
@@ -94,6 +129,7 @@ static Backend* make_backend(const Config* cfg, Err* e, Err* why) {
 static int open_backend(Trainer* t, const Config* cfg, Err* e) {
     Err why = {{0}};
     t->be = make_backend(cfg, e, &why);
+    startup_stage("start-up: communicator", cfg->train.timeout_s);
     // Every rank must end up on the same kind of backend (NCCL and MPI communicators do not mix,
     // and a rank that fails here must not leave the others waiting in a collective): agree first.
     if (dist_agree_error(t->be ? 0 : 2, e)) {
@@ -195,19 +231,45 @@ static int open_log_dir(Trainer* t, const Config* cfg, Err* e) {
     return 0;
 }
 
-int trainer_init(Trainer* t, const Config* cfg, Err* e) {
+// A job-wide token for the watchdog's heartbeat files (watchdog.h): rank 0's, on every rank.
+static void job_token(Trainer* t, char token[17]) {
+    if (t->rank == 0 && !token[0]) {
+        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
+        FILE* ur = fopen("/dev/urandom", "rb");
+        if (ur) {
+            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
+            fclose(ur);
+        }
+        snprintf(token, 17, "%016llx", (unsigned long long)r);
+    }
+    t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
+}
+
+static int init_stages(Trainer* t, const Config* cfg, Err* e) {
     memset(t, 0, sizeof *t);
     t->metrics.fd = -1;  // not open (trainer_free may run after any failure below; fd 0 is stdin)
     t->cfg = *cfg;
     t->t_start = now_sec();
     const TrainConfig* tc = &cfg->train;
+    // The watchdog from here on; before the communicator only where the launcher names the job.
+    const double to = tc->timeout_s;
+    const char* hb_dir = cfg->checkpoint.dir[0] ? cfg->checkpoint.dir : cfg->log.dir;
+    char token[17];
+    launcher_token(token, dist_world_size());
+    if (token[0]) watchdog_start(util_rank(), dist_world_size(), hb_dir, token, to);
+    startup_stage("start-up: device", to);
     if (open_backend(t, cfg, e)) return -1;
+    job_token(t, token);
+    watchdog_start(t->rank, t->world, hb_dir, token, to);
+    watchdog_token(token);
     t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
 
+    startup_stage("start-up: data", to);
     if (open_data(t, cfg, e)) return -1;
     const long slow = failpoint_int("train.startup_sleep", 0);  // tests: a slow start-up (signals during it)
     if (slow > 0) sleep((unsigned)slow);
 
+    startup_stage("start-up: model", to);
     const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world)};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
     optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
@@ -220,13 +282,24 @@ int trainer_init(Trainer* t, const Config* cfg, Err* e) {
     t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
     t->best_val = INFINITY;  // until a validation, or the checkpoint's record
 
+    startup_stage("start-up: checkpoint.dir check", to);
     if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
+    startup_stage("start-up: checkpoint.dir lock", to);
     if (trainer_own(t, e)) return -1;
+    const double read_s = 4 * t->ckpt_bytes / (t->write_rate > 0 ? t->write_rate : 1e8);
+    startup_stage("start-up: checkpoint restore", to > 0 && read_s > to ? read_s : to);
     if (trainer_restore(t, e)) return -1;
+    startup_stage("start-up: run id, log.dir", to);
     if (trainer_own_after(t, e)) return -1;
-
     if (open_log_dir(t, cfg, e)) return -1;
     return 0;
+}
+
+int trainer_init(Trainer* t, const Config* cfg, Err* e) {
+    const int rc = init_stages(t, cfg, e);
+    watchdog_timeout(0);  // not watched until trainer_run names its stages
+    watchdog_stage(0, rc ? "start-up failed (agreeing on the error)" : "start-up done");
+    return rc;
 }
 
 void trainer_free(Trainer* t) {
@@ -319,21 +392,6 @@ static void log_step(Trainer* t, int step, double loss, double ce, double aux, c
     if (t->metrics.fd >= 0 && !t->log_failed && logfile_write(&t->metrics, line, n, &t->log_err)) t->log_failed = 1;
 }
 
-// A job-wide token for the watchdog's heartbeat files (watchdog.h): rank 0's, on every rank.
-static void job_token(Trainer* t, char token[17]) {
-    token[0] = 0;
-    if (t->rank == 0) {
-        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
-        FILE* ur = fopen("/dev/urandom", "rb");
-        if (ur) {
-            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
-            fclose(ur);
-        }
-        snprintf(token, 17, "%016llx", (unsigned long long)r);
-    }
-    t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
-}
-
 // Step s's forward and backward over this rank's micro-batches: *ce the mean CE over the world's
 // scored targets (count_scored: counted first, else every one of the gtok), *aux and *z this
 // rank's router losses (means over its micro-batches).
@@ -414,9 +472,6 @@ static void run_start(Trainer* t, RunState* r) {
     const char* notes = t->opt.split ? (bf16_egrad ? " (split fp32 masters, bf16 expert gradients)" : " (split fp32 masters)")
                                      : (bf16_egrad ? " (bf16 expert gradients)" : "");
     stop_running();  // a signal from here on saves a checkpoint (start-up signals exit 3 at once)
-    // The watchdog (watchdog.h): a job-wide token names this job's heartbeat files.
-    char token[17];
-    job_token(t, token);
     // The first step's allowance: 10 x the plan's time at a modest rate (CPU 5 GFLOP/s per rank,
     // GPU 100 TFLOP/s), at least train.timeout_s.
     const double first_est = flops_tok * (double)B * T * t->n_micro / (strcmp(t->be->name, "cuda") ? 5e9 : 1e14);
@@ -426,8 +481,7 @@ static void run_start(Trainer* t, RunState* r) {
     r->save_to = r->base_to > 0 && t->write_rate > 0 && 4 * t->ckpt_rank_bytes / t->write_rate > r->base_to
                      ? 4 * t->ckpt_rank_bytes / t->write_rate : r->base_to;
     r->evb = tc->eval_batches > 0 ? tc->eval_batches : 64;
-    watchdog_start(t->rank, t->world, t->cfg.checkpoint.dir[0] ? t->cfg.checkpoint.dir : t->cfg.log.dir, token, r->base_to);
-    watchdog_timeout(r->step_to);
+    watchdog_timeout(r->step_to);  // the watchdog runs since trainer_init
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);

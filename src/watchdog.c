@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "watchdog.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,14 +22,18 @@ static struct {
     pthread_mutex_t mu;
     int running, quit;
     int rank, world;
-    char dir[4096];    // the .heartbeat directory
+    char root[4096];   // <dir>/.heartbeat
+    char dir[4200];    // root/<token>: this job's files
     char token[40];
     double timeout;    // of the current stage
     double next_timeout;
     int step;
+    long seq;          // stages entered so far (every rank enters the same ones in the same order)
     const char* stage;
     double entered;    // wall clock (seconds since the epoch): comparable across nodes
     double interval;   // between heartbeat writes
+    int moved;         // the token changed (watchdog_token): prev is the directory left
+    char prev[4200];
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static double wall(void) {
@@ -37,13 +42,13 @@ static double wall(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void rank_path(char* out, size_t n, int r) { snprintf(out, n, "%s/rank_%05d", W.dir, r); }
+static void rank_path(char* out, size_t n, const char* dir, int r) { snprintf(out, n, "%.4200s/rank_%05d", dir, r); }
 
-static void publish(int step, const char* stage, double entered) {
-    char p[4200], rec[REC];
-    rank_path(p, sizeof p, W.rank);
+static void publish(const char* dir, const char* token, int step, long seq, const char* stage, double entered) {
+    char p[4300], rec[REC];
+    rank_path(p, sizeof p, dir, W.rank);
     memset(rec, 0, sizeof rec);
-    snprintf(rec, sizeof rec, "%s %d %.3f %.3f %.60s\n", W.token, step, entered, wall(), stage);
+    snprintf(rec, sizeof rec, "%s %d %ld %.3f %.3f %.60s\n", token, step, seq, entered, wall(), stage);
     int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return;
     ssize_t k = pwrite(fd, rec, sizeof rec, 0);
@@ -53,14 +58,15 @@ static void publish(int step, const char* stage, double entered) {
 
 typedef struct Beat {
     int ok, step;
+    long seq;
     double entered, seen;
     char stage[64];
 } Beat;
 
-static Beat read_beat(int r) {
+static Beat read_beat(const char* dir, const char* token, int r) {
     Beat b = {0};
-    char p[4200], rec[REC + 1], tok[40];
-    rank_path(p, sizeof p, r);
+    char p[4300], rec[REC + 1], tok[40];
+    rank_path(p, sizeof p, dir, r);
     int fd = open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return b;
     ssize_t k = pread(fd, rec, REC, 0);
@@ -70,22 +76,31 @@ static Beat read_beat(int r) {
     char* nl = strchr(rec, '\n');
     if (nl) *nl = 0;
     int used = 0;
-    if (sscanf(rec, "%39s %d %lf %lf %n", tok, &b.step, &b.entered, &b.seen, &used) >= 4 && !strcmp(tok, W.token)) {
+    if (sscanf(rec, "%39s %d %ld %lf %lf %n", tok, &b.step, &b.seq, &b.entered, &b.seen, &used) >= 5 &&
+        !strcmp(tok, token)) {
         snprintf(b.stage, sizeof b.stage, "%s", rec + used);
         b.ok = 1;
     }
     return b;
 }
 
+// " of step N", or " during start-up" for step 0.
+static const char* of_step(char* buf, size_t n, int step) {
+    if (step > 0) snprintf(buf, n, " of step %d", step);
+    else snprintf(buf, n, " during start-up");
+    return buf;
+}
+
 // This rank waited too long: name the ranks that did not arrive, and end the process.
-static void fire(int step, const char* stage, double waited, double timeout) {
-    char list[2048] = "";
-    size_t o = 0;
-    int n = 0;
+static void fire(const char* dir, const char* token, int step, long seq, const char* stage, double waited,
+                 double timeout) {
+    char list[2048] = "", os[32], ob[32], past[512] = "";
+    size_t o = 0, po = 0;
+    int n = 0, np = 0;
     const double now = wall(), stale = 2 * W.interval + 1;
     for (int r = 0; r < W.world && o + 200 < sizeof list; r++) {
         if (r == W.rank) continue;
-        Beat b = read_beat(r);
+        Beat b = read_beat(dir, token, r);
         const char* sep = n ? "; " : "";
         if (!b.ok) {
             o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (no heartbeat file: never started watching, or "
@@ -93,19 +108,28 @@ static void fire(int step, const char* stage, double waited, double timeout) {
             n++;
         } else if (now - b.seen > stale) {
             o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (no heartbeat for %.0f s: stopped or gone; last "
-                                  "in '%s' of step %d)", sep, r, now - b.seen, b.stage, b.step);
+                                  "in '%s'%s)", sep, r, now - b.seen, b.stage, of_step(ob, sizeof ob, b.step));
             n++;
-        } else if (b.step < step || (b.step == step && strcmp(b.stage, stage))) {
-            o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (in '%s' of step %d for %.0f s)", sep, r, b.stage,
-                                  b.step, now - b.entered);
+        } else if (b.seq < seq) {  // every rank goes through the same stages: an earlier one
+            o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (in '%s'%s for %.0f s)", sep, r, b.stage,
+                                  of_step(ob, sizeof ob, b.step), now - b.entered);
             n++;
+        } else if (b.seq > seq && po + 100 < sizeof past) {
+            po += (size_t)snprintf(past + po, sizeof past - po, "%s%d", np ? ", " : "", r);
+            if (!np++) po += (size_t)snprintf(past + po, sizeof past - po, " (in '%.60s'%s)", b.stage, of_step(ob, sizeof ob, b.step));
         }
     }
+    char none[700];
+    snprintf(none, sizeof none, np ? "none: rank%s %s went on past this stage, so this rank is the one that did not arrive "
+                                     "(stuck in its own work: a device, a file system, a hang)"
+                                   : "none to tell (every heartbeat is current: a deadlock, a network or device failure)",
+             np > 1 ? "s" : "", past);
     fprintf(stderr,
-            "moetrain: rank %d: watchdog: waited %.0f s in '%s' of step %d (the timeout of this stage: %.0f s, from "
-            "train.timeout_s and the slowest step); ranks that did not arrive: %s; ending the job (exit 1)\n",
-            W.rank, waited, stage, step, timeout,
-            n ? list : "none to tell (every heartbeat is current: a deadlock, a network or device failure)");
+            "moetrain: rank %d: watchdog: waited %.0f s in '%s'%s (the timeout of this stage: %.0f s, from "
+            "%s); ranks that did not arrive: %s; ending the job (exit 1)\n",
+            W.rank, waited, stage, of_step(os, sizeof os, step), timeout,
+            step > 0 ? "train.timeout_s and the slowest step" : "train.timeout_s; for a restore, the checkpoint's size",
+            n ? list : none);
     fflush(stderr);
     fflush(stdout);
     _exit(1);
@@ -122,16 +146,32 @@ static void* loop(void* arg) {
         if (tick - last_tick > 3) W.entered += tick - last_tick;
         last_tick = tick;
         const int quit = W.quit, step = W.step;
+        const long seq = W.seq;
         const char* stage = W.stage;
         const double entered = W.entered, timeout = W.timeout;
+        char dir[sizeof W.dir], token[sizeof W.token];
+        memcpy(dir, W.dir, sizeof dir);
+        memcpy(token, W.token, sizeof token);
+        char prev[sizeof W.prev] = "";
+        if (W.moved) {  // a new token: publish at once; a write in flight may have recreated the old file
+            last_pub = 0;
+            W.moved = 0;
+            memcpy(prev, W.prev, sizeof prev);
+        }
         pthread_mutex_unlock(&W.mu);
+        if (prev[0]) {
+            char p[4300];
+            rank_path(p, sizeof p, prev, W.rank);
+            unlink(p);
+            rmdir(prev);
+        }
         if (quit) break;
         const double now = wall();
         if (stage && now - last_pub >= W.interval) {
-            publish(step, stage, entered);
+            publish(dir, token, step, seq, stage, entered);
             last_pub = now;
         }
-        if (stage && timeout > 0 && now - entered > timeout) fire(step, stage, now - entered, timeout);
+        if (stage && timeout > 0 && now - entered > timeout) fire(dir, token, step, seq, stage, now - entered, timeout);
         struct timespec ts = {0, 200 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -139,7 +179,7 @@ static void* loop(void* arg) {
 }
 
 static void mkdirs(const char* path) {
-    char buf[4096];
+    char buf[4400];
     snprintf(buf, sizeof buf, "%s", path);
     for (char* p = buf + 1; *p; p++)
         if (*p == '/') {
@@ -150,14 +190,52 @@ static void mkdirs(const char* path) {
     mkdir(buf, 0755);
 }
 
+// Rank 0: removes what other jobs left under root (killed jobs leave their files): job
+// directories, and files of the flat layout, untouched for a day.
+static void sweep(const char* root, const char* mine) {
+    DIR* d = opendir(root);
+    if (!d) return;
+    const time_t old = time(NULL) - 86400;
+    char p[4400], q[4700];
+    for (struct dirent* de; (de = readdir(d));) {
+        if (de->d_name[0] == '.' || !strcmp(de->d_name, mine)) continue;
+        snprintf(p, sizeof p, "%.4000s/%.255s", root, de->d_name);
+        struct stat st;
+        if (lstat(p, &st)) continue;
+        if (S_ISREG(st.st_mode)) {
+            if (st.st_mtime < old) unlink(p);
+            continue;
+        }
+        if (!S_ISDIR(st.st_mode)) continue;
+        DIR* j = opendir(p);
+        int fresh = st.st_mtime >= old;
+        for (struct dirent* fe; j && !fresh && (fe = readdir(j));)
+            if (fe->d_name[0] != '.') {
+                snprintf(q, sizeof q, "%s/%.255s", p, fe->d_name);
+                fresh = lstat(q, &st) || st.st_mtime >= old;
+            }
+        if (j) rewinddir(j);
+        for (struct dirent* fe; j && !fresh && (fe = readdir(j));)
+            if (fe->d_name[0] != '.') {
+                snprintf(q, sizeof q, "%s/%.255s", p, fe->d_name);
+                unlink(q);
+            }
+        if (j) closedir(j);
+        if (!fresh) rmdir(p);
+    }
+    closedir(d);
+}
+
 void watchdog_start(int rank, int world, const char* dir, const char* token, double timeout_s) {
     if (W.running || timeout_s <= 0) return;
     W.rank = rank;
     W.world = world;
     snprintf(W.token, sizeof W.token, "%s", token);
-    if (dir && dir[0]) snprintf(W.dir, sizeof W.dir, "%.4000s/.heartbeat", dir);
-    else snprintf(W.dir, sizeof W.dir, "/tmp/moetrain_heartbeat_%.39s", token);
+    if (dir && dir[0]) snprintf(W.root, sizeof W.root, "%.4000s/.heartbeat", dir);
+    else snprintf(W.root, sizeof W.root, "/tmp/moetrain_heartbeat");
+    snprintf(W.dir, sizeof W.dir, "%s/%s", W.root, W.token);
     mkdirs(W.dir);
+    if (rank == 0) sweep(W.root, W.token);
     W.timeout = W.next_timeout = timeout_s;
     W.interval = timeout_s / 20 < 1 ? 1 : timeout_s / 20 > 10 ? 10 : timeout_s / 20;
     W.stage = NULL;
@@ -167,9 +245,36 @@ void watchdog_start(int rank, int world, const char* dir, const char* token, dou
                  strerror(errno));
 }
 
-void watchdog_stage(int step, const char* stage) {
+// Removes this rank's file from W.dir, and the directories once empty (W.mu held or the thread stopped).
+static void leave(void) {
+    char p[4300];
+    rank_path(p, sizeof p, W.dir, W.rank);
+    unlink(p);
+    rmdir(W.dir);   // the last rank out removes them (fails harmlessly while others remain)
+    rmdir(W.root);
+}
+
+void watchdog_token(const char* token) {
     if (!W.running) return;
     pthread_mutex_lock(&W.mu);
+    if (strcmp(token, W.token)) {
+        leave();
+        memcpy(W.prev, W.dir, sizeof W.prev);
+        snprintf(W.token, sizeof W.token, "%s", token);
+        snprintf(W.dir, sizeof W.dir, "%s/%s", W.root, W.token);
+        mkdirs(W.dir);
+        W.moved = 1;
+    }
+    pthread_mutex_unlock(&W.mu);
+}
+
+void watchdog_stage(int step, const char* stage) {
+    pthread_mutex_lock(&W.mu);
+    W.seq++;  // counted while not running too, so that every rank's count agrees
+    if (!W.running) {
+        pthread_mutex_unlock(&W.mu);
+        return;
+    }
     W.step = step;
     W.stage = stage;
     W.entered = wall();
@@ -190,8 +295,5 @@ void watchdog_stop(void) {
     pthread_mutex_unlock(&W.mu);
     pthread_join(W.th, NULL);
     W.running = 0;
-    char p[4200];
-    rank_path(p, sizeof p, W.rank);
-    unlink(p);
-    rmdir(W.dir);  // the last rank out removes it (fails harmlessly while others remain)
+    leave();
 }
