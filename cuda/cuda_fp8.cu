@@ -73,7 +73,7 @@ enum { TILE = 128, Q_THREADS = 256, TSTRIDE = TILE + 1 };
 enum { WS_ALIGN = 256 };
 // fp32 product rows staged for the epilogue path: at most this many bytes at a time
 #define EPI_BYTES ((size_t)32 << 20)
-enum { FP8_CACHE_CAP = 512 };
+enum { FP8_CACHE_CAP = 2048 };
 
 static inline size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -405,13 +405,13 @@ typedef struct Fp8Key {
     int blk;          // cuBLASLt's A (our B) BLK128x128 (else VEC128)
     int d_f32;        // D (and C) fp32, else bf16
     int align;        // C/D pointer alignment (≤ 16)
-    int dyn;          // n rounded
+    int dyn;          // 1: n rounded, 2: k rounded (the weight gradients' rows), 3: both
 } Fp8Key;
 
 typedef struct Fp8Plan {
     Fp8Key key;
     int used, ok;     // ok = 0: cuBLASLt has no algorithm (the fallback runs)
-    int cur_n;
+    int cur_n, cur_k;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -457,7 +457,7 @@ static void plan_build(CudaImpl* c, Fp8Plan* p, const Fp8Key* k) {
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, k->k, k->m, k->k));
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, k->k, k->n, k->k));
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p->lc, dt, k->m, k->n, k->ldc));
-    p->cur_n = k->n;
+    p->cur_n = k->n, p->cur_k = k->k;
     cublasLtMatmulPreference_t pref;
     CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = c->lt_ws_bytes;
@@ -518,23 +518,24 @@ static int round_rows(int n) {
     return (n + step - 1) / step * step;
 }
 
-// One cuBLASLt product: D[n, m] (row-major rows n of m: our C) = alpha · qa·qbᵀ + beta · Cin.
-// Returns 0 when cuBLASLt has no algorithm for it (nothing issued).
+// One cuBLASLt product: D[n, m] (row-major rows n of m: our C) = alpha · qa·qbᵀ + beta · Cin, both
+// operands [·, kq] (kq their row stride too). dyn_k: kq is a group's rows (the weight gradients),
+// keyed rounded like n. Returns 0 when cuBLASLt has no algorithm for it (nothing issued).
 static int lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb, const float* sb,
                      const uint8_t* qa, const float* sa, float alpha, float beta, const void* Cin, void* D,
-                     int ldc, int d_f32) {
+                     int ldc, int d_f32, int dyn_k) {
     CudaImpl* c = CI(be);
     Fp8Key k;
     memset(&k, 0, sizeof k);
-    k.m = m, k.n = round_rows(n), k.k = kq, k.ldc = ldc, k.blk = blk, k.d_f32 = d_f32;
+    k.m = m, k.n = round_rows(n), k.k = dyn_k ? round_rows(kq) : kq, k.ldc = ldc, k.blk = blk, k.d_f32 = d_f32;
     int al = ptr_align16(D), t = ptr_align16(Cin);
     k.align = t < al ? t : al;
-    k.dyn = 1;
+    k.dyn = 1 | (dyn_k ? 2 : 0);
     Fp8Plan* p = plan_get(c, &k);
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!p->ok) {
             if (attempt == 0) {
-                k.n = n, k.dyn = 0;
+                k.n = n, k.k = kq, k.dyn = 0;
                 p = plan_get(c, &k);
                 continue;
             }
@@ -545,6 +546,15 @@ static int lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* 
             CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &nn, sizeof nn));
             CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &nn, sizeof nn));
             p->cur_n = n;
+        }
+        if (p->cur_k != kq) {  // rows and leading dimension of both operands
+            const uint64_t kk = (uint64_t)kq;
+            const int64_t ld = kq;
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_ROWS, &kk, sizeof kk));
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld));
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_ROWS, &kk, sizeof kk));
+            CUBLAS_CK(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld));
+            p->cur_k = kq;
         }
         CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
         CUBLAS_CK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
@@ -558,7 +568,7 @@ static int lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* 
         if (s != CUBLAS_STATUS_NOT_SUPPORTED)
             FATAL("cuBLASLt FP8 matmul failed (m=%d n=%d k=%d): %s", m, n, kq, cublasLt_status_name(s));
         if (attempt == 0 && k.dyn) {  // the rounded plan's algorithm refused the exact size
-            k.n = n, k.dyn = 0;
+            k.n = n, k.k = kq, k.dyn = 0;
             p = plan_get(c, &k);
         } else {
             return 0;
@@ -624,14 +634,15 @@ extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, i
 // alpha · r + beta · addend. split = the rows cuBLASLt takes (a multiple of 8, or 0), chunk = the
 // epilogue path's rows at a time (or split).
 static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs* b, SMap sam, SMap sbm, int blk,
-                        float alpha, float beta, const void* addend, void* C, int ldc, int c_f32, int split) {
+                        float alpha, float beta, const void* addend, void* C, int ldc, int c_f32, int split,
+                        int dyn_k) {
     CudaImpl* c = CI(be);
     int done = 0;  // rows computed
     if (split > 0) {
         const int epi = !c_f32 && beta != 0.f;
         if (!epi) {
             if (lt_matmul(be, N, split, ldq, blk, b->qb, b->sb, b->qa, b->sa0, alpha, beta, beta != 0.f ? addend : C, C,
-                          ldc, c_f32))
+                          ldc, c_f32, dyn_k))
                 done = split;
         } else {
             // bf16 C with beta: the fp32 product in chunks of sam.chunk rows, then the epilogue
@@ -639,7 +650,7 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
             for (int r0 = 0; r0 < split && ok; r0 += sam.chunk) {
                 const int rows = split - r0 < sam.chunk ? split - r0 : sam.chunk;
                 ok = lt_matmul(be, N, rows, ldq, blk, b->qb, b->sb, b->qa + (size_t)r0 * ldq, b->sa0 + (size_t)r0 * sam.Kt,
-                               1.f, 0.f, b->epi, b->epi, N, 1);
+                               1.f, 0.f, b->epi, b->epi, N, 1, dyn_k);
                 if (!ok) break;
                 const unsigned g = grid_for(c, (size_t)rows * N, 256);
                 k_epilogue<bf16><<<g, 256, 0, c->stream>>>(b->epi, rows, N, alpha, beta,
@@ -729,7 +740,7 @@ static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int l
     const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, b);
     const SMap sam = quant_a(be, A, M, K, d->trans_a, lda, ldq, Kt, b, ms, chunk);
     const void* addend = d->c_in ? d->c_in : C;
-    fp8_product(be, M, N, K, ldq, b, sam, sbm, d->fp8 == FP8_WEIGHT, d->alpha, d->beta, addend, C, ldc, c_f32, split);
+    fp8_product(be, M, N, K, ldq, b, sam, sbm, d->fp8 == FP8_WEIGHT, d->alpha, d->beta, addend, C, ldc, c_f32, split, 0);
 }
 
 // ---- the ops ---------------------------------------------------------------------------------------
@@ -825,7 +836,7 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
         memset(&none, 0, sizeof none);
         quant_cols(be, (const char*)dY + (size_t)r0 * N * ea, rows, N, N, b.qa, ldk, sam, NULL, 0, none);
         quant_cols(be, (const char*)X + (size_t)r0 * K * ea, rows, K, K, b.qb, ldk, sbm, NULL, 0, none);
-        fp8_product(be, N, K, rows, ldk, &b, sam, sbm, 0, 1.f, beta, dbg, dbg, K, c_f32, split);
+        fp8_product(be, N, K, rows, ldk, &b, sam, sbm, 0, 1.f, beta, dbg, dbg, K, c_f32, split, 1);
     }
 }
 
