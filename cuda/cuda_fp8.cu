@@ -165,6 +165,33 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ 
     }
 }
 
+// A 128×128 tile of X (rows [r0, r0+128) ∩ [0, R), columns [c0, c0+128) ∩ [0, C), row stride ld)
+// into shared memory as fp32, zeros outside. bf16 rows that start on 16 bytes (vec) are read 8
+// values at a time.
+template <typename T>
+__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ x, int R, int C, size_t ld, int r0, int c0,
+                                          int vec) {
+    if (sizeof(T) == 2 && vec) {
+        for (int e = threadIdx.x; e < TILE * (TILE / 8); e += Q_THREADS) {
+            const int i = e / (TILE / 8), c = (e % (TILE / 8)) * 8;
+            float f[8];
+            if (r0 + i < R && c0 + c + 8 <= C) {
+                unpack8(f, __ldg((const uint4*)(x + (size_t)(r0 + i) * ld + c0 + c)));
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = (r0 + i < R && c0 + c + j < C) ? to_f(x[(size_t)(r0 + i) * ld + c0 + c + j]) : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) tile[i * TSTRIDE + c + j] = f[j];
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < TILE * TILE; e += Q_THREADS) {
+        const int i = e / TILE, c = e % TILE;
+        tile[i * TSTRIDE + c] = (r0 + i < R && c0 + c < C) ? to_f(x[(size_t)(r0 + i) * ld + c0 + c]) : 0.f;
+    }
+}
+
 // ---- k_quant_cols: the cast-transpose ------------------------------------------------------------
 // X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block through shared memory:
 // qt [C, ldk] (ldk % 4 = 0, ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from
@@ -172,14 +199,11 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ 
 template <typename T>
 __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
                                                           uint8_t* __restrict__ qt, size_t ldk, SMap stm,
-                                                          uint8_t* __restrict__ q, size_t ldq, SMap srm) {
+                                                          uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec) {
     extern __shared__ float tile[];  // [TILE][TSTRIDE]
     __shared__ float cmax[2][TILE], rmax[2][TILE], csc[TILE], rsc[TILE];
     const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
-    for (int e = tid; e < TILE * TILE; e += Q_THREADS) {
-        const int i = e / TILE, c = e % TILE;
-        tile[i * TSTRIDE + c] = (i0 + i < n && c0 + c < C) ? to_f(x[(size_t)(i0 + i) * ldx + c0 + c]) : 0.f;
-    }
+    load_tile(tile, x, n, C, ldx, i0, c0, vec);
     __syncthreads();
     {
         const int k = tid & (TILE - 1), h = tid >> 7;
@@ -229,16 +253,13 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
 template <typename T>
 __global__ void __launch_bounds__(Q_THREADS) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
                                                             int trans, uint8_t* __restrict__ q, size_t ldq,
-                                                            float* __restrict__ s, int lds) {
+                                                            float* __restrict__ s, int lds, int vec) {
     extern __shared__ float tile[];
     __shared__ float red[32];
     // grid: x over the output's K (C, or R transposed, up to ldq), y over the output's rows
     const int ok0 = blockIdx.x * TILE, or0 = blockIdx.y * TILE, tid = threadIdx.x;
     const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
-    for (int e = tid; e < TILE * TILE; e += Q_THREADS) {
-        const int i = e / TILE, c = e % TILE;
-        tile[i * TSTRIDE + c] = (r0 + i < R && cc0 + c < C) ? to_f(w[(size_t)(r0 + i) * ldw + cc0 + c]) : 0.f;
-    }
+    load_tile(tile, w, R, C, ldw, r0, cc0, vec);
     __syncthreads();
     float m = 0.f;
     for (int e = tid; e < TILE * TILE; e += Q_THREADS) m = fmaxf(m, fin_abs(tile[(e / TILE) * TSTRIDE + e % TILE]));
@@ -272,6 +293,9 @@ template <typename F> static void smem_opt_in(F* f) {
 
 // ---- launchers (act dtype from the backend) -------------------------------------------------------
 
+// bf16 rows that start on 16 bytes: the tile loads read 8 values at a time
+static int vec_ok(const void* x, size_t ld) { return (uintptr_t)x % 16 == 0 && ld % 8 == 0; }
+
 static void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q, size_t ldq, SMap sm) {
     if (R == 0 || C == 0) return;
     const size_t warps = (size_t)R * sm.Kt;
@@ -287,10 +311,11 @@ static void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uin
     const dim3 grid((unsigned)cdiv(C, TILE), (unsigned)cdiv((int)(ldk > (size_t)n ? ldk : (size_t)n), TILE));
     if (is_bf16(be)) {
         smem_opt_in(k_quant_cols<bf16>);
-        k_quant_cols<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm);
+        k_quant_cols<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm,
+                                                                   vec_ok(x, ldx));
     } else {
         smem_opt_in(k_quant_cols<float>);
-        k_quant_cols<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm);
+        k_quant_cols<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, 0);
     }
     LAUNCH_CK(CI(be));
 }
@@ -302,10 +327,11 @@ static void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, i
     const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
     if (is_bf16(be)) {
         smem_opt_in(k_quant_blocks<bf16>);
-        k_quant_blocks<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds);
+        k_quant_blocks<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds,
+                                                                     vec_ok(w, ldw));
     } else {
         smem_opt_in(k_quant_blocks<float>);
-        k_quant_blocks<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds);
+        k_quant_blocks<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds, 0);
     }
     LAUNCH_CK(CI(be));
 }
