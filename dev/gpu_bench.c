@@ -104,6 +104,12 @@ static void time_adamw(void) {
     free(rm), free(rv), free(rw), free(rg);
 }
 
+void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint8_t* q, int ldq, float* s0, float* s1,
+                         int split, int chunk);
+void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
+                         int ldq, float* s);
+void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
+
 // fp8: each expert GEMM op (gemm_grouped, gemm_grouped_wgrad with one group of `rows` rows) in bf16
 // and in FP8 (FP8_WEIGHT for the forward and data gradients, FP8_ACT for the weight gradients),
 // the mean of 10 calls after 3, on random bf16 operands. TFLOP/s count 2·M·N·K per op; the FP8
@@ -159,6 +165,29 @@ static void time_fp8_experts(int rows) {
         const double fl = 2.0 * R * dims[i][0] * dims[i][1];
         printf("%-10s bf16 %7.3f ms %6.0f TFLOP/s   fp8 %7.3f ms %6.0f TFLOP/s   %.2fx\n", name[i], t[0],
                fl / t[0] / 1e9, t[1], fl / t[1] / 1e9, t[0] / t[1]);
+    }
+    // the quantisers alone (their share of the FP8 ops above)
+    {
+        const size_t most = (size_t)(R > H ? R : H) * 2 * F + (size_t)16 * 2 * F;  // the largest codes, padded rows
+        uint8_t* q = dev_alloc(be, most);
+        float* s = dev_alloc(be, most / 16);  // ≥ 4 bytes per 128 codes, and the partial tiles
+        const struct { const char* what; int kind, R, C; } qs[] = {
+            {"w13 blocks", 0, 2 * F, H}, {"w13 blocksT", 1, 2 * F, H}, {"x rows", 2, R, H}, {"dgu cols", 3, R, 2 * F},
+        };
+        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
+            const void* src = qs[k].kind < 2 ? w13 : (qs[k].kind == 2 ? x : gu);
+            const int ld16 = (qs[k].kind == 1 || qs[k].kind == 3) ? (qs[k].R + 15) / 16 * 16 : (qs[k].C + 15) / 16 * 16;
+            double t0 = 0;
+            for (int it = -2; it < 10; it++) {
+                if (it == 0) be->sync(be), t0 = now_sec();
+                if (qs[k].kind < 2) cuda_fp8_quant_blocks(be, src, qs[k].R, qs[k].C, qs[k].C, qs[k].kind, q, ld16, s);
+                else if (qs[k].kind == 2) cuda_fp8_quant_rows(be, src, qs[k].R, qs[k].C, qs[k].C, q, ld16, s, s, qs[k].R, qs[k].R);
+                else cuda_fp8_quant_cols(be, src, qs[k].R, qs[k].C, qs[k].C, q, ld16, s, NULL, 0, NULL);
+            }
+            be->sync(be);
+            const double t = (now_sec() - t0) / 10 * 1e3, bytes = 3.0 * qs[k].R * qs[k].C;  // 2 B read + 1 B written
+            printf("quantise %-12s %dx%d: %.3f ms (%.0f GB/s)\n", qs[k].what, qs[k].R, qs[k].C, t, bytes / t / 1e6);
+        }
     }
     free(r), free(rw);
     dev_free_all();

@@ -24,7 +24,8 @@
 #          token, 64 new, fp32; bf16 agreement reported: scripts/generate_check.py), and decode
 #          throughput at the bench shapes, batch 1 and 32 (scripts/generate_bench.sh)
 #   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all,
-#          and attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench)
+#          attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench),
+#          and the expert GEMM ops in bf16 against FP8 ($BUILD/dev/gpu_bench fp8)
 #
 # Environment: OUT (logs; default build/gpu_logs), BUILD (binaries; default build: moetrain,
 # tests/gpu/*, dev/gpu_bench), STEP_TIMEOUT (seconds per command, default 900). Missing binaries
@@ -159,6 +160,7 @@ step_timings() {
   [ -x "$BUILD/dev/gpu_bench" ] && [ -x "$BUILD/dev/attn_docs_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
   check timings.docs "$BUILD/dev/attn_docs_bench"
+  check timings.fp8 "$BUILD/dev/gpu_bench" fp8
 }
 
 for s in $STEPS; do
