@@ -356,6 +356,16 @@ int trainer_lock_check(Trainer* t, Err* e) {
     int st = 0;
     if (t->rank == 0 && t->lock_path[0]) {
         char* text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
+        if (!text) {  // removed by hand while this run held it: taken again unless another run was faster
+            const int fd = open(t->lock_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            const size_t n = strlen(t->lock_text);
+            const int ok = fd >= 0 && write(fd, t->lock_text, n) == (ssize_t)n && fsync(fd) == 0;
+            if (fd >= 0) close(fd);
+            if (ok) log_info("checkpoint: warning: the lock %s was removed while this run held it; taken again\n",
+                             t->lock_path);
+            else if (fd >= 0) unlink(t->lock_path);
+            text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
+        }
         if (!text || strcmp(text, t->lock_text)) {
             char h[256] = "", p[32] = "", run[64] = "";
             if (text) {

@@ -16,6 +16,7 @@
 static char g_dir[256], g_bin[4096];
 static pid_t spawn(const char* log, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static int reap(pid_t pid, double limit, double* secs);
+static int wait_for(const char* path, const char* needle, double limit);
 
 // A tiny model on random tokens, one rank.
 #define TINY                                                                                                   \
@@ -223,8 +224,9 @@ static void test_lock_other_host(void) {
 }
 
 // The holder refreshes its lock while it runs (every second here: failpoint ckpt.lock_refresh_s);
-// a lock taken over by another run (as after this run was stopped for long) stops it at its next
-// save with exit 2, the other run named, its lock left in place.
+// a lock removed by hand is taken again at the next save; a lock taken over by another run (as
+// after this run was stopped for long) stops it at its next save with exit 2, the other run
+// named, its lock left in place.
 static void test_lock_refresh(void) {
     char ck[400], lg[400], log[400], metrics[500], p[600];
     snprintf(ck, sizeof ck, "%s/refresh_ck", g_dir);
@@ -244,6 +246,11 @@ static void test_lock_refresh(void) {
     t0 = now_sec();
     while (age_of(p) > 60 && now_sec() - t0 < 15) usleep(50000);
     EXPECT(age_of(p) >= 0 && age_of(p) <= 60, "the holder refreshed it (%.0f s old after %.1f s)", age_of(p), now_sec() - t0);
+    EXPECT(unlink(p) == 0, "the lock removed by hand");
+    EXPECT(wait_for(log, "was removed while this run held it; taken again", 30), "taken again at the next save");
+    char again[1200] = "";
+    t_read_text(p, again, sizeof again);
+    EXPECT(!strcmp(again, mine), "the same lock: '%s'", again);
     put_lock(p, FAR_LOCK, 0);
     double secs;
     int rc = reap(pid, 60, &secs);
