@@ -441,6 +441,7 @@ static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuCo
     c->scratch_bytes = SCRATCH_BYTES;
     CUDA_CK(cudaMalloc(&c->scratch, c->scratch_bytes));
     c->gemm = gemm_cache_create();
+    c->fp8_row_chunk = FP8_ROW_CHUNK;
     return c;
 }
 

@@ -41,6 +41,7 @@ const char* cublasLt_status_name(cublasStatus_t s);
 // ---- the backend's private state -------------------------------------------------------------
 struct GemmCache;  // cuda_gemm.cu
 struct Fp8Cache;   // cuda_fp8.cu
+enum { FP8_ROW_CHUNK = 4096 };  // cuda_fp8.cu: rows quantised and multiplied at a time (bounds its ws)
 
 // Pointer → size of live allocations (host-side open-addressing table), for peak_bytes.
 typedef struct AllocMap {
@@ -66,6 +67,7 @@ typedef struct CudaImpl {
     struct GemmCache* gemm;  // cuBLASLt plans by shape
     struct Fp8Cache* fp8;    // cuBLASLt's block-scaled FP8 plans (cuda_fp8.cu; made on first use)
     int fp8_path;            // tests: 0 = cuBLASLt where it can, 2 = the FP8 fallback kernel only
+    int fp8_row_chunk;       // rows an FP8 product takes at a time (FP8_ROW_CHUNK; tests set others)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name

@@ -648,10 +648,11 @@ static char* ws_base(const void* ws) { return (char*)up((uintptr_t)ws, WS_ALIGN)
 extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups) {
     if (fp8 == FP8_OFF) return 0;
     if (M < 0) M = 0;
+    const int CH = CI(be)->fp8_row_chunk, m = M < CH ? M : CH;  // rows are taken CH at a time
     if (op == FP8_OP_WGRAD)  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
-        return ws_layout(N, K, (int)up((size_t)M, 16), cdiv(M, TILE), is_bf16(be), NULL, NULL);
-    // gemm and the grouped GEMMs (one group at a time, ws reused: the largest group ≤ M rows)
-    return ws_layout(M, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);
+        return ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), is_bf16(be), NULL, NULL);
+    // gemm and the grouped GEMMs (one group at a time, ws reused)
+    return ws_layout(m, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);
 }
 
 // ---- one FP8 GEMM on quantised operands --------------------------------------------------------
@@ -757,16 +758,27 @@ static void check_ws(const char* op, const void* ws, size_t have, size_t need) {
           ws ? "" : " (NULL)");
 }
 
+// One GEMM (the plain op, or one group of a grouped one): B quantised once, then op(A)'s rows in
+// chunks of the backend's fp8 row chunk (cuda_fp8_set_row_chunk: the workspace holds one chunk's
+// codes, whatever M is), each quantised and multiplied into its rows of C. base: the aligned ws.
 static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
-                         void* C, const Fp8Bufs* b) {
+                         void* C, char* base) {
     const int M = d->M, N = d->N, K = d->K, ldq = (int)up((size_t)K, 16), Kt = cdiv(K, TILE);
-    const int c_f32 = d->c_f32 || !is_bf16(be);
-    int ms, chunk;
-    const int split = plan_split(be, M, N, c_f32, d->beta, b, &ms, &chunk);
-    const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, b);
-    const SMap sam = quant_a(be, A, M, K, d->trans_a, lda, ldq, Kt, b, ms, chunk);
-    const void* addend = d->c_in ? d->c_in : C;
-    fp8_product(be, M, N, K, ldq, b, sam, sbm, d->fp8 == FP8_WEIGHT, d->alpha, d->beta, addend, C, ldc, c_f32, split, 0);
+    const int c_f32 = d->c_f32 || !is_bf16(be), CH = CI(be)->fp8_row_chunk;
+    const size_t ea = dtype_size(be->act_dtype), ec = c_f32 ? 4 : 2;
+    Fp8Bufs b;
+    ws_layout(M < CH ? M : CH, N, ldq, Kt, is_bf16(be), base, &b);
+    const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
+    const char* addend = (const char*)(d->c_in ? d->c_in : C);
+    for (int r0 = 0; r0 < M; r0 += CH) {
+        const int rows = M - r0 < CH ? M - r0 : CH;
+        int ms, chunk;
+        const int split = plan_split(be, rows, N, c_f32, d->beta, &b, &ms, &chunk);
+        const char* a = (const char*)A + (d->trans_a ? (size_t)r0 * ea : (size_t)r0 * lda * ea);  // op(A)'s rows
+        const SMap sam = quant_a(be, a, rows, K, d->trans_a, lda, ldq, Kt, &b, ms, chunk);
+        fp8_product(be, rows, N, K, ldq, &b, sam, sbm, d->fp8 == FP8_WEIGHT, d->alpha, d->beta,
+                    addend + (size_t)r0 * ldc * ec, (char*)C + (size_t)r0 * ldc * ec, ldc, c_f32, split, 0);
+    }
 }
 
 // ---- the ops ---------------------------------------------------------------------------------------
@@ -784,9 +796,7 @@ extern "C" void cuda_gemm_fp8(Backend* be, const GemmDesc* d, const void* A, con
     }
     const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_GEMM, d->fp8, d->M, d->N, d->K, 1);
     check_ws("gemm", d->ws, d->ws_bytes, need);
-    Fp8Bufs b;
-    ws_layout(d->M, d->N, (int)up((size_t)d->K, 16), cdiv(d->K, TILE), is_bf16(be), ws_base(d->ws), &b);
-    gemm_fp8_one(be, d, lda, ldb, ldc, A, B, C, &b);
+    gemm_fp8_one(be, d, lda, ldb, ldc, A, B, C, ws_base(d->ws));
 }
 
 // One group at a time (the ws reused: the stream orders each group's quantisers after the last
@@ -823,11 +833,28 @@ extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const Grou
             const int m8 = (rows + 7) / 8 * 8;
             x.M = m8 < R - r0 ? m8 : R - r0;
         }
-        Fp8Bufs b;  // laid out for this group's rows (within the size for all rows)
-        ws_layout(x.M, d->N, (int)up((size_t)d->K, 16), cdiv(d->K, TILE), is_bf16(be), ws_base(d->ws), &b);
         gemm_fp8_one(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea, (const char*)B + g->b_stride * i * ea,
-                     (char*)C + (size_t)r0 * ldc * ec, &b);
+                     (char*)C + (size_t)r0 * ldc * ec, ws_base(d->ws));
     }
+}
+
+// One product of the weight gradient: C[nr, K] (row stride ldc; fp32 when c_f32) = dY[k0 .. k0+kr,
+// n0 .. n0+nr)ᵀ · X[k0 .. k0+kr, :] + beta · C, both quantised along those kr rows (dY [·, N], X [·, K]).
+static void wgrad_chunk(Backend* be, const void* dY, const void* X, int N, int K, int n0, int nr, int k0, int kr,
+                        void* C, int ldc, float beta, int c_f32, char* base) {
+    const size_t ea = dtype_size(be->act_dtype);
+    const int ldk = (int)up((size_t)kr, 16), Kt = cdiv(kr, TILE);
+    Fp8Bufs b;
+    ws_layout(N, K, ldk, Kt, is_bf16(be), base, &b);
+    int ms, chunk;
+    const int split = plan_split(be, nr, K, c_f32, beta, &b, &ms, &chunk);
+    const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, nr, Kt);
+    const SMap sbm = smap_vec(b.sb, b.sb, K, K, K, Kt);
+    SMap none;
+    memset(&none, 0, sizeof none);
+    quant_cols(be, (const char*)dY + ((size_t)k0 * N + n0) * ea, kr, nr, N, b.qa, ldk, sam, NULL, 0, none);
+    quant_cols(be, (const char*)X + (size_t)k0 * K * ea, kr, K, K, b.qb, ldk, sbm, NULL, 0, none);
+    fp8_product(be, nr, K, kr, ldk, &b, sam, sbm, 0, 1.f, beta, C, C, ldc, c_f32, split, 1);
 }
 
 // dB_g [N, K] = dY_gᵀ X_g + beta · dB_g: both operands quantised along the group's rows (the
@@ -841,8 +868,8 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
     if (N == 0 || K == 0) return;
     const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_WGRAD, g->fp8, R, N, K, g->groups);
     check_ws("gemm_grouped_wgrad", g->ws, g->ws_bytes, need);
-    const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : sizeof(float);
-    const int c_f32 = !g->db_act || !is_bf16(be);
+    const size_t eb = g->db_act ? dtype_size(be->act_dtype) : sizeof(float);
+    const int c_f32 = !g->db_act || !is_bf16(be), CH = CI(be)->fp8_row_chunk;
     char* db = (char*)dB;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
@@ -851,18 +878,32 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
             if (beta == 0.f) be->zero(be, dbg, eb * N * K);
             continue;
         }
-        const int ldk = (int)up((size_t)rows, 16), Kt = cdiv(rows, TILE);
+        // the group's rows in chunks of CH (a multiple of 128: the 1×128 tiles still start at the
+        // group's first row), their products summed into dB in fp32
+        const int nch = cdiv(rows, CH);
+        if (c_f32 || nch == 1) {
+            for (int c = 0; c < nch; c++) {
+                const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
+                wgrad_chunk(be, dY, X, N, K, 0, N, k0, kr, dbg, K, c == 0 ? beta : 1.f, c_f32, ws_base(g->ws));
+            }
+            continue;
+        }
+        // a bf16 dB over several chunks: per block of dB rows, the chunks summed in fp32 in ws, then
+        // dB = bf16(sum + beta · dB), rounded once
         Fp8Bufs b;
-        ws_layout(N, K, ldk, Kt, is_bf16(be), ws_base(g->ws), &b);
-        int ms, chunk;
-        const int split = plan_split(be, N, K, c_f32, beta, &b, &ms, &chunk);
-        const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, N, Kt);
-        const SMap sbm = smap_vec(b.sb, b.sb, K, K, K, Kt);
-        SMap none;
-        memset(&none, 0, sizeof none);
-        quant_cols(be, (const char*)dY + (size_t)r0 * N * ea, rows, N, N, b.qa, ldk, sam, NULL, 0, none);
-        quant_cols(be, (const char*)X + (size_t)r0 * K * ea, rows, K, K, b.qb, ldk, sbm, NULL, 0, none);
-        fp8_product(be, N, K, rows, ldk, &b, sam, sbm, 0, 1.f, beta, dbg, dbg, K, c_f32, split, 1);
+        ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 1, ws_base(g->ws), &b);
+        const int er = (int)b.epi_rows;
+        for (int n0 = 0; n0 < N; n0 += er) {
+            const int nr = N - n0 < er ? N - n0 : er;
+            for (int c = 0; c < nch; c++) {
+                const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
+                wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, b.epi, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
+            }
+            const unsigned gr = grid_for(CI(be), (size_t)nr * K, 256);
+            bf16* dbr = (bf16*)dbg + (size_t)n0 * K;
+            k_epilogue<bf16><<<gr, 256, 0, ST(be)>>>(b.epi, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
+            LAUNCH_CK(CI(be));
+        }
     }
 }
 
@@ -895,6 +936,12 @@ extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, 
 // Which path the FP8 GEMMs take: 0 = cuBLASLt where it can (the default), 2 = the fallback kernel
 // only. Counters: products issued through each (cuBLASLt calls; fallback launches).
 extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = path; }
+// The rows one FP8 product step takes (default FP8_ROW_CHUNK; a multiple of 128): tests set a small
+// one to cover the chunked paths. fp8_ws_bytes follows it: set it before sizing ws.
+extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows) {
+    CHECK(rows > 0 && rows % TILE == 0, "fp8 row chunk %d is not a positive multiple of 128", rows);
+    CI(be)->fp8_row_chunk = rows;
+}
 extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
     *lt = CI(be)->fp8_lt_calls;
     *fb = CI(be)->fp8_fb_calls;

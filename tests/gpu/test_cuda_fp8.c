@@ -41,10 +41,12 @@ void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint
                          int ldq, float* s);
 void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
 void cuda_fp8_set_path(Backend* be, int path);
+void cuda_fp8_set_row_chunk(Backend* be, int rows);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 int cuda_compute_capability(Backend* be);
 
-static int g_hopper;  // cuBLASLt's block-scaled modes available (compute capability 9.0)
+static int g_hopper;         // cuBLASLt's block-scaled modes available (compute capability 9.0)
+static const char* g_tag = "";  // appended to the gemm labels (the chunked runs)
 
 static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
@@ -445,7 +447,7 @@ static void run_gemm_case(const Mode* m, const GCase* g, int path) {
             ad[(size_t)k * N + j] = C0[(size_t)rows[k] * ldc + j];
         }
     char label[64];
-    snprintf(label, sizeof label, "gemm %s%s", g->name, path == 2 ? " (fallback)" : "");
+    snprintf(label, sizeof label, "gemm %s%s%s", g->name, path == 2 ? " (fallback)" : "", g_tag);
     check_rows(m, label, &q, rows, nr, gr, (size_t)N, ad, g->alpha, g->beta, !cf, 0);
     // untouched: the columns past N of a padded C
     if (ldc > N && g->beta == 0.f) {
@@ -609,6 +611,25 @@ static void test_wgrad_fp8(void) {
     }
 }
 
+// The rows taken 128 at a time instead of 4,096 (the ops' row chunks: several per GEMM and group,
+// the weight gradient's chunks summed in fp32, a bf16 dB rounded once at the end)
+static void test_chunked(void) {
+    FOR_MODES cuda_fp8_set_row_chunk(m->gpu, 128);
+    g_tag = " ch128";
+    const int off[] = {0, 300, 300, 420, 700};  // 300 rows: chunks of 128, 128 and 44
+    FOR_MODES {
+        for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) run_gemm_case(m, &GCASES[i], 0);
+        run_grouped(m, off, 4, 256, 384, 1, FP8_WEIGHT, 0, 0, "gemm_grouped W ch128", 0.02f);
+        run_grouped(m, off, 4, 256, 384, 0, FP8_WEIGHT, 0, 2, "gemm_grouped W dgrad ch128", 0.02f);
+        run_wgrad(m, off, 4, 192, 256, 0.f, 0, 0, "wgrad A beta 0 ch128");
+        run_wgrad(m, off, 4, 192, 256, 1.f, 0, 0, "wgrad A beta 1 ch128");
+        run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128");
+        run_wgrad(m, off, 4, 192, 256, 0.f, 1, 2, "wgrad A db_act beta 0 ch128");
+    }
+    g_tag = "";
+    FOR_MODES cuda_fp8_set_row_chunk(m->gpu, 4096);
+}
+
 // Mixtral-8x7B's six expert GEMMs (H 4,096, F 14,336) on two experts of 1,000 and 1,037 rows, in
 // bf16, through the auto path (cuBLASLt on Hopper; the fallback for the 5 rows past a multiple of 8);
 // 4 spread and the last 4 rows of each output checked
@@ -655,6 +676,7 @@ int main(int argc, char** argv) {
     RUN(test_gemm_fp8);
     RUN(test_grouped_fp8);
     RUN(test_wgrad_fp8);
+    RUN(test_chunked);
     if (!small) RUN(test_mixtral_shapes);
     gpu_teardown();
     TEST_END();
