@@ -66,6 +66,10 @@ Comm* comm_staged_create(int ep, Backend* be);
 // rank); collective over the world (builds world, ep, edp NCCL communicators). Its barrier
 // waits for the stream, then meets the group over MPI.
 Comm* comm_nccl_create(int ep, void* stream);
+// A Comm that counts each collective call it passes on to `inner` (watchdog.h's
+// watchdog_collective: the watchdog then names a rank that stopped between two collectives of
+// one stage). Its destroy destroys inner.
+Comm* comm_watched(Comm* inner);
 
 // Process-wide MPI start/stop. dist_init installs an abort hook so that FATAL on any rank
 // ends every rank (MPI_Abort). Returns the world rank; *world receives the size.

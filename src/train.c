@@ -74,16 +74,29 @@ static int metrics_trim(const char* path, int step, Err* e) {
 // Each stage of trainer_init is watched with train.timeout_s, the checkpoint restore with
 // max(train.timeout_s, 4 x the whole checkpoint's bytes over the write rate measured in
 // checkpoint.dir, or 100 MB/s without one). Tests: the failpoint train.startup_stall "R:WORD"
-// stops rank R for good at the end of the stage whose name holds WORD.
+// stops rank R for good at the end of the stage whose name holds WORD, "R:WORD:begin" at its
+// beginning (its watchdog thread goes on publishing).
+static int stall_here(const char* stage, int begin) {
+    const char* v = failpoint_value("train.startup_stall");
+    const char* colon = v ? strchr(v, ':') : NULL;
+    if (!stage || !colon || atoi(v) != util_rank()) return 0;
+    char word[128];
+    snprintf(word, sizeof word, "%s", colon + 1);
+    char* tail = strstr(word, ":begin");
+    if (!!tail != begin) return 0;
+    if (tail) *tail = 0;
+    return strstr(stage, word) != NULL;
+}
+
 static void startup_stage(const char* stage, double timeout) {
     static const char* prev = NULL;
-    const char* stall = failpoint_value("train.startup_stall");
-    const char* colon = stall ? strchr(stall, ':') : NULL;
-    if (prev && colon && atoi(stall) == util_rank() && strstr(prev, colon + 1))
-        for (;;) pause();  // its watchdog thread goes on publishing "in <prev>"
+    if (stall_here(prev, 0))
+        for (;;) pause();
     prev = stage;
     watchdog_timeout(timeout);
     watchdog_stage(0, stage);
+    if (stall_here(stage, 1))
+        for (;;) pause();
 }
 
 // A token for this job's heartbeat files that every rank finds without communication (the
@@ -169,6 +182,7 @@ static int open_backend(Trainer* t, const Config* cfg, Err* e) {
     Err ce = {{0}};
     t->comm = t->be->comm_create(t->be, &co, &ce);
     CHECK(t->comm, "could not create the communicator: %s", ce.msg);
+    t->comm = comm_watched(t->comm);  // its collective calls counted for the watchdog
     if (co.staged && on_gpu)
         log_info("comm: parallel.comm=mpi: collectives over MPI, device buffers staged through page-locked host memory\n");
     t->world = t->comm->size[GROUP_WORLD];

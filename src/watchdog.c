@@ -44,11 +44,16 @@ static double wall(void) {
 
 static void rank_path(char* out, size_t n, const char* dir, int r) { snprintf(out, n, "%.4200s/rank_%05d", dir, r); }
 
-static void publish(const char* dir, const char* token, int step, long seq, const char* stage, double entered) {
+static long g_ncoll;  // collective calls entered (atomic: the training thread adds, the watchdog reads)
+
+void watchdog_collective(void) { __atomic_fetch_add(&g_ncoll, 1, __ATOMIC_RELAXED); }
+
+static void publish(const char* dir, const char* token, int step, long seq, long ncoll, const char* stage,
+                    double entered) {
     char p[4300], rec[REC];
     rank_path(p, sizeof p, dir, W.rank);
     memset(rec, 0, sizeof rec);
-    snprintf(rec, sizeof rec, "%s %d %ld %.3f %.3f %.60s\n", token, step, seq, entered, wall(), stage);
+    snprintf(rec, sizeof rec, "%s %d %ld %ld %.3f %.3f %.60s\n", token, step, seq, ncoll, entered, wall(), stage);
     int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return;
     ssize_t k = pwrite(fd, rec, sizeof rec, 0);
@@ -58,7 +63,7 @@ static void publish(const char* dir, const char* token, int step, long seq, cons
 
 typedef struct Beat {
     int ok, step;
-    long seq;
+    long seq, ncoll;
     double entered, seen;
     char stage[64];
 } Beat;
@@ -76,7 +81,7 @@ static Beat read_beat(const char* dir, const char* token, int r) {
     char* nl = strchr(rec, '\n');
     if (nl) *nl = 0;
     int used = 0;
-    if (sscanf(rec, "%39s %d %ld %lf %lf %n", tok, &b.step, &b.seq, &b.entered, &b.seen, &used) >= 5 &&
+    if (sscanf(rec, "%39s %d %ld %ld %lf %lf %n", tok, &b.step, &b.seq, &b.ncoll, &b.entered, &b.seen, &used) >= 6 &&
         !strcmp(tok, token)) {
         snprintf(b.stage, sizeof b.stage, "%s", rec + used);
         b.ok = 1;
@@ -92,7 +97,7 @@ static const char* of_step(char* buf, size_t n, int step) {
 }
 
 // This rank waited too long: name the ranks that did not arrive, and end the process.
-static void fire(const char* dir, const char* token, int step, long seq, const char* stage, double waited,
+static void fire(const char* dir, const char* token, int step, long seq, long ncoll, const char* stage, double waited,
                  double timeout) {
     char list[2048] = "", os[32], ob[32], past[512] = "";
     size_t o = 0, po = 0;
@@ -114,14 +119,19 @@ static void fire(const char* dir, const char* token, int step, long seq, const c
             o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (in '%s'%s for %.0f s)", sep, r, b.stage,
                                   of_step(ob, sizeof ob, b.step), now - b.entered);
             n++;
-        } else if (b.seq > seq && po + 100 < sizeof past) {
+        } else if (b.seq == seq && b.ncoll < ncoll) {  // the same stage, and the same collectives in it
+            o += (size_t)snprintf(list + o, sizeof list - o, "%srank %d (in '%s' too, %ld collective call%s behind: "
+                                  "still in its own work before the one this rank waits in)", sep, r, b.stage,
+                                  ncoll - b.ncoll, ncoll - b.ncoll > 1 ? "s" : "");
+            n++;
+        } else if ((b.seq > seq || b.ncoll > ncoll) && po + 100 < sizeof past) {
             po += (size_t)snprintf(past + po, sizeof past - po, "%s%d", np ? ", " : "", r);
             if (!np++) po += (size_t)snprintf(past + po, sizeof past - po, " (in '%.60s'%s)", b.stage, of_step(ob, sizeof ob, b.step));
         }
     }
     char none[700];
-    snprintf(none, sizeof none, np ? "none: rank%s %s went on past this stage, so this rank is the one that did not arrive "
-                                     "(stuck in its own work: a device, a file system, a hang)"
+    snprintf(none, sizeof none, np ? "none: rank%s %s got further, so this rank is the one that did not arrive (stuck in its "
+                                     "own work: a device, a file system, a hang)"
                                    : "none to tell (every heartbeat is current: a deadlock, a network or device failure)",
              np > 1 ? "s" : "", past);
     fprintf(stderr,
@@ -146,7 +156,7 @@ static void* loop(void* arg) {
         if (tick - last_tick > 3) W.entered += tick - last_tick;
         last_tick = tick;
         const int quit = W.quit, step = W.step;
-        const long seq = W.seq;
+        const long seq = W.seq, ncoll = __atomic_load_n(&g_ncoll, __ATOMIC_RELAXED);
         const char* stage = W.stage;
         const double entered = W.entered, timeout = W.timeout;
         char dir[sizeof W.dir], token[sizeof W.token];
@@ -168,10 +178,10 @@ static void* loop(void* arg) {
         if (quit) break;
         const double now = wall();
         if (stage && now - last_pub >= W.interval) {
-            publish(dir, token, step, seq, stage, entered);
+            publish(dir, token, step, seq, ncoll, stage, entered);
             last_pub = now;
         }
-        if (stage && timeout > 0 && now - entered > timeout) fire(dir, token, step, seq, stage, now - entered, timeout);
+        if (stage && timeout > 0 && now - entered > timeout) fire(dir, token, step, seq, ncoll, stage, now - entered, timeout);
         struct timespec ts = {0, 200 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

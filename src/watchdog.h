@@ -24,5 +24,8 @@ void watchdog_token(const char* token);
 void watchdog_stage(int step, const char* stage);
 // The timeout of the stages entered from now on (seconds; <= 0: not watched).
 void watchdog_timeout(double timeout_s);
+// Counts a collective call entered (comm_watched); published with the heartbeat, so that within
+// one stage a rank that made fewer calls than a waiting one is named as not arrived.
+void watchdog_collective(void);
 // Stops the thread and removes this rank's file.
 void watchdog_stop(void);

@@ -645,34 +645,40 @@ static void test_watchdog_stopped_rank(void) {
 }
 
 // A rank that never arrives during start-up (the failpoint train.startup_stall stops rank 1 for
-// good at the end of a start-up stage): rank 0's watchdog ends the job with exit 1 within
-// train.timeout_s=3, naming the start-up stage it waited in and rank 1 with the stage it is in.
-// "device" stops rank 1 before the communicator exists (the heartbeat token from the launcher's
-// job id), "restore" after the checkpoint restore.
-static void startup_stall(const char* word, const char* waits_in, const char* stuck_in) {
-    char ck[400], log[400];
-    snprintf(ck, sizeof ck, "%s/stall_%s_ck", g_dir, word);
-    snprintf(log, sizeof log, "%s/stall_%s.out", g_dir, word);
+// good in a start-up stage): rank 0's watchdog ends the job with exit 1 within
+// train.timeout_s=2, naming the start-up stage it waited in and rank 1 with where it is. At the
+// end of "device" rank 1 stops before the communicator exists (the heartbeat token from the
+// launcher's job id); at the end of "restore" after the checkpoint restore; at the beginning of
+// the lock stage within the stage rank 0 waits in, a collective call behind it.
+static void startup_stall(const char* stall, const char* waits_in, const char* rank1) {
+    char ck[400], log[400], name[64];
+    snprintf(name, sizeof name, "%s", stall);
+    for (char* c = name; *c; c++)
+        if (*c == ':') *c = '_';
+    snprintf(ck, sizeof ck, "%s/stall_%s_ck", g_dir, name);
+    snprintf(log, sizeof log, "%s/stall_%s.out", g_dir, name);
     pid_t pid = spawn(log, "MOETRAIN_STARTUP_STALL=1:%s exec scripts/mpirun.sh -np 2 -x MOETRAIN_STARTUP_STALL %s " TINY2
-                      " train.steps=5 train.timeout_s=3 checkpoint.dir=%s log.dir=", word, g_bin, ck);
+                      " train.steps=5 train.timeout_s=2 checkpoint.dir=%s log.dir=", stall, g_bin, ck);
     double secs;
     int rc = reap(pid, 60, &secs);
     char buf[65536] = "", want[300];
     t_read_text(log, buf, sizeof buf);
     const char* m = strstr(buf, "moetrain: rank 0: watchdog: waited ");
-    snprintf(want, sizeof want, "s in '%s' during start-up (the timeout of this stage: 3 s", waits_in);
-    EXPECT(rc == 1 && m && strstr(m, want), "%s: exit 1 and the stage rank 0 waited in (rc %d, %.1f s): %.3000s", word, rc,
+    snprintf(want, sizeof want, "s in '%s' during start-up (the timeout of this stage: 2 s", waits_in);
+    EXPECT(rc == 1 && m && strstr(m, want), "%s: exit 1 and the stage rank 0 waited in (rc %d, %.1f s): %.3000s", stall, rc,
            secs, m ? m : buf);
-    snprintf(want, sizeof want, "ranks that did not arrive: rank 1 (in '%s' during start-up for ", stuck_in);
-    EXPECT(m && strstr(m, want), "%s: rank 1 named with its stage: %.1000s", word, m ? m : buf);
-    EXPECT(!strstr(buf, "did not arrive: rank 0"), "%s: rank 0 (ahead) is never named: %.3000s", word, buf);
-    EXPECT(secs < 3 + 15, "%s: ended within seconds of the timeout (%.1f s)", word, secs);
-    EXPECT(!strstr(buf, "step     1/"), "%s: no step ran", word);
+    snprintf(want, sizeof want, "ranks that did not arrive: rank 1 (in '%s", rank1);
+    EXPECT(m && strstr(m, want), "%s: rank 1 named with where it is: %.1000s", stall, m ? m : buf);
+    EXPECT(!strstr(buf, "did not arrive: rank 0"), "%s: rank 0 (further) is never named: %.3000s", stall, buf);
+    EXPECT(secs < 2 + 15, "%s: ended within seconds of the timeout (%.1f s)", stall, secs);
+    EXPECT(!strstr(buf, "step     1/"), "%s: no step ran", stall);
 }
 
 static void test_watchdog_startup(void) {
-    startup_stall("device", "start-up: communicator", "start-up: device");
-    startup_stall("restore", "start-up: run id, log.dir", "start-up: checkpoint restore");
+    startup_stall("device", "start-up: communicator", "start-up: device' during start-up for ");
+    startup_stall("restore", "start-up: run id, log.dir", "start-up: checkpoint restore' during start-up for ");
+    startup_stall("lock:begin", "start-up: checkpoint.dir lock",
+                  "start-up: checkpoint.dir lock' too, 1 collective call behind: still in its own work");
 }
 
 // `test_robust [WORD ...]`: only the tests whose names hold one of the words.
