@@ -42,6 +42,7 @@ static const ConfigKey KEYS[] = {
     ENUM(precision, dtype, "bf16", "fp32|bf16", "compute dtype of weights and activations on GPUs (fp32 master weights always: see precision.master; the CPU computes in fp32)"),
     ENUM(precision, expert_grad, "auto", "auto|fp32|bf16", "storage of the expert weight gradients in bf16 runs: bf16 = each backward GEMM's fp32 sum rounded once to bf16 (the values PyTorch autocast gives its fp32 .grad), 2 B/param less AdamW and grad-norm traffic; needs one micro-batch per step (train.global_batch = micro_batch × world) and world = parallel.ep (no gradient reduction over expert replicas). fp32 = fp32 sums (Megatron's main_grad). auto = bf16 where allowed, else fp32"),
     ENUM(precision, master, "split", "split|fp32", "how bf16 runs keep the fp32 master weights: split = the bf16 weight plus a 16-bit remainder (exact, 2 B/param less memory and AdamW traffic; the bf16 weight is the master rounded to nearest with ties away from zero), fp32 = a separate fp32 copy (the bf16 weight rounded to nearest even). Ignored in fp32 mode and on the CPU"),
+    ENUM(precision, fp8, "none", "none|experts|linear", "GEMMs in FP8 e4m3 with block scales (1x128 tiles for activations and gradients, 128x128 blocks for weights, fp32 scales from each call's operands, fp32 accumulation; DeepSeek-V3's recipe, docs/fp8.md): experts = the expert GEMMs (forward, data and weight gradients), linear = those and the attention projections (qkv, o). The router, norms, attention scores, lm_head and loss, the fp32 masters, gradient sums and AdamW stay as they are. Needs a backend with FP8 GEMMs (the CPU; on CUDA compute capability 9.0); may change on resume (checkpoints hold fp32 masters either way)"),
     KEY(train, steps, K_INT, "300", 1, IMAX, NULL, "optimizer steps"),
     KEY(train, micro_batch, K_INT, "8", 1, 1 << 20, NULL, "sequences per rank per forward/backward"),
     KEY(train, global_batch, K_INT, "16", 1, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro_batch × world (the rest is gradient accumulation)"),
@@ -170,6 +171,7 @@ static const char* enum_of(const char* key, int v) {
 }
 const char* dtype_name(DType d) { return enum_of("precision.dtype", (int)d); }
 const char* master_mode_name(MasterMode m) { return enum_of("precision.master", (int)m); }
+const char* fp8_mode_name(Fp8Mode m) { return enum_of("precision.fp8", (int)m); }
 const char* device_name(DeviceKind d) { return enum_of("train.device", (int)d); }
 const char* schedule_name(Schedule s) { return enum_of("optim.schedule", (int)s); }
 const char* data_format_name(DataFormat f) { return enum_of("data.format", (int)f); }

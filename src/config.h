@@ -13,6 +13,7 @@
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
+typedef enum { FP8_NONE = 0, FP8_EXPERTS, FP8_LINEAR } Fp8Mode;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { COMM_AUTO = 0, COMM_NCCL, COMM_MPI } CommKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
@@ -51,6 +52,8 @@ typedef struct PrecisionConfig {
     MasterMode master;  // bf16 runs: the fp32 masters as bf16 weight + int16 remainder (split)
                         // or a separate fp32 copy; ignored in fp32 mode
     ExpertGrad expert_grad;  // storage of the expert weight gradients (config_expert_grad_bf16)
+    Fp8Mode fp8;        // GEMMs in block-scaled FP8 e4m3 (docs/fp8.md): none, the experts', or
+                        // the experts' and the attention projections' (linear)
 } PrecisionConfig;
 
 typedef struct TrainConfig {
@@ -187,6 +190,7 @@ int config_equal(const Config* a, const Config* b, const char** first_diff);
 // Enum names, for logs.
 const char* dtype_name(DType d);
 const char* master_mode_name(MasterMode m);
+const char* fp8_mode_name(Fp8Mode m);
 const char* device_name(DeviceKind d);
 const char* schedule_name(Schedule s);
 const char* data_format_name(DataFormat f);

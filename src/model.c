@@ -21,25 +21,67 @@ static inline float* G(const Model* m, int arena, size_t off) { return m->grad[a
 static void* act_alloc(Model* m, size_t n) { return m->be->alloc(m->be, n * dtype_size(m->be->act_dtype)); }
 static float* f32_alloc(Model* m, size_t n) { return m->be->alloc(m->be, n * sizeof(float)); }
 
+// The dense linear GEMMs. f: FP8_OFF, or the block-scaled FP8 product (backend.h), whose workspace
+// comes from m->tmp: the MoE's per-layer scratch, dead wherever these run (before moe_forward resets
+// it, after moe_backward returned, and around the attention backward, which takes all of it).
+static void gemm_lin(Model* m, GemmDesc* d, const void* A, const void* B, void* C, Fp8Gemm f) {
+    d->fp8 = f;
+    if (f) {
+        d->ws_bytes = m->be->fp8_ws_bytes(m->be, FP8_OP_GEMM, f, d->M, d->N, d->K, 1);
+        bump_reset(&m->tmp);
+        d->ws = bump_alloc(&m->tmp, d->ws_bytes);
+    }
+    m->be->gemm(m->be, d, A, B, C);
+}
+// f for an attention projection's GEMM of kind k (FP8_WEIGHT: forward and data gradient; FP8_ACT:
+// weight gradient): FP8 with precision.fp8=linear
+static inline Fp8Gemm proj(const Model* m, Fp8Gemm k) { return m->fp8 == FP8_LINEAR ? k : FP8_OFF; }
+
 // C = A · Bᵀ (linear layer: A [M,K] act, W [N,K] act), C act (beta 0 or 1).
-static void linear(Model* m, void* C, const void* A, const void* Wt, int M, int N, int K, float beta) {
+static void linear(Model* m, void* C, const void* A, const void* Wt, int M, int N, int K, float beta, Fp8Gemm f) {
     GemmDesc d = {.M = M, .N = N, .K = K, .trans_b = 1, .alpha = 1, .beta = beta};
-    m->be->gemm(m->be, &d, A, Wt, C);
+    gemm_lin(m, &d, A, Wt, C, f);
 }
 // C = R + A · Wᵀ  (the residual R [M,N] read in place of C: no copy)
-static void linear_res(Model* m, void* C, const void* R, const void* A, const void* Wt, int M, int N, int K) {
+static void linear_res(Model* m, void* C, const void* R, const void* A, const void* Wt, int M, int N, int K,
+                       Fp8Gemm f) {
     GemmDesc d = {.M = M, .N = N, .K = K, .trans_b = 1, .alpha = 1, .beta = 1, .c_in = R};
-    m->be->gemm(m->be, &d, A, Wt, C);
+    gemm_lin(m, &d, A, Wt, C, f);
 }
 // dX (+)= dY · W  (dY [M,N], W [N,K]) → [M,K]
-static void linear_dx(Model* m, void* dX, const void* dY, const void* Wt, int M, int N, int K, float beta) {
+static void linear_dx(Model* m, void* dX, const void* dY, const void* Wt, int M, int N, int K, float beta, Fp8Gemm f) {
     GemmDesc d = {.M = M, .N = K, .K = N, .alpha = 1, .beta = beta};
-    m->be->gemm(m->be, &d, dY, Wt, dX);
+    gemm_lin(m, &d, dY, Wt, dX, f);
 }
 // dW[N,K] (+)= dYᵀ · X  (dY [M,N], X [M,K]), fp32; overwrites on the first write of a fresh step
-static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M, int N, int K, int first) {
+static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M, int N, int K, int first, Fp8Gemm f) {
     GemmDesc d = {.M = N, .N = K, .K = M, .trans_a = 1, .alpha = 1, .beta = (m->fresh && first) ? 0.f : 1.f, .c_f32 = 1};
-    m->be->gemm(m->be, &d, dY, X, dW);
+    gemm_lin(m, &d, dY, X, dW, f);
+}
+
+// The largest workspace of the attention projections' FP8 GEMMs (0 unless precision.fp8=linear).
+static size_t proj_fp8_ws(const Model* m) {
+    if (m->fp8 != FP8_LINEAR) return 0;
+    Backend* be = m->be;
+    const int N = m->N, H = m->c.hidden, D = m->pl.head_dim;
+    const int QD = m->c.heads * D, QKV = (m->c.heads + 2 * m->c.kv_heads) * D;
+    const size_t w[] = {
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, QKV, H, 1),  // qkv forward
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, H, QD, 1),   // o forward
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, QD, H, 1),   // o data gradient
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_ACT, H, QD, N, 1),      // o weight gradient
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_ACT, QKV, H, N, 1),     // qkv weight gradient
+        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, H, QKV, 1),  // qkv data gradient
+    };
+    size_t mx = 0;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) mx = w[i] > mx ? w[i] : mx;
+    return mx;
+}
+
+int model_fp8_check(const Backend* be, Fp8Mode mode, Err* e) {
+    if (mode == FP8_NONE || be->fp8_ws_bytes) return 0;
+    return err_set(e, "precision.fp8=%s: the %s backend (%s) has no FP8 GEMMs (on CUDA they need compute capability "
+                   "9.0, Hopper); use precision.fp8=none", fp8_mode_name(mode), be->name, be->device ? be->device : "?");
 }
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -53,6 +95,9 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->c = *c;
     m->keep_swiglu = o && o->keep_swiglu;
     m->grad_act[ARENA_EXPERT] = o && o->expert_grad_act;
+    m->fp8 = o ? o->fp8 : FP8_NONE;
+    CHECK(m->fp8 == FP8_NONE || be->fp8_ws_bytes, "precision.fp8=%s on the %s backend, which has no FP8 GEMMs",
+          fp8_mode_name(m->fp8), be->name);
     m->be = be;
     m->comm = comm;
     m->world = comm->size[GROUP_WORLD];
@@ -129,7 +174,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_logits = act_alloc(m, chunk * (size_t)V);
     m->counts = be->alloc(be, sizeof(int32_t) * (size_t)E);
     m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
-    moe_plan_bumps(m);
+    moe_plan_bumps(m, proj_fp8_ws(m));
 }
 
 void model_free(Model* m) {
@@ -196,14 +241,14 @@ static void layer_forward(Model* m, int l, void* x_out) {
     prof_mark("fwd.norm");
     // one GEMM against the stacked q/k/v weight [QKV, H] (rows packed q|k|v, scratch), then RoPE
     // splits it into the saved q, k (rotated) and v
-    linear(m, m->s_q, s->ln1, W(m, 0, o->qkv), N, QKV, H, 0);
+    linear(m, m->s_q, s->ln1, W(m, 0, o->qkv), N, QKV, H, 0, proj(m, FP8_WEIGHT));
     prof_mark("fwd.qkv_gemm");
     be->rope_qkv(be, m->s_q, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 0, m->cur_pos);
     prof_mark("fwd.rope");
     be->attn_fwd(be, s->att, s->lse, s->q, s->k, s->v, m->B, m->T, c->heads, c->kv_heads, D, m->cur_doc);
     prof_mark("fwd.attn");
     // x_mid = x_in + att · Woᵀ
-    linear_res(m, s->x_mid, s->x_in, s->att, W(m, 0, o->o), N, H, QD);
+    linear_res(m, s->x_mid, s->x_in, s->att, W(m, 0, o->o), N, H, QD, proj(m, FP8_WEIGHT));
     prof_mark("fwd.o_gemm");
     be->rmsnorm_fwd(be, s->ln2, s->rstd2, s->x_mid, W(m, 0, o->ln2), N, H, c->rms_eps);
     prof_mark("fwd.norm");
@@ -227,9 +272,9 @@ static void layer_backward(Model* m, int l) {
 
     // attention output projection
     void* datt = m->s_a;  // [N, QD]
-    linear_dx(m, datt, m->s_dx, W(m, 0, o->o), N, H, QD, 0);
+    linear_dx(m, datt, m->s_dx, W(m, 0, o->o), N, H, QD, 0, proj(m, FP8_WEIGHT));
     prof_mark("bwd.o_gemm");
-    linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD, 1);
+    linear_dw(m, G(m, 0, o->o), m->s_dx, s->att, N, H, QD, 1, proj(m, FP8_ACT));
     prof_mark("bwd.o_wgrad");
     // workspace: the MoE's per-layer scratch, dead once moe_backward returned (the next use
     // resets it); at micro-batch 8 × 4096 tokens of 8x7B it holds every pair's dS (4.4 GB) at once
@@ -244,10 +289,10 @@ static void layer_backward(Model* m, int l) {
     void* dqkv = s->q;
     be->rope_qkv(be, dqkv, m->s_q, m->s_k, m->s_v, m->B, m->T, c->heads, c->kv_heads, D, c->rope_theta, 1, m->cur_pos);
     prof_mark("bwd.rope");
-    linear_dw(m, G(m, 0, o->qkv), dqkv, s->ln1, N, QKV, H, 1);
+    linear_dw(m, G(m, 0, o->qkv), dqkv, s->ln1, N, QKV, H, 1, proj(m, FP8_ACT));
     prof_mark("bwd.qkv_wgrad");
     void* dln1 = m->s_b;  // [N, H]
-    linear_dx(m, dln1, dqkv, W(m, 0, o->qkv), N, QKV, H, 0);
+    linear_dx(m, dln1, dqkv, W(m, 0, o->qkv), N, QKV, H, 0, proj(m, FP8_WEIGHT));
     prof_mark("bwd.qkv_gemm");
     be->rmsnorm_bwd(be, m->s_dx, G(m, 0, o->ln1), dln1, s->x_in, W(m, 0, o->ln1), s->rstd1, N, H, 1);
     prof_mark("bwd.norm");
@@ -324,14 +369,14 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     for (int t0 = 0; t0 < N; t0 += m->head_chunk) {
         int n = N - t0 < m->head_chunk ? N - t0 : m->head_chunk;
         const void* xc = act_at(m, m->lnf, (size_t)t0 * H);
-        linear(m, m->s_logits, xc, W(m, 0, m->pl.lm_head), n, V, H, 0);
+        linear(m, m->s_logits, xc, W(m, 0, m->pl.lm_head), n, V, H, 0, FP8_OFF);  // never FP8: docs/fp8.md
         prof_mark("head.gemm");
         be->cross_entropy(be, m->s_logits, m->loss_acc, m->tgt + t0, n, V, a->backward ? a->ce_scale : 0.0f);
         prof_mark("head.ce");
         if (a->backward) {
-            linear_dx(m, act_at(m, dlnf, (size_t)t0 * H), m->s_logits, W(m, 0, m->pl.lm_head), n, V, H, 0);
+            linear_dx(m, act_at(m, dlnf, (size_t)t0 * H), m->s_logits, W(m, 0, m->pl.lm_head), n, V, H, 0, FP8_OFF);
             prof_mark("head.dgemm");
-            linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H, t0 == 0);
+            linear_dw(m, G(m, 0, m->pl.lm_head), m->s_logits, xc, n, V, H, t0 == 0, FP8_OFF);
             prof_mark("head.wgrad");
         }
     }

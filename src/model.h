@@ -126,7 +126,9 @@ typedef struct Model {
     int32_t* counts;    // [E] int32 backend: rows per expert (moe_index)
     int32_t* h_counts;  // host [E]
     Bump bump;          // MoE rows received (xe, scale_e, gu; h when kept), reset per micro-batch
-    Bump tmp;           // MoE per-layer scratch, reset per layer
+    Bump tmp;           // MoE per-layer scratch, reset per layer; the FP8 GEMMs' workspace
+    Fp8Mode fp8;        // ModelOpts.fp8: which GEMMs run in block-scaled FP8 (precision.fp8)
+    size_t fp8_ws;      // bytes of tmp planned for the FP8 GEMMs' workspace (0 with fp8 none)
 } Model;
 
 // Bytes per element of arena a's gradients (m->grad_act: the act dtype, else fp32).
@@ -145,6 +147,9 @@ typedef struct ModelOpts {
                           // the act dtype, each GEMM's fp32 sum rounded once (PyTorch autocast's
                           // values). Needs fresh gradients every micro-batch (no accumulation):
                           // model_step refuses MicroArgs.fresh = 0 with a backward.
+    Fp8Mode fp8;      // precision.fp8: the expert GEMMs (experts), and the attention projections too
+                      // (linear), in block-scaled FP8 (backend.h Fp8Gemm); the backend must have
+                      // fp8_ws_bytes (model_fp8_check)
 } ModelOpts;
 
 // Builds the model for this rank: layout, memory (parameters, gradients, activations).
@@ -153,6 +158,9 @@ typedef struct ModelOpts {
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm);
 void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm);
 void model_free(Model* m);
+// 0 when backend be can run precision.fp8 = mode (every backend with fp8_ws_bytes; none needs
+// nothing), else -1 with the reason in e.
+int model_fp8_check(const Backend* be, Fp8Mode mode, Err* e);
 
 // Deterministic init by tensor name and seed (independent of the layout): HF's normal(0,
 // init_std) for linear and embedding weights, 1 for norm weights. Writes fp32 values through

@@ -48,7 +48,30 @@ void moe_saved_free(Model* m, MoeSaved* s) {
     free(s->load);
 }
 
-void moe_plan_bumps(Model* m) {
+// The largest workspace of one layer's expert FP8 GEMMs for R rows (0 with precision.fp8=none):
+// the forward's (w13 through the fused SwiGLU op, w2) or the backward's (both weight gradients,
+// FP8_ACT; both data gradients, FP8_WEIGHT). One workspace serves every GEMM of a pass.
+static size_t expert_fp8_ws(const Model* m, int R, int fwd) {
+    if (m->fp8 == FP8_NONE) return 0;
+    Backend* be = m->be;
+    const int H = m->c.hidden, F = m->c.ffn, G = m->e_local;
+    size_t w[4];
+    if (fwd) {
+        w[0] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, 2 * F, H, G);  // w13 forward
+        w[1] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, G);      // w2 forward
+        w[2] = w[3] = 0;
+    } else {
+        w[0] = be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, H, F, G);           // w2 weight gradient
+        w[1] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, F, H, G);      // w2 data gradient
+        w[2] = be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, 2 * F, H, G);       // w13 weight gradient
+        w[3] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, 2 * F, G);  // w13 data gradient
+    }
+    size_t mx = 0;
+    for (int i = 0; i < 4; i++) mx = w[i] > mx ? w[i] : mx;
+    return mx;
+}
+
+void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
     const size_t R = (size_t)m->N * m->c.top_k;  // rows received with perfect balance
     const size_t H = m->c.hidden, F = m->c.ffn;
     // saved per layer: xe [R,H], gu [R,2F], scale_e [R]; with train.keep_swiglu also h [R,F]
@@ -74,6 +97,16 @@ void moe_plan_bumps(Model* m) {
     if (m->be->act_dtype == DTYPE_BF16) {
         const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
         if (ds > tmp && ds <= 2 * tmp) tmp = ds;
+    }
+    // precision.fp8: the FP8 GEMMs' workspace on top (the expert GEMMs' next to the layer's
+    // scratch; the attention projections' alone, model.c), for the planned rows (R + R/4 with EP > 1)
+    if (m->fp8 != FP8_NONE) {
+        const int Rp = (int)(m->ep > 1 ? R + R / 4 : R);
+        const size_t fw = expert_fp8_ws(m, Rp, 1), bw = expert_fp8_ws(m, Rp, 0);
+        size_t ws = fw > bw ? fw : bw;
+        if (proj_fp8_ws > ws) ws = proj_fp8_ws;
+        m->fp8_ws = ws + 256;  // bump_alloc's alignment
+        tmp += m->fp8_ws;
     }
     bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * m->c.layers));
     bump_init(&m->tmp, m->be, tmp);
@@ -127,12 +160,19 @@ static void exchange(Model* m, const MoeSaved* s, const void* send, void* recv, 
     m->comm->all_to_all_v(m->comm, GROUP_EP, send, sc, sd, recv, rc, rd);
 }
 
-static void grouped(Model* m, const MoeSaved* s, const int* off, void* C, const void* A, const void* B,
-                    int N, int K, int trans_b, size_t b_stride) {
-    GemmDesc d = {.N = N, .K = K, .trans_b = trans_b, .alpha = 1, .beta = 0};
+// ws, ws_bytes: the FP8 workspace of this pass (NULL, 0 with precision.fp8=none)
+static void grouped(Model* m, const int* off, void* C, const void* A, const void* B, int N, int K, int trans_b,
+                    size_t b_stride, void* ws, size_t ws_bytes) {
+    GemmDesc d = {.N = N, .K = K, .trans_b = trans_b, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
+                  .ws = ws, .ws_bytes = ws_bytes};
     GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = b_stride};
     m->be->gemm_grouped(m->be, &d, &g, A, B, C);
-    (void)s;
+}
+
+// One layer pass's FP8 workspace from the per-layer scratch (NULL, 0 with precision.fp8=none).
+static void* fp8_ws(Model* m, int R, int fwd, size_t* bytes) {
+    *bytes = expert_fp8_ws(m, R, fwd);
+    return *bytes ? bump_alloc(&m->tmp, *bytes) : NULL;
 }
 
 void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
@@ -196,13 +236,16 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     expert_offsets(m, s, off);
     void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+    size_t wsb;
+    void* ws = fp8_ws(m, R, 1, &wsb);
     {  // gu = xe·w13ᵀ and h = silu(gate)·up·scale in one op (one kernel where the backend fuses them)
-        GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0};
+        GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
+                      .ws = ws, .ws_bytes = wsb};
         GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
         be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
     }
     prof_mark("fwd.w13_swiglu");
-    grouped(m, s, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F);
+    grouped(m, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F, ws, wsb);
     prof_mark("fwd.w2");
 
     // combine
@@ -250,7 +293,10 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     void* dgu = s->gu;
     float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-    GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT]};
+    size_t wsb;
+    void* ws = fp8_ws(m, R, 0, &wsb);
+    GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT],
+                   .fp8 = ws ? FP8_ACT : FP8_OFF, .ws = ws, .ws_bytes = wsb};
     if (!s->h) {
         be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
         prof_mark("bwd.swiglu_recompute");
@@ -258,14 +304,14 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     g.b_stride = (size_t)H * F;
     be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w2_wgrad");
-    grouped(m, s, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F);
+    grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb);
     prof_mark("bwd.w2_dgrad");
     be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
     be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, grad_at(m, ARENA_EXPERT, o->w13), m->fresh ? 0.f : 1.f);
     prof_mark("bwd.w13_wgrad");
-    grouped(m, s, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H);
+    grouped(m, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H, ws, wsb);
     prof_mark("bwd.w13_dgrad");
 
     // back to this rank's (n, slot) rows

@@ -5,8 +5,10 @@
 
 void moe_saved_alloc(Model* m, MoeSaved* s);
 void moe_saved_free(Model* m, MoeSaved* s);
-// Plans the bump arenas for balanced routing (grown on demand).
-void moe_plan_bumps(Model* m);
+// Plans the bump arenas for balanced routing (grown on demand); with precision.fp8 the per-layer
+// scratch also holds the FP8 GEMMs' workspace: the expert GEMMs' or proj_fp8_ws (the attention
+// projections', model.c), the larger (m->fp8_ws).
+void moe_plan_bumps(Model* m, size_t proj_fp8_ws);
 // out[N,H] = res[N,H] + moe(x[N,H]) for layer l (res may be out: +=); saves what the backward
 // needs in m->ls[l].moe.
 void moe_forward(Model* m, int l, const void* x, const void* res, void* out);

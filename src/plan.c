@@ -86,6 +86,37 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     m->logits = (double)(int64_t)chunk * V * a;
 }
 
+// precision.fp8: the workspace moe.c plans into its per-layer scratch, the largest of one layer's
+// expert FP8 GEMMs (rows R = N·k, + R/4 with EP > 1) and, with fp8=linear, the attention
+// projections'. Per call the quantised operands: e4m3 codes and fp32 scales of op(A) [M,K] in 1×128
+// tiles and of op(B)ᵀ [N,K] in 128×128 blocks (weights) or 1×128 tiles (weight gradients: dYᵀ and Xᵀ
+// along the tokens), each piece 256-byte aligned; the CPU backend adds the fp32 product [M,N]
+// (cpu_gemm_fp8.c, exact there). On GPUs an estimate: the CUDA backend's fp8_ws_bytes decides.
+static double al256(double x) { return (double)(((uint64_t)x + 255) / 256 * 256); }
+static double tiles(double n) { return (double)(((uint64_t)n + 127) / 128); }
+static double q8(double R, double C, int blk) { return al256(R * C) + al256(4 * (blk ? tiles(R) : R) * tiles(C)); }
+static double ws_gemm(double M, double N, double K, int cpu) { return q8(M, K, 0) + q8(N, K, 1) + (cpu ? al256(4 * M * N) : 0); }
+static double ws_wgrad(double M, double N, double K, int cpu) { return q8(N, M, 0) + q8(K, M, 0) + (cpu ? al256(4 * N * K) : 0); }
+static double dmax(double a, double b) { return a > b ? a : b; }
+
+static void plan_fp8(const Config* c, PlanMemory* m) {
+    if (c->precision.fp8 == FP8_NONE) return;
+    const ModelConfig* mc = &c->model;
+    const int cpu = c->train.device == DEVICE_CPU;
+    const int64_t R0 = m->tokens * mc->top_k;
+    const double R = (double)(m->ep > 1 ? R0 + R0 / 4 : R0), H = mc->hidden, F = mc->ffn, N = (double)m->tokens;
+    double ws = dmax(dmax(ws_gemm(R, 2 * F, H, cpu), ws_gemm(R, H, F, cpu)),                 // forward: w13, w2
+                     dmax(dmax(ws_wgrad(R, H, F, cpu), ws_gemm(R, F, H, cpu)),                // w2 backward
+                          dmax(ws_wgrad(R, 2 * F, H, cpu), ws_gemm(R, H, 2 * F, cpu))));      // w13 backward
+    if (c->precision.fp8 == FP8_LINEAR) {
+        const double D = H / mc->heads, QD = mc->heads * D, QKV = (mc->heads + 2 * mc->kv_heads) * D;
+        const double p[] = {ws_gemm(N, QKV, H, cpu), ws_gemm(N, H, QD, cpu), ws_gemm(N, QD, H, cpu),
+                            ws_gemm(H, QD, N, cpu),  ws_gemm(QKV, H, N, cpu), ws_gemm(N, H, QKV, cpu)};
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) ws = dmax(ws, p[i]);
+    }
+    m->fp8_ws = ws + 256;  // bump_alloc's alignment
+}
+
 // What a GPU run holds besides the model.
 static void plan_runtime(const Config* c, int world, PlanMemory* m) {
     // GPU runs: the CUDA context, cuBLASLt's workspace and the op scratch, NCCL's buffers
@@ -120,7 +151,8 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     plan_state(c, world, a, m);
     plan_activations(c, a, m);
     plan_runtime(c, world, m);
-    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits +
+    plan_fp8(c, m);
+    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_ws +
                m->cuda_context + m->lib_workspace + m->nccl;
     return 0;
 }
@@ -165,6 +197,7 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
         {"activations saved for backward", m.act_saved},
         {"activation scratch (one layer)", m.act_scratch},
         {"lm_head logits chunk", m.logits},
+        {"FP8 GEMM workspace", m.fp8_ws},
         {"CUDA context + kernels (estimate)", m.cuda_context},
         {"cuBLASLt workspace + op scratch", m.lib_workspace},
         {"NCCL buffers (estimate)", m.nccl},
@@ -174,10 +207,12 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
     const char* unit = mib ? "MiB" : "GiB";
     const int on_gpu = c->train.device != DEVICE_CPU;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        if (i >= 7 && !on_gpu) break;  // the CUDA rows: GPU runs only
-        if (i == 9 && m.nccl == 0) continue;
+        if (i == 7 && m.fp8_ws == 0) continue;  // precision.fp8=none
+        if (i >= 8 && !on_gpu) break;  // the CUDA rows: GPU runs only
+        if (i == 10 && m.nccl == 0) continue;
         fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
-        if (i == 9) fprintf(f, "   (%d communicator%s of > 1 rank)", m.nccl_comms, m.nccl_comms == 1 ? "" : "s");
+        if (i == 7) fprintf(f, "   (precision.fp8=%s%s)", fp8_mode_name(c->precision.fp8), on_gpu ? ", estimate" : "");
+        if (i == 10) fprintf(f, "   (%d communicator%s of > 1 rank)", m.nccl_comms, m.nccl_comms == 1 ? "" : "s");
         fprintf(f, "\n");
     }
     if (on_gpu && c->parallel.comm == COMM_MPI)

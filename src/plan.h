@@ -23,6 +23,7 @@ typedef struct PlanMemory {
     double kept_swiglu;       // of act_saved: the SwiGLU output h kept by train.keep_swiglu (0 when off)
     double act_scratch;       // per-layer scratch (reused by every layer)
     double logits;            // lm_head logits chunk
+    double fp8_ws;            // precision.fp8: the FP8 GEMMs' workspace in the per-layer scratch (0 with none)
     // GPU runs only (0 on the CPU): what the CUDA runtime and libraries hold besides our buffers
     double cuda_context;      // CUDA context and loaded kernels: PLAN_CUDA_CONTEXT_BYTES (an estimate)
     double lib_workspace;     // cuBLASLt workspace + the backend's op scratch (exact: backend.h)

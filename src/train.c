@@ -276,6 +276,7 @@ static int init_stages(Trainer* t, const Config* cfg, Err* e) {
     job_token(t, token);
     watchdog_start(t->rank, t->world, hb_dir, token, to);
     watchdog_token(token);
+    if (dist_agree_error(model_fp8_check(t->be, cfg->precision.fp8, e) ? 2 : 0, e)) return -1;
     t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
 
     startup_stage("start-up: data", to);
@@ -284,7 +285,8 @@ static int init_stages(Trainer* t, const Config* cfg, Err* e) {
     if (slow > 0) sleep((unsigned)slow);
 
     startup_stage("start-up: model", to);
-    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world)};
+    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world),
+                          .fp8 = cfg->precision.fp8};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
     optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
     t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
@@ -499,6 +501,9 @@ static void run_start(Trainer* t, RunState* r) {
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
+    if (t->model.fp8 != FP8_NONE)
+        log_info("precision: fp8=%s: %s GEMMs in block-scaled FP8 e4m3, %.1f MiB workspace\n", fp8_mode_name(t->model.fp8),
+                 t->model.fp8 == FP8_LINEAR ? "expert and attention-projection" : "expert", t->model.fp8_ws / 1048576.0);
     if (t->cfg.checkpoint.keep_best && !t->cfg.checkpoint.dir[0])
         log_info("checkpoint: checkpoint.keep_best without checkpoint.dir: no checkpoint is saved\n");
     r->fail_rank = failpoint_int("train.fail_rank", -1);

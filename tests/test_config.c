@@ -396,6 +396,8 @@ static void test_override_and_layout_errors(void) {
         {"train.steps=ten", 0, "command line: train.steps: expected an integer, got 'ten'"},
         {"train.steps=0", 0, "command line: train.steps: 0 is out of range (expected >= 1)"},
         {"precision.dtype=fp16", 0, "command line: precision.dtype: 'fp16' is not one of fp32, bf16"},
+        {"precision.fp8=all", 0, "command line: precision.fp8: 'all' is not one of none, experts, linear"},
+        {"precision.fp8=true", 0, "command line: precision.fp8: 'true' is not one of none, experts, linear"},
         {"data.path=\xff\xfe", 0, "data.path: value is not valid UTF-8"},
         {"parallel.ep=2", 3, "the world size (3 ranks) must be a multiple of parallel.ep (2)"},
         {"parallel.ep=3", 3, "parallel.ep (3) must divide model.experts (4) (for 3 ranks: parallel.ep = 1)"},
@@ -585,6 +587,47 @@ static void test_docs_current(void) {
     free(table);
 }
 
+// precision.fp8: none by default (every shipped config), each mode from a file and an override,
+// printed and loaded back; a YAML typo names the line and the valid values.
+static void test_fp8_key(void) {
+    Config c;
+    Err e = {{0}};
+    config_defaults(&c);
+    EXPECT(c.precision.fp8 == FP8_NONE, "precision.fp8 defaults to none");
+    const char* shipped[] = {"L0_sanity", "L1_8x7B_ep", "bench_8x7B_L2", "bench_8x7B_L4"};
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        char p[1024];
+        config_defaults(&c);
+        EXPECT(config_find(shipped[i], p, sizeof p, &e) == 0 && config_load_file(&c, p, &e) == 0 &&
+                   c.precision.fp8 == FP8_NONE, "%s: fp8 none (%s)", shipped[i], e.msg);
+    }
+    const char* names[] = {"none", "experts", "linear"};
+    for (int m = 0; m < 3; m++) {
+        char kv[64], y[64];
+        snprintf(kv, sizeof kv, "precision.fp8=%s", names[m]);
+        config_defaults(&c);
+        EXPECT(config_override(&c, kv, &e) == 0 && (int)c.precision.fp8 == m && config_validate(&c, 1, &e) == 0,
+               "%s: %s", kv, e.msg);
+        EXPECT(strcmp(fp8_mode_name(c.precision.fp8), names[m]) == 0, "fp8_mode_name(%d) = %s", m, names[m]);
+        size_t n = 0;
+        char* text = config_print_text(&c, &n);
+        Config b;
+        config_defaults(&b);
+        EXPECT(config_load_string(&b, text, n, "<printed>", &e) == 0 && (int)b.precision.fp8 == m,
+               "precision.fp8=%s survives print and load: %s", names[m], e.msg);
+        free(text);
+        snprintf(y, sizeof y, "precision:\n  fp8: %s\n", names[m]);
+        config_defaults(&b);
+        EXPECT(config_load_string(&b, y, strlen(y), "t.yaml", &e) == 0 && (int)b.precision.fp8 == m, "yaml fp8: %s: %s",
+               names[m], e.msg);
+    }
+    const char* bad = "precision:\n  fp8: e4m3\n";
+    config_defaults(&c);
+    EXPECT(config_load_string(&c, bad, strlen(bad), "t.yaml", &e) == -1 &&
+               strstr(e.msg, "t.yaml:2:8: precision.fp8: 'e4m3' is not one of none, experts, linear"),
+           "yaml typo: %s", e.msg);
+}
+
 int main(int argc, char** argv) {
     moetrain_path(argv[0], g_bin, sizeof g_bin);  // before the chdir below: argv[0] may be relative
     // Work from the repository root (the binary is build/tests/test_config).
@@ -607,6 +650,7 @@ int main(int argc, char** argv) {
     RUN(test_roundtrip);
     RUN(test_yaml_errors);
     RUN(test_override_and_layout_errors);
+    RUN(test_fp8_key);
     RUN(test_find);
     RUN(test_binary);
     RUN(test_docs_current);

@@ -17,6 +17,7 @@
 //                     resume logs the line, continues at step 3 with m = v = 0 and Adam's step
 //                     count at 1, and runs bit for bit like the full checkpoint resumed with its
 //                     moments zeroed; the first update is a fresh Adam step (|Δw| = lr)
+//   fp8 switch        precision.fp8 none → experts on resume, and back (checkpoints unchanged)
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <limits.h>
@@ -502,6 +503,49 @@ static void test_weight_only(void) {
     trainer_free(&F);
 }
 
+// precision.fp8 may change on resume: a checkpoint holds fp32 masters whatever precision the GEMMs
+// ran in. Step 3 of the plain run (b) resumed with fp8 none and with fp8 experts: both start from the
+// same state; the FP8 run's later steps differ (FP8 is on) but stay close; its final checkpoint has
+// the plain run's tensors (names, shapes) with other values, and resumes in turn with fp8 none.
+static void test_fp8_switch(void) {
+    copy_b("f0");
+    copy_b("f8");
+    char d0[300], d8[300];
+    snprintf(d0, sizeof d0, "%s/f0", g_dir);
+    snprintf(d8, sizeof d8, "%s/f8", g_dir);
+    char s3[300];
+    snprintf(s3, sizeof s3, "%s/f0/step_00000003", g_dir);
+    Trainer P, Q, R;
+    Err e = {{0}};
+    EXPECT(try_resume(s3, d0, "precision.fp8=none", &P, &e) == 0, "resume fp8 none: %s", e.msg);
+    snprintf(s3, sizeof s3, "%s/f8/step_00000003", g_dir);
+    EXPECT(try_resume(s3, d8, "precision.fp8=experts", &Q, &e) == 0, "resume fp8 experts: %s", e.msg);
+    const char* what = "";
+    EXPECT(P.step == 3 && Q.step == 3 && Q.model.fp8 == FP8_EXPERTS && P.model.fp8 == FP8_NONE,
+           "both resume at step 3 (%d, %d), Q in FP8", P.step, Q.step);
+    EXPECT(trainer_state_eq(&P, &Q, 1, &what), "the same state at the resume (%s differ)", what);
+    EXPECT(trainer_run(&P) == EXIT_OK && trainer_run(&Q) == EXIT_OK && P.step == 6 && Q.step == 6, "both finish");
+    EXPECT(!trainer_state_eq(&P, &Q, 0, &what), "FP8 steps change the masters");
+    const double rel = fabs(Q.last_loss - P.last_loss) / P.last_loss;
+    printf("  last loss %.6f (fp8 none) vs %.6f (experts), rel %.2g\n", P.last_loss, Q.last_loss, rel);
+    EXPECT(isfinite(Q.last_loss) && rel > 0 && rel < 1e-2, "last loss %.9g (experts) vs %.9g: rel %.3g", Q.last_loss,
+           P.last_loss, rel);
+    trainer_free(&P);
+    trainer_free(&Q);
+    char a[400], b[400], msg[1100];
+    snprintf(a, sizeof a, "%s/f0/step_00000006", g_dir);
+    snprintf(b, sizeof b, "%s/f8/step_00000006", g_dir);
+    const int d = ckpt_diff(a, b, msg, sizeof msg);
+    EXPECT(d > 0 && strstr(msg, " differs"), "the FP8 run's checkpoint: the same tensors, other values (%d: %s)", d, msg);
+    char dd[400];
+    snprintf(dd, sizeof dd, "checkpoint.dir=%s", d8);
+    const char* ex[] = {"checkpoint.resume=auto", dd, "precision.fp8=none", "train.steps=7"};
+    EXPECT(tiny_trainer(&R, ex, 4, &e) == 0 && R.step == 6 && R.model.fp8 == FP8_NONE, "back to fp8 none at step 6: %s",
+           e.msg);
+    EXPECT(trainer_run(&R) == EXIT_OK && R.step == 7 && isfinite(R.last_loss), "and on to step 7");
+    trainer_free(&R);
+}
+
 static void test_validate_run(void) {
     Config c;
     Err e = {{0}};
@@ -531,6 +575,7 @@ int main(int argc, char** argv) {
     RUN(test_keep_every);
     RUN(test_eval_cmd);
     RUN(test_weight_only);
+    RUN(test_fp8_switch);
     scratch_done(g_dir, "test_resume", t_failed);
     dist_finalize();
     TEST_END();
