@@ -23,6 +23,9 @@
 #   generate  greedy `moetrain generate` on an fp32 export against transformers' generate (every
 #          token, 64 new, fp32; bf16 agreement reported: scripts/generate_check.py), and decode
 #          throughput at the bench shapes, batch 1 and 32 (scripts/generate_bench.sh)
+#   fp8    (not in the default set) FP8 loss parity: scripts/fp8_parity.sh trains configs/fp8_parity.yaml
+#          with precision.fp8 none, experts and linear on the GPU (about a minute each) and checks the
+#          final validation losses agree within 0.5%; the curves in $OUT/fp8_parity/fp8_parity.png
 #   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all,
 #          attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench),
 #          and the expert GEMM ops in bf16 against FP8 ($BUILD/dev/gpu_bench fp8)
@@ -53,7 +56,7 @@ check() {
   timeout --foreground -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local what
-  what=$(grep -aE '^[0-9]+ passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^ckpt: [0-9]+ passed|^l0: ' "$OUT/$name.log" | tail -1)
+  what=$(grep -aE '^[0-9]+ passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^ckpt: [0-9]+ passed|^l0: |^fp8: ' "$OUT/$name.log" | tail -1)
   [ $rc -eq 124 ] && what="timed out after ${STEP_TIMEOUT}s"
   local verdict=PASS
   [ $rc -eq 0 ] || { verdict=FAIL; fail=1; }
@@ -156,6 +159,11 @@ step_generate() {
   grep -a '^generate' "$OUT/generate.bench.log"
 }
 
+step_fp8() {
+  check fp8.parity env MOETRAIN="$BUILD/moetrain" scripts/fp8_parity.sh "$OUT/fp8_parity" train.device=cuda
+  cat "$OUT/fp8_parity/summary.txt"
+}
+
 step_timings() {
   [ -x "$BUILD/dev/gpu_bench" ] && [ -x "$BUILD/dev/attn_docs_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
@@ -166,8 +174,8 @@ step_timings() {
 for s in $STEPS; do
   echo "== $s"
   case $s in
-    tests | san | ckpt | l0 | comm | generate | timings) "step_$s" ;;
-    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, timings)" | tee -a "$SUM"; fail=1 ;;
+    tests | san | ckpt | l0 | comm | generate | fp8 | timings) "step_$s" ;;
+    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, fp8, timings)" | tee -a "$SUM"; fail=1 ;;
   esac
 done
 
