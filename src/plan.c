@@ -90,13 +90,23 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
 // expert FP8 GEMMs (rows R = N·k, + R/4 with EP > 1) and, with fp8=linear, the attention
 // projections'. Per call the quantised operands: e4m3 codes and fp32 scales of op(A) [M,K] in 1×128
 // tiles and of op(B)ᵀ [N,K] in 128×128 blocks (weights) or 1×128 tiles (weight gradients: dYᵀ and Xᵀ
-// along the tokens), each piece 256-byte aligned; the CPU backend adds the fp32 product [M,N]
-// (cpu_gemm_fp8.c, exact there). On GPUs an estimate: the CUDA backend's fp8_ws_bytes decides.
+// along the tokens), each piece 256-byte aligned. The CPU backend quantises every row at once and
+// adds the fp32 product [M,N] (cpu_gemm_fp8.c: exact there). On GPUs an estimate: the CUDA backend
+// takes the rows (the tokens of a weight gradient) PLAN_FP8_GPU_ROWS at a time and needs no product
+// buffer except for a bf16 C with beta ≠ 0; its fp8_ws_bytes decides.
+#define PLAN_FP8_GPU_ROWS 4096.0
 static double al256(double x) { return (double)(((uint64_t)x + 255) / 256 * 256); }
 static double tiles(double n) { return (double)(((uint64_t)n + 127) / 128); }
 static double q8(double R, double C, int blk) { return al256(R * C) + al256(4 * (blk ? tiles(R) : R) * tiles(C)); }
-static double ws_gemm(double M, double N, double K, int cpu) { return q8(M, K, 0) + q8(N, K, 1) + (cpu ? al256(4 * M * N) : 0); }
-static double ws_wgrad(double M, double N, double K, int cpu) { return q8(N, M, 0) + q8(K, M, 0) + (cpu ? al256(4 * N * K) : 0); }
+static double rows_at_once(double M, int cpu) { return cpu || M < PLAN_FP8_GPU_ROWS ? M : PLAN_FP8_GPU_ROWS; }
+static double ws_gemm(double M, double N, double K, int cpu) {
+    M = rows_at_once(M, cpu);
+    return q8(M, K, 0) + q8(N, K, 1) + (cpu ? al256(4 * M * N) : 0);
+}
+static double ws_wgrad(double M, double N, double K, int cpu) {
+    M = rows_at_once(M, cpu);
+    return q8(N, M, 0) + q8(K, M, 0) + (cpu ? al256(4 * N * K) : 0);
+}
 static double dmax(double a, double b) { return a > b ? a : b; }
 
 static void plan_fp8(const Config* c, PlanMemory* m) {
