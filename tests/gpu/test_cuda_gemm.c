@@ -98,7 +98,8 @@ static void test_gemm(void) {
             C0 = t;
         }
         float* C = dupf(C0, ncc);
-        GemmDesc d = {g.M, g.N, g.K, g.ta, g.tb, g.lda, g.ldb, g.ldc, g.alpha, g.beta, g.c_f32, NULL};
+        GemmDesc d = {.M = g.M, .N = g.N, .K = g.K, .trans_a = g.ta, .trans_b = g.tb, .lda = g.lda, .ldb = g.ldb,
+                      .ldc = g.ldc, .alpha = g.alpha, .beta = g.beta, .c_f32 = g.c_f32};
         g_cpu->gemm(g_cpu, &d, A, B, C);
         void* dC;
         if (g.beta == 0.f || g.cin) dC = cf ? poison(be, 4 * ncc) : poison_act(be, ncc);  // not read
