@@ -156,7 +156,7 @@ int cmd_eval(int argc, char** argv) {
     const char* ck = NULL;
     if (dist_agree_error(eval_setup(argc, argv, world, &c, &ck, &e), &e)) return eval_fail(rank, &e);
     Trainer t;
-    int st = trainer_init(&t, &c, &e) ? 2 : 0;
+    int st = trainer_init_infer(&t, &c, &e) ? 2 : 0;
     if (!st && data_num_windows(t.data, 1) == 0) {
         err_set(&e, "the data has no validation split (data.val_frac=0); give data.val_frac > 0 or another data.path");
         st = 2;

@@ -394,7 +394,7 @@ int cmd_generate(int argc, char** argv) {
     if (dist_agree_error(st, &e)) return fail(rank, &e);
     Trainer t;
     log_set_stream(NULL);  // the trainer's setup notes (data, resume position) say nothing here
-    st = trainer_init(&t, &c, &e) ? 2 : 0;
+    st = trainer_init_infer(&t, &c, &e) ? 2 : 0;
     log_set_stream(stderr);
     if (dist_agree_error(st, &e)) return fail(rank, &e);
     const int B = P.n, Tmax = maxlen + (a.max_new > 0 ? a.max_new : 1);

@@ -74,7 +74,8 @@ static size_t proj_fp8_ws(const Model* m) {
         be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, H, QKV, 1),  // qkv data gradient
     };
     size_t mx = 0;
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) mx = w[i] > mx ? w[i] : mx;
+    const size_t n = m->inference ? 2 : sizeof w / sizeof w[0];  // inference: the forward's two
+    for (size_t i = 0; i < n; i++) mx = w[i] > mx ? w[i] : mx;
     return mx;
 }
 
@@ -96,6 +97,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->keep_swiglu = o && o->keep_swiglu;
     m->grad_act[ARENA_EXPERT] = o && o->expert_grad_act;
     m->fp8 = o ? o->fp8 : FP8_NONE;
+    m->inference = o && o->inference;
     CHECK(m->fp8 == FP8_NONE || be->fp8_ws_bytes, "precision.fp8=%s on the %s backend, which has no FP8 GEMMs",
           fp8_mode_name(m->fp8), be->name);
     m->be = be;
@@ -119,13 +121,15 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->padded[ARENA_EXPERT] = round_up(m->numel[ARENA_EXPERT], 8 * (size_t)m->edp);
     for (int a = 0; a < 2; a++) {
         m->w[a] = act_alloc(m, m->padded[a]);
-        m->grad[a] = f32_alloc(m, m->padded[a]);
+        m->grad[a] = m->inference ? NULL : f32_alloc(m, m->padded[a]);
     }
 
     const int N = m->N, H = c->hidden, E = c->experts, K = c->top_k, V = c->vocab_size;
     const int D = m->pl.head_dim, QD = c->heads * D, KD = c->kv_heads * D;
     m->ls = xcalloc((size_t)c->layers, sizeof(LayerSaved));
-    for (int l = 0; l < c->layers; l++) {
+    // inference: nothing is kept for a backward, so layer 0's buffers serve every layer (x_in too:
+    // a layer's input is dead once x_mid holds it plus the attention, when the MoE writes the output)
+    for (int l = 0; l < (m->inference ? 1 : c->layers); l++) {
         LayerSaved* s = &m->ls[l];
         s->x_in = act_alloc(m, (size_t)N * H);
         s->ln1 = act_alloc(m, (size_t)N * H);
@@ -141,6 +145,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
         s->rstd2 = f32_alloc(m, N);
         moe_saved_alloc(m, &s->moe);
     }
+    for (int l = 1; m->inference && l < c->layers; l++) m->ls[l] = m->ls[0];
     m->x_final = act_alloc(m, (size_t)N * H);
     m->lnf = act_alloc(m, (size_t)N * H);
     m->rstdf = f32_alloc(m, N);
@@ -150,19 +155,21 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->pos = be->alloc(be, sizeof(int32_t) * (size_t)N);
     m->stats = f32_alloc(m, 2 * (size_t)E);
     m->zsum = f32_alloc(m, 1);
-    m->aux_dprob = f32_alloc(m, E);
     m->loss_acc = f32_alloc(m, 1);
     m->h_stats = xcalloc(2 * (size_t)E, sizeof(float));
-    size_t wide = (size_t)(H > QD ? H : QD);
-    m->s_a = act_alloc(m, (size_t)N * wide);
-    m->s_b = act_alloc(m, (size_t)N * wide);
-    m->s_dx = act_alloc(m, (size_t)N * H);
     m->s_q = act_alloc(m, (size_t)N * (QD + 2 * KD));  // one block: the forward's fused projection
     m->s_k = act_at(m, m->s_q, (size_t)N * QD);
     m->s_v = act_at(m, m->s_k, (size_t)N * KD);
-    m->s_dlog = f32_alloc(m, (size_t)N * E);
-    m->s_dlog_act = act_alloc(m, (size_t)N * E);
-    m->s_dw = f32_alloc(m, (size_t)N * K);
+    if (!m->inference) {  // the backward's scratch
+        size_t wide = (size_t)(H > QD ? H : QD);
+        m->aux_dprob = f32_alloc(m, E);
+        m->s_a = act_alloc(m, (size_t)N * wide);
+        m->s_b = act_alloc(m, (size_t)N * wide);
+        m->s_dx = act_alloc(m, (size_t)N * H);
+        m->s_dlog = f32_alloc(m, (size_t)N * E);
+        m->s_dlog_act = act_alloc(m, (size_t)N * E);
+        m->s_dw = f32_alloc(m, (size_t)N * K);
+    }
     m->s_xp = act_alloc(m, (size_t)N * K * H);
     m->s_wp = f32_alloc(m, (size_t)N * K);
     // lm_head logits in chunks of tokens: at most MODEL_HEAD_CHUNK_BYTES of logits at a time.
@@ -183,7 +190,7 @@ void model_free(Model* m) {
         be->free(be, m->w[a]);
         be->free(be, m->grad[a]);
     }
-    for (int l = 0; l < m->c.layers; l++) {
+    for (int l = 0; l < (m->inference ? 1 : m->c.layers); l++) {  // inference: one set, shared
         LayerSaved* s = &m->ls[l];
         void* bufs[] = {s->x_in, s->ln1, s->rstd1, s->q, s->att, s->lse, s->x_mid, s->ln2, s->rstd2};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
@@ -341,6 +348,7 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     be->zero(be, m->zsum, sizeof(float));
     be->zero(be, m->loss_acc, sizeof(float));
     bump_reset(&m->bump);
+    CHECK(!a->backward || !m->inference, "a backward pass on a model built for inference (no gradients)");
     m->fresh = a->backward && a->fresh;
     CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
           "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");

@@ -80,7 +80,7 @@ typedef struct Model {
     size_t padded[2];   // padded to a multiple of the ZeRO group size × 8
     void* w[2];         // [padded] act: compute weights (full copy on every rank)
     float* grad[2];     // [padded] fp32 gradients (fp32-sized either way: the checkpoint code
-                        // stages full fp32 arenas there)
+                        // stages full fp32 arenas there); NULL with ModelOpts.inference
     int grad_act[2];    // arena a's gradients are stored in the act dtype instead (experts only:
                         // ModelOpts.expert_grad_act); the pointer is then a void* in disguise.
                         // The act view's padding [numel, padded) lies in bytes the fp32 staging
@@ -128,6 +128,8 @@ typedef struct Model {
     Bump bump;          // MoE rows received (xe, scale_e, gu; h when kept), reset per micro-batch
     Bump tmp;           // MoE per-layer scratch, reset per layer; the FP8 GEMMs' workspace
     Fp8Mode fp8;        // ModelOpts.fp8: which GEMMs run in block-scaled FP8 (precision.fp8)
+    int inference;      // ModelOpts.inference: forward only (no grad, no backward scratch; one
+                        // layer's activations shared by every layer)
     size_t fp8_ws;      // bytes of tmp planned for the FP8 GEMMs' workspace (0 with fp8 none)
 } Model;
 
@@ -150,9 +152,14 @@ typedef struct ModelOpts {
     Fp8Mode fp8;      // precision.fp8: the expert GEMMs (experts), and the attention projections too
                       // (linear), in block-scaled FP8 (backend.h Fp8Gemm); the backend must have
                       // fp8_ws_bytes (model_fp8_check)
+    int inference;    // forward only (eval, generate): no weight gradients (grad[] NULL), no
+                      // backward-only scratch, and one layer's activations (and MoE rows) that
+                      // every layer reuses, since nothing is kept for a backward. model_step
+                      // refuses MicroArgs.backward; the forward's values are bit for bit the same.
 } ModelOpts;
 
-// Builds the model for this rank: layout, memory (parameters, gradients, activations).
+// Builds the model for this rank: layout, memory (parameters, gradients, activations; with
+// ModelOpts.inference the parameters and one layer's forward buffers).
 // Arenas are padded to a multiple of 8 × the ZeRO group size (world for dense, edp for experts).
 // model_create = model_create_opts with every option off (o = NULL).
 void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Comm* comm);

@@ -94,7 +94,7 @@ void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
     // two cost ~0.9 ms more per layer at micro-batch 8 × 4096 on an H200, docs/performance.md)
     // when that at most doubles it; dS grows with T², so long sequences keep the
     // chunks. GPUs without those kernels (or gpu.attention=mma) leave the extra room unused.
-    if (m->be->act_dtype == DTYPE_BF16) {
+    if (m->be->act_dtype == DTYPE_BF16 && !m->inference) {
         const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
         if (ds > tmp && ds <= 2 * tmp) tmp = ds;
     }
@@ -102,13 +102,14 @@ void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
     // scratch; the attention projections' alone, model.c), for the planned rows (R + R/4 with EP > 1)
     if (m->fp8 != FP8_NONE) {
         const int Rp = (int)(m->ep > 1 ? R + R / 4 : R);
-        const size_t fw = expert_fp8_ws(m, Rp, 1), bw = expert_fp8_ws(m, Rp, 0);
+        const size_t fw = expert_fp8_ws(m, Rp, 1), bw = m->inference ? 0 : expert_fp8_ws(m, Rp, 0);
         size_t ws = fw > bw ? fw : bw;
         if (proj_fp8_ws > ws) ws = proj_fp8_ws;
         m->fp8_ws = ws + 256;  // bump_alloc's alignment
         tmp += m->fp8_ws;
     }
-    bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * m->c.layers));
+    // (ModelOpts.inference: one layer's, reset by every layer's forward)
+    bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * (m->inference ? 1 : m->c.layers)));
     bump_init(&m->tmp, m->be, tmp);
 }
 
@@ -184,6 +185,7 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     const int El = m->e_local, P = m->ep, xchg = P > 1 || m->force_exchange;
     CHECK(P <= 64 && El <= 64, "at most 64 EP ranks and 64 local experts are supported");
     bump_reset(&m->tmp);
+    if (m->inference) bump_reset(&m->bump);  // nothing is kept for a backward: one layer's rows
 
     // router
     GemmDesc gd = {.M = N, .N = E, .K = H, .trans_b = 1, .alpha = 1, .c_f32 = 1};

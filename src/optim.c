@@ -50,11 +50,19 @@ static void shard_init(Optim* o, Model* m, int a, const OptimConfig* c) {
     }
 }
 
+int optim_split(MasterMode master, const Backend* be) { return master == MASTER_SPLIT && be->act_dtype == DTYPE_BF16; }
+
+void optim_weights_from_f32(Backend* be, int split, void* w, const float* x, size_t n) {
+    // split masters need their own rounding (ties away from zero)
+    if (split) be->split_pack(be, w, NULL, x, n);
+    else be->f32_to_act(be, w, x, n);
+}
+
 void optim_create(Optim* o, const OptimConfig* c, int zero1, MasterMode master, int steps_total, Model* m) {
     memset(o, 0, sizeof *o);
     o->c = *c;
     o->zero1 = zero1;
-    o->split = master == MASTER_SPLIT && m->be->act_dtype == DTYPE_BF16;
+    o->split = optim_split(master, m->be);
     o->zero_grads = 1;
     o->steps_total = steps_total;
     for (int a = 0; a < 2; a++) shard_init(o, m, a, c);
@@ -136,10 +144,8 @@ void optim_load_from_staging(Optim* o, Model* m) {
     Backend* be = m->be;
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
-        // every compute weight from the full staging on every rank (no collective), rounded as
-        // the optimizer rounds: split masters need their own rounding (ties away from zero)
-        if (o->split) be->split_pack(be, m->w[a], NULL, m->grad[a], m->padded[a]);
-        else be->f32_to_act(be, m->w[a], m->grad[a], m->padded[a]);
+        // every compute weight from the full staging on every rank (no collective)
+        optim_weights_from_f32(be, o->split, m->w[a], m->grad[a], m->padded[a]);
         optim_scatter(o, m, a, 0);
         be->zero(be, s->m, sizeof(float) * s->n);
         be->zero(be, s->v, sizeof(float) * s->n);

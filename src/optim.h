@@ -56,6 +56,13 @@ void optim_free(Optim* o, Model* m);
 // Learning rate at 0-based step s.
 float optim_lr(const OptimConfig* c, int steps_total, int s);
 
+// 1 when the masters are kept split (precision.master=split on a bf16 backend): Optim.split.
+int optim_split(MasterMode master, const Backend* be);
+// Compute weights w[0, n) (act) from fp32 values x[0, n) (backend memory), rounded as the
+// optimizer rounds them (split: split_pack's rounding, else f32_to_act's). Elementwise, so any
+// slice gives the bits of the whole arena: inference (no optimizer) loads weights through it.
+void optim_weights_from_f32(Backend* be, int split, void* w, const float* x, size_t n);
+
 // Sets masters from the model's full fp32 values staged in m->grad (both arenas), writes the
 // compute weights, and zeroes the gradients. Used after init and after loading a checkpoint.
 void optim_load_from_staging(Optim* o, Model* m);

@@ -259,8 +259,9 @@ static void job_token(Trainer* t, char token[17]) {
     t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
 }
 
-static int init_stages(Trainer* t, const Config* cfg, Err* e) {
+static int init_stages(Trainer* t, const Config* cfg, int infer, Err* e) {
     memset(t, 0, sizeof *t);
+    t->infer = infer;
     t->metrics.fd = -1;  // not open (trainer_free may run after any failure below; fd 0 is stdin)
     t->cfg = *cfg;
     t->t_start = now_sec();
@@ -285,11 +286,14 @@ static int init_stages(Trainer* t, const Config* cfg, Err* e) {
     if (slow > 0) sleep((unsigned)slow);
 
     startup_stage("start-up: model", to);
-    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu, .expert_grad_act = config_expert_grad_bf16(cfg, t->world),
-                          .fp8 = cfg->precision.fp8};
+    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu && !infer,
+                          .expert_grad_act = !infer && config_expert_grad_bf16(cfg, t->world),
+                          .fp8 = cfg->precision.fp8, .inference = infer};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
-    optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
-    t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
+    if (!infer) {
+        optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
+        t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
+    }
     const int N = t->model.N;
     t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
     t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
@@ -298,25 +302,35 @@ static int init_stages(Trainer* t, const Config* cfg, Err* e) {
     t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
     t->best_val = INFINITY;  // until a validation, or the checkpoint's record
 
-    startup_stage("start-up: checkpoint.dir check", to);
-    if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
-    startup_stage("start-up: checkpoint.dir lock", to);
-    if (trainer_own(t, e)) return -1;
+    if (infer) {  // writes nothing, owns nothing: the restore's allowance for a checkpoint with
+                  // optimizer state (verified whole)
+        t->ckpt_bytes = 12.0 * (double)params_count(&cfg->model).total;
+    } else {
+        startup_stage("start-up: checkpoint.dir check", to);
+        if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
+        startup_stage("start-up: checkpoint.dir lock", to);
+        if (trainer_own(t, e)) return -1;
+    }
     const double read_s = 4 * t->ckpt_bytes / (t->write_rate > 0 ? t->write_rate : 1e8);
     startup_stage("start-up: checkpoint restore", to > 0 && read_s > to ? read_s : to);
     if (trainer_restore(t, e)) return -1;
+    if (infer) return 0;
     startup_stage("start-up: run id, log.dir", to);
     if (trainer_own_after(t, e)) return -1;
     if (open_log_dir(t, cfg, e)) return -1;
     return 0;
 }
 
-int trainer_init(Trainer* t, const Config* cfg, Err* e) {
-    const int rc = init_stages(t, cfg, e);
+static int init_mode(Trainer* t, const Config* cfg, int infer, Err* e) {
+    const int rc = init_stages(t, cfg, infer, e);
     watchdog_timeout(0);  // not watched until trainer_run names its stages
     watchdog_stage(0, rc ? "start-up failed (agreeing on the error)" : "start-up done");
     return rc;
 }
+
+int trainer_init(Trainer* t, const Config* cfg, Err* e) { return init_mode(t, cfg, 0, e); }
+
+int trainer_init_infer(Trainer* t, const Config* cfg, Err* e) { return init_mode(t, cfg, 1, e); }
 
 void trainer_free(Trainer* t) {
     watchdog_stop();
@@ -326,8 +340,8 @@ void trainer_free(Trainer* t) {
     Err le = {{0}};
     if (logfile_close(&t->metrics, &le) && !t->log_failed)
         fprintf(stderr, "moetrain: error: %s (the metrics of the last steps may be lost)\n", le.msg);
-    optim_free(&t->opt, &t->model);
-    model_free(&t->model);
+    if (!t->infer && t->model.be) optim_free(&t->opt, &t->model);
+    if (t->model.be) model_free(&t->model);
     if (t->data) data_close(t->data);
     free(t->h_tok);
     free(t->h_tgt);

@@ -28,7 +28,8 @@ typedef struct Trainer {
     Comm* comm;
     DataSet* data;
     Model model;
-    Optim opt;
+    Optim opt;            // unused (zero) when infer
+    int infer;            // trainer_init_infer: forward only, no optimizer, weights restored only
     int world, rank;
     int n_micro;          // micro-batches per step per rank (gradient accumulation)
     int step;             // next 0-based step to run
@@ -67,6 +68,14 @@ typedef struct Trainer {
 // Sets up everything for `cfg` (already validated for this world size). Recoverable errors
 // (data, checkpoint) return -1 with a message.
 int trainer_init(Trainer* t, const Config* cfg, Err* e);
+// The set-up for `eval` and `generate`: the same backend, communicator, data and layout, but a
+// model for inference (ModelOpts.inference: no weight gradients, no backward scratch, one layer's
+// activations), no optimizer, and a restore that reads the weights alone (checkpoint.resume or
+// checkpoint.init_from, verified and checked against the model as in training; random init
+// otherwise), rounded to the compute dtype exactly as training rounds them. Takes no lock and
+// writes nothing (checkpoint.dir, log.dir unused). trainer_eval and the decoder (generate.h) run
+// on it; trainer_run and trainer_save must not.
+int trainer_init_infer(Trainer* t, const Config* cfg, Err* e);
 // Runs to train.steps; returns an exit code.
 int trainer_run(Trainer* t);
 void trainer_free(Trainer* t);

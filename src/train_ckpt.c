@@ -54,18 +54,70 @@ static void zero_grads(Model* m) {
     for (int a = 0; a < 2; a++) m->be->zero(m->be, m->grad[a], sizeof(float) * m->padded[a]);
 }
 
-// Random init by tensor name (layout-independent), staged through the fp32 gradient arenas.
+// Where restored (or initialised) fp32 values go, one tensor at a time. Training: the full fp32
+// arenas staged in the gradient buffers (zeroed first: the padding stays zero), which
+// optim_load_from_staging / optim_scatter then put in place. Inference (Trainer.infer: no
+// gradients, no optimizer): straight into the compute weights (zeroed first, for the padding),
+// through a backend fp32 scratch of at most STAGE_CHUNK elements, rounded as
+// optim_load_from_staging rounds them (optim_weights_from_f32, elementwise: the same bits).
+#define STAGE_CHUNK ((size_t)1 << 22)
+typedef struct Stager {
+    Trainer* t;
+    float* chunk;  // inference: backend [cap] fp32; NULL in training
+    size_t cap;
+    int split;     // inference: the masters' rounding (optim_split)
+} Stager;
+
+static void stager_open(Stager* s, Trainer* t) {
+    Model* m = &t->model;
+    Backend* be = m->be;
+    memset(s, 0, sizeof *s);
+    s->t = t;
+    if (!t->infer) {
+        zero_grads(m);
+        return;
+    }
+    s->cap = max_numel(m) < STAGE_CHUNK ? max_numel(m) : STAGE_CHUNK;
+    s->chunk = be->alloc(be, sizeof(float) * s->cap);
+    s->split = optim_split(t->cfg.precision.master, be);
+    for (int a = 0; a < 2; a++) be->zero(be, m->w[a], m->padded[a] * dtype_size(be->act_dtype));
+}
+
+static void stager_put(Stager* s, const ParamInfo* p, const float* host) {
+    Model* m = &s->t->model;
+    Backend* be = m->be;
+    if (!s->chunk) {
+        be->to_device(be, m->grad[p->arena] + p->offset, host, sizeof(float) * p->numel);
+        return;
+    }
+    const size_t esz = dtype_size(be->act_dtype);
+    for (size_t at = 0; at < p->numel; at += s->cap) {
+        const size_t n = p->numel - at < s->cap ? p->numel - at : s->cap;
+        be->to_device(be, s->chunk, host + at, sizeof(float) * n);
+        optim_weights_from_f32(be, s->split, (char*)m->w[p->arena] + (p->offset + at) * esz, s->chunk, n);
+    }
+}
+
+static void stager_close(Stager* s) {
+    Backend* be = s->t->model.be;
+    if (s->chunk) be->free(be, s->chunk);
+    s->chunk = NULL;
+}
+
+// Random init by tensor name (layout-independent).
 static void init_random(Trainer* t) {
     Model* m = &t->model;
     float* host = xmalloc(sizeof(float) * max_numel(m));
-    zero_grads(m);
+    Stager sg;
+    stager_open(&sg, t);
     for (int i = 0; i < m->pl.n; i++) {
         const ParamInfo* p = &m->pl.p[i];
         model_init_tensor(&m->c, p, t->cfg.train.seed, host);
-        m->be->to_device(m->be, m->grad[p->arena] + p->offset, host, sizeof(float) * p->numel);
+        stager_put(&sg, p, host);
     }
+    stager_close(&sg);
     free(host);
-    optim_load_from_staging(&t->opt, m);
+    if (!t->infer) optim_load_from_staging(&t->opt, m);
 }
 
 // ---- save -------------------------------------------------------------------------------------
@@ -408,23 +460,29 @@ static int rd_hf(const void* src, const char* name, float* dst, int ndim, const 
 
 static int stage(Trainer* t, ReadFn rd, const void* src, int which, const char* where, float* host, Err* e) {
     Model* m = &t->model;
-    zero_grads(m);  // padding stays zero
-    for (int i = 0; i < m->pl.n; i++) {
+    Stager sg;
+    stager_open(&sg, t);
+    int rc = 0;
+    for (int i = 0; i < m->pl.n && !rc; i++) {
         const ParamInfo* p = &m->pl.p[i];
         char nm[128];
         state_name(nm, sizeof nm, which, p->name);
         Err re = {{0}};
-        if (rd(src, nm, host, p->ndim, p->shape, &re)) return err_set(e, "%s: %s", where, re.msg);
+        if (rd(src, nm, host, p->ndim, p->shape, &re)) {
+            rc = err_set(e, "%s: %s", where, re.msg);
+            break;
+        }
         size_t bad = 0, first = 0;
         for (size_t j = p->numel; j-- > 0;)
             if (!isfinite(host[j])) bad++, first = j;
         if (bad)
-            return err_set(e, "%s: tensor %s holds %zu non-finite value(s) (NaN or Inf; the first at element %zu of %zu): "
-                           "the stored weights are damaged and nothing trains from them; use another checkpoint or export "
-                           "(or check how this one was written)", where, nm, bad, first, p->numel);
-        m->be->to_device(m->be, m->grad[p->arena] + p->offset, host, sizeof(float) * p->numel);
+            rc = err_set(e, "%s: tensor %s holds %zu non-finite value(s) (NaN or Inf; the first at element %zu of %zu): "
+                         "the stored weights are damaged and nothing trains from them; use another checkpoint or export "
+                         "(or check how this one was written)", where, nm, bad, first, p->numel);
+        else stager_put(&sg, p, host);
     }
-    return 0;
+    stager_close(&sg);
+    return rc;
 }
 
 static int get_i64(const char* text, const char* key, int64_t* out, int64_t def) {
@@ -520,13 +578,14 @@ static int read_saved_state(const Trainer* t, Ckpt* ck, SavedState* s, Err* e) {
 }
 
 // The weights (masters and compute copies) and, with has_opt, the Adam moments; gradients zeroed.
+// Inference: the weights alone (the moments are not read).
 static int load_tensors(Trainer* t, Ckpt* ck, int has_opt, Err* e) {
     Model* m = &t->model;
     char ckwhere[CFG_STR + 32];
     snprintf(ckwhere, sizeof ckwhere, "checkpoint %s", ckpt_dir(ck));
     float* host = xmalloc(sizeof(float) * max_numel(m));
     int rc = stage(t, rd_ckpt, ck, 0, ckwhere, host, e);
-    if (!rc) {
+    if (!rc && !t->infer) {
         optim_load_from_staging(&t->opt, m);  // masters, compute weights; zeroes m, v, grads
         for (int which = 1; which < 3 && !rc && has_opt; which++) {
             rc = stage(t, rd_ckpt, ck, which, ckwhere, host, e);
@@ -573,7 +632,7 @@ static void log_resumed(const Trainer* t, const char* dir, const SavedState* s, 
     const Config* cc = s->cc;
     log_info("checkpoint: resumed from %s: step %lld, %lld tokens, saved at world %d (ep %d), loading at world %d (ep %d) "
              "(%.2f s)\n", dir, (long long)ts->step, (long long)ts->tokens, ts->world, ts->ep, t->world, t->model.ep, secs);
-    if (!s->has_opt)
+    if (!s->has_opt && !t->infer)
         log_info("checkpoint: %s has no optimizer state (saved with checkpoint.save_optimizer=false): Adam moments "
                  "restart from zero; the run is not an exact continuation (Adam's bias correction restarts with them: "
                  "step count 1, not the saved %lld updates)\n", dir, (long long)s->updates);
@@ -636,9 +695,9 @@ static int load_hf(Trainer* t, const char* dir, Err* e) {
     free(host);
     hf_close(h);
     if (rc) return -1;
-    optim_load_from_staging(&t->opt, &t->model);
-    log_info("checkpoint: initialized from the Hugging Face directory %s (%d tensors on this rank); optimizer state fresh\n", dir,
-             t->model.pl.n);
+    if (!t->infer) optim_load_from_staging(&t->opt, &t->model);
+    log_info("checkpoint: initialized from the Hugging Face directory %s (%d tensors on this rank)%s\n", dir,
+             t->model.pl.n, t->infer ? "" : "; optimizer state fresh");
     return 0;
 }
 
