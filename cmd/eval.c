@@ -2,7 +2,8 @@
 // and bits per token of a checkpoint (a step directory, a checkpoint root or its `latest`) or a
 // Hugging Face directory (what checkpoint.init_from reads), computed exactly as the validation
 // inside training (trainer_eval over train.eval_batches micro-batches per rank of the
-// validation split of data.path).
+// validation split of data.path), on the inference set-up (trainer_init_infer: the weights
+// alone, no gradients or optimizer state; the same numbers).
 //
 // The config: --config X when given; else the resolved config stored in the checkpoint's
 // trainer_state.yaml (for a Hugging Face directory: its config.json for the model, defaults for

@@ -80,6 +80,10 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     const double ds = a == 2 ? 8192.0 * c->train.micro_batch * Hq * (nt * (nt + 1) / 2) : 0;
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
                      (ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch);
+    // inference: one layer's saved set (no h kept), the final x / norm / tokens, the fused q|k|v
+    // projection, the send buffer and its weights, the MoE per-layer scratch (no dS)
+    m->infer_act = per_layer - slack * R * kept_h * a + a * N * 2 * H + f4 * 3 * N +
+                   a * N * (Hq * D + 2 * Hkv * D + k * H) + f4 * N * k + moe_scratch;
     double chunk = (double)(int64_t)(MODEL_HEAD_CHUNK_BYTES / (size_t)(V * a));
     if (chunk < 1) chunk = 1;
     if (chunk > N) chunk = N;
@@ -164,6 +168,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     plan_fp8(c, m);
     m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_ws +
                m->cuda_context + m->lib_workspace + m->nccl;
+    m->infer_total = m->weights + m->infer_act + m->logits + m->fp8_ws + m->cuda_context + m->lib_workspace + m->nccl;
     return 0;
 }
 
@@ -235,6 +240,9 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
                      (c->parallel.zero1 && m.edp > 1 ? (double)m.expert / m.edp : (double)m.expert))));
     fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m.total) * scale, unit, gpu_gib,
             m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
+    fprintf(f, "  %-34s %9.2f %s   (weights, one layer's forward buffers at micro_batch x seq_len; no masters, "
+            "gradients or Adam state; generate adds its KV cache)\n", "inference (eval/generate)",
+            gib(m.infer_total) * scale, unit);
     if (m.kept_swiglu > 0)
         fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
                 "layer)\n", gib(m.kept_swiglu) * scale, unit, gib(m.kept_swiglu / mc->layers) * scale, unit);

@@ -31,6 +31,11 @@ typedef struct PlanMemory {
                               // (parallel.comm=mpi: none; its staging is page-locked host memory)
     int nccl_comms;           // communicators of > 1 rank (world, ep, edp)
     double total;
+    // eval and generate (trainer_init_infer, ModelOpts.inference): no masters, gradients, Adam
+    // state or backward scratch; one layer's forward buffers serve every layer
+    double infer_act;         // those buffers and the forward's scratch (MoE rows, send buffer)
+    double infer_total;       // weights + infer_act + logits chunk + FP8 workspace + the runtime's
+                              // (generate's KV cache not included: B × layers × 2·Hkv·D × (prompt + new) × a)
 } PlanMemory;
 
 // Estimates for the GPU-side memory the CUDA runtime and NCCL hold (checked on a GPU by

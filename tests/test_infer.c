@@ -99,8 +99,11 @@ static void compare(const char* what, const Config* c) {
     EXPECT((double)tr.peak_gen - (double)in.peak_gen >= train_only,
            "%s: generate peak %zu bytes (training set-up) vs %zu (inference), want a saving of at least %.0f", what,
            tr.peak_gen, in.peak_gen, train_only);
-    printf("  %s: peak bytes eval %zu -> %zu, generate %zu -> %zu (plan: masters + gradients + Adam %.0f)\n", what,
-           tr.peak_eval, in.peak_eval, tr.peak_gen, in.peak_gen, train_only);
+    // plan's inference line models what the inference set-up allocates (the CPU: no runtime rows)
+    EXPECT(in.peak_eval >= 0.9 * pm.infer_total && in.peak_eval <= 1.1 * pm.infer_total,
+           "%s: inference peak %zu bytes, plan's inference (eval/generate) %.0f", what, in.peak_eval, pm.infer_total);
+    printf("  %s: peak bytes eval %zu -> %zu, generate %zu -> %zu (plan: masters + gradients + Adam %.0f; "
+           "inference %.0f)\n", what, tr.peak_eval, in.peak_eval, tr.peak_gen, in.peak_gen, train_only, pm.infer_total);
     free(tr.logits), free(in.logits);
 }
 

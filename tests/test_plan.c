@@ -76,6 +76,12 @@ static void test_memory_l1(void) {
     PlanMemory m2;
     EXPECT(plan_memory(&c2, 8, &m2, &e) == 0, "micro_batch 2: %s", e.msg);
     EXPECT(m2.act_saved == 2 * m.act_saved && m2.weights == m.weights && m2.grad_accum == 4, "2× tokens, 2× saved");
+    // eval / generate: the weights and one layer's forward buffers (linear in the tokens), no
+    // optimizer state or gradients: 8x7B at EP 8 in well under a fifth of the training total
+    EXPECT(m.infer_total > m.weights + m.logits && m.infer_total < 20 * GiB && m.infer_total < m.total / 5,
+           "inference %.2f GiB (training %.2f)", m.infer_total / GiB, m.total / GiB);
+    EXPECT(m2.infer_act == 2 * m.infer_act && m.infer_act < m.act_saved / 16, "inference buffers: %.0f, %.0f",
+           m.infer_act, m2.infer_act);
     EXPECT(m.logits == 4096.0 * 32000 * 2 && m2.logits == 2 * m.logits, "logits chunk: all 4096 / 8192 tokens: %.0f, %.0f",
            m.logits, m2.logits);
     Config c8 = load("L1_8x7B_ep", (const char*[]){"train.micro_batch=8", "train.global_batch=64", NULL});
