@@ -671,6 +671,7 @@ static int run_save_or_stop(Trainer* t, RunState* r, int s, int32_t sig, int ear
 }
 
 int trainer_run(Trainer* t) {
+    CHECK(!t->infer, "trainer_run on the inference set-up (trainer_init_infer: no gradients, no optimizer)");
     RunState r;
     Err e = {{0}};
     run_start(t, &r);

@@ -391,6 +391,7 @@ static int save_async(Trainer* t, Err* e) {
 }
 
 int trainer_save(Trainer* t, Err* e) {
+    CHECK(!t->infer, "trainer_save on the inference set-up (trainer_init_infer: no optimizer state)");
     const CheckpointConfig* c = &t->cfg.checkpoint;
     if (trainer_lock_check(t, e)) return -1;  // still this run's directory
     return c->async ? save_async(t, e) : save_sync(t, c->dir, c->keep, "", e);

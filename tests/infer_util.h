@@ -92,7 +92,7 @@ static void compare(const char* what, const Config* c) {
                "%s: the compute weights of arena %d differ between the set-ups", what, a);
     PlanMemory pm;
     Err e = {{0}};
-    EXPECT(plan_memory(c, 1, &pm, &e) == 0, "plan: %s", e.msg);
+    EXPECT(plan_memory(c, dist_world_size(), &pm, &e) == 0, "plan: %s", e.msg);
     const double train_only = pm.master + pm.grads + pm.adam;
     const int V = c->model.vocab_size;
     EXPECT(tr.tokens > 0 && isfinite(tr.loss), "%s: eval over %lld tokens, loss %g", what, (long long)tr.tokens, tr.loss);
@@ -114,8 +114,9 @@ static void compare(const char* what, const Config* c) {
     const double model_infer = pm.infer_total - pm.cuda_context - pm.lib_workspace - pm.nccl;
     EXPECT(in.peak_eval >= 0.9 * model_infer && in.peak_eval <= 1.1 * model_infer,
            "%s: inference peak %zu bytes, plan's inference (eval/generate) %.0f", what, in.peak_eval, model_infer);
-    printf("  %s: peak bytes eval %zu -> %zu, generate %zu -> %zu (plan: masters + gradients + Adam %.0f; "
-           "inference %.0f)\n", what, tr.peak_eval, in.peak_eval, tr.peak_gen, in.peak_gen, train_only, model_infer);
+    if (util_rank() == 0)
+        printf("  %s: peak bytes eval %zu -> %zu, generate %zu -> %zu (plan: masters + gradients + Adam %.0f; "
+               "inference %.0f)\n", what, tr.peak_eval, in.peak_eval, tr.peak_gen, in.peak_gen, train_only, model_infer);
     run_free(&tr), run_free(&in);
 }
 

@@ -52,13 +52,17 @@ static void test_hf_export(void) {
     ckpt_close(ck);
 }
 
-// Random weights (generate --ckpt none) are the training set-up's too.
+// Random weights (generate --ckpt none) are the training set-up's too; and with the FP8 GEMMs
+// (precision.fp8: the inference set-up plans only the forward's workspace).
 static void test_random_init(void) {
-    Config c;
-    Err e = {{0}};
-    const char* ex[] = {"checkpoint.dir=", "checkpoint.resume=none"};
-    EXPECT(tiny_config(&c, ex, 2, &e) == 0, "config: %s", e.msg);
-    compare("random init", &c);
+    static const char* const fp8[] = {"precision.fp8=none", "precision.fp8=experts", "precision.fp8=linear"};
+    for (int k = 0; k < 3; k++) {
+        Config c;
+        Err e = {{0}};
+        const char* ex[] = {"checkpoint.dir=", "checkpoint.resume=none", fp8[k]};
+        EXPECT(tiny_config(&c, ex, 3, &e) == 0, "config: %s", e.msg);
+        compare(k ? fp8[k] : "random init", &c);
+    }
 }
 
 // Refused: a checkpoint of another model (named), and one whose weights were damaged (checksum).
