@@ -9,6 +9,7 @@
 #include "comm.h"
 #include "stop.h"
 #include "train.h"
+#include "watchdog.h"
 
 int cmd_train(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
@@ -44,6 +45,8 @@ int cmd_train(int argc, char** argv) {
     st = trainer_init(&t, &c, &e) ? 2 : 0;
     if (dist_agree_error(st, &e)) {
         if (rank == 0) cli_exit_error(NULL, &e);
+        watchdog_stop();                      // its heartbeat file goes
+        if (rank == 0) trainer_release(&t);   // and the lock, if this run took it
         dist_finalize();
         return 2;
     }

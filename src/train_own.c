@@ -191,16 +191,25 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
             snprintf(aged, sizeof aged, "not refreshed for %.0f min: its run is gone", age / 60);
             why = aged;
         }
+        char job_s[96] = "";  // ", Slurm job N" when the holder ran under Slurm
+        if (sj[0] && strcmp(sj, "-")) snprintf(job_s, sizeof job_s, ", Slurm job %.64s", sj);
+        if (!why && !strcmp(h, host))  // this host, its process alive
+            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
+                           "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for "
+                           "process %s on this host to end (or stop it), or give another checkpoint.dir",
+                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h, job_s, st[0] ? st : "?",
+                           age > 0 ? age : 0, path, p[0] ? p : "?");
         if (!why)
-            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s, Slurm job %s, since "
-                           "%s, lock refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait "
-                           "for it to end, or give another checkpoint.dir. A live run refreshes its lock every %d s; one "
-                           "from another host not refreshed for %d min is taken over by itself, and if that run is gone "
-                           "you may remove %s",
-                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", sj[0] ? sj : "?",
-                           st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S, LOCK_STALE_S / 60, path);
-        log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s, Slurm job %s, %s) replaced\n", aged[0] ? "warning: " : "",
-                 path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", sj[0] ? sj : "?", why);
+            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
+                           "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for it "
+                           "to end, or give another checkpoint.dir. A live run refreshes its lock every %d s; a lock "
+                           "%s not refreshed for %d min is taken over automatically; if you know that run is gone, "
+                           "remove %s",
+                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s,
+                           st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S,
+                           text && h[0] ? "from another host" : "that names no holder", LOCK_STALE_S / 60, path);
+        log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s%s, %s) replaced\n", aged[0] ? "warning: " : "",
+                 path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s, why);
         unlink(path);
     }
     return err_set(e, "checkpoint.dir: the lock %s keeps coming back (another run starting at the same time?)", path);

@@ -121,6 +121,11 @@ static void test_used_checkpoint_dir(void) {
            "a fresh run into a used dir is refused with the choices: rc %d, %s", rc, out);
     snprintf(p, sizeof p, "%s/step_00000002", ck);
     EXPECT(access(p, F_OK) == 0, "run A's checkpoint is untouched");
+    snprintf(p, sizeof p, "%s/.lock", ck);
+    EXPECT(access(p, F_OK) != 0, "the refused run released the lock it had taken");
+    snprintf(p, sizeof p, "%s/.heartbeat", ck);
+    EXPECT(access(p, F_OK) != 0, "and left no heartbeat files");
+    snprintf(p, sizeof p, "%s/step_00000002", ck);
     rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=3 checkpoint.dir=%s log.dir=%s checkpoint.overwrite=true",
              g_bin, ck, lg);
     EXPECT(rc == 0 && strstr(out, "removed 1 earlier checkpoint(s) and best/"), "overwrite=true (rc %d): %s", rc, out);
@@ -161,7 +166,13 @@ static void test_lock(void) {
     int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s", g_bin, ck);
     char want[128];
     snprintf(want, sizeof want, "in use by another run (run 0123456789abcdef, pid %d on host %s", (int)getppid(), host);
-    EXPECT(rc == 2 && strstr(out, want) && strstr(out, "remove "), "a live holder is named: rc %d, %s", rc, out);
+    EXPECT(rc == 2 && strstr(out, want), "a live holder is named: rc %d, %s", rc, out);
+    snprintf(want, sizeof want, "Wait for process %d on this host to end", (int)getppid());
+    EXPECT(strstr(out, want) && !strstr(out, "Slurm job -") && !strstr(out, "remove "),
+           "on this host: wait for its live process, no Slurm job when there is none, no removal advised: %s", out);
+    snprintf(p, sizeof p, "%s/.heartbeat", ck);
+    EXPECT(access(p, F_OK) != 0, "the refused run leaves no heartbeat files in the other run's directory");
+    snprintf(p, sizeof p, "%s/.lock", ck);
     pid_t gone = fork();
     if (gone == 0) _exit(0);
     waitpid(gone, NULL, 0);
