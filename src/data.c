@@ -677,6 +677,8 @@ static void human(uint64_t v, char* b, size_t n) {
     else snprintf(b, n, "%llu", (unsigned long long)v);
 }
 
+static void describe_plain(const DataSet* ds, char* buf, size_t n, int as_val);
+
 void data_describe(const DataSet* ds, char* buf, size_t n) {
     if (ds->kind == KIND_MIX) {
         size_t o = 0;
@@ -689,7 +691,7 @@ void data_describe(const DataSet* ds, char* buf, size_t n) {
         }
         if (ds->val && o + 1 < n) {
             o += (size_t)snprintf(buf + o, n - o, "; validation data: ");
-            if (o + 1 < n) data_describe(ds->val, buf + o, n - o);
+            if (o + 1 < n) describe_plain(ds->val, buf + o, n - o, 1);
         }
         return;
     }
@@ -699,6 +701,12 @@ void data_describe(const DataSet* ds, char* buf, size_t n) {
                  ds->seq_len);
         return;
     }
+    describe_plain(ds, buf, n, 0);
+}
+
+// One source (not a mix): its files, tokens and windows; as_val: data.val_path's data, all of
+// which is validation (its split 0), said so.
+static void describe_plain(const DataSet* ds, char* buf, size_t n, int as_val) {
     char fmt[64] = "";
     for (int f = DATA_FASTA; f <= DATA_BIN; f++)
         if (ds->fmt_mask & (1u << f))
@@ -719,6 +727,15 @@ void data_describe(const DataSet* ds, char* buf, size_t n) {
     }
     human(ds->st[0].ntok, t0, sizeof t0);
     human(ds->st[1].ntok, t1, sizeof t1);
+    if (as_val) {
+        recs[0] = 0;
+        if (ds->kind == KIND_BYTES && !ds->single)
+            snprintf(recs, sizeof recs, "%llu records; ", (unsigned long long)ds->corpus.nrec);
+        snprintf(buf, n, "%s%s, %s: %stokens %s; windows %llu (seq_len %d, stride %d, in order)", fmt,
+                 ds->any_gz ? " (gzip)" : "", files, recs, t0, (unsigned long long)ds->st[0].nwin, ds->seq_len,
+                 ds->seq_len);
+        return;
+    }
     snprintf(buf, n, "%s%s, %s: %stokens %s train, %s validation; windows %llu train, %llu validation "
              "(seq_len %d, stride %d, shuffle %s)", fmt, ds->any_gz ? " (gzip)" : "", files, recs, t0, t1,
              (unsigned long long)ds->st[0].nwin, (unsigned long long)ds->st[1].nwin, ds->seq_len, ds->seq_len,

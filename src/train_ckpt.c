@@ -647,6 +647,10 @@ static void log_resumed(const Trainer* t, const char* dir, const SavedState* s, 
                  "not a continuation of the saved run's data stream%s\n",
                  cc->data.path, data_format_name(cc->data.format), t->cfg.data.path, data_format_name(t->cfg.data.format),
                  cc->data.path[0] && t->cfg.data.path[0] ? "" : " (an empty path is the shipped data/hairpin.fa.gz)");
+    if (cc->precision.fp8 != t->cfg.precision.fp8)
+        log_info("checkpoint: note: saved with precision.fp8=%s; this run uses %s (the fp32 masters and Adam state "
+                 "carry over as they are; the GEMMs' rounding changes from here on)\n",
+                 fp8_mode_name(cc->precision.fp8), fp8_mode_name(t->cfg.precision.fp8));
     if (ts->seed != t->cfg.train.seed)
         log_info("checkpoint: note: saved with train.seed=%llu; this run uses %llu (the data order changes)\n",
                  (unsigned long long)ts->seed, (unsigned long long)t->cfg.train.seed);

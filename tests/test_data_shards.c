@@ -237,6 +237,11 @@ static void test_val_path(void) {
         int32_t* s = stream_of(ds, 1, T, &n);  // validation is never shuffled
         EXPECT(n == 33 && same(s, v, n), "validation = val_path's stream");
         free(s);
+        char d[1024];
+        data_describe(ds, d, sizeof d);
+        const char* vd = strstr(d, "; validation data: ");
+        EXPECT(vd && strstr(vd, "vp_val.bin: tokens 33; windows 8 (") && !strstr(vd, " train"),
+               "the validation data described as validation only: %s", d);
         // train: all of vp_train.bin, shuffled: every window once per epoch
         int seen[25] = {0}, ok = 1;
         int32_t w[5];

@@ -389,7 +389,7 @@ static void test_init_from_nan(void) {
            "the message says what is true: rc %d, %s", rc, out);
 }
 
-// resume=auto with another data.path: a warning names both.
+// resume=auto with another data.path: a warning names both; another precision.fp8: a note.
 static void test_resume_other_data(void) {
     char out[65536], ck[400], a[400], b[400];
     snprintf(ck, sizeof ck, "%s/data_ck", g_dir);
@@ -411,6 +411,13 @@ static void test_resume_other_data(void) {
     rc = run(out, sizeof out, NULL, "%s %s train.steps=4 checkpoint.dir=%s data.path=%s checkpoint.resume=auto", g_bin, cfg,
              ck, b);
     EXPECT(rc == 0 && !strstr(out, "warning: saved with data.path="), "no warning on the same data: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s %s train.steps=5 checkpoint.dir=%s data.path=%s checkpoint.resume=auto "
+             "precision.fp8=experts", g_bin, cfg, ck, b);
+    EXPECT(rc == 0 && strstr(out, "note: saved with precision.fp8=none; this run uses experts"),
+           "a note on another precision.fp8: rc %d, %s", rc, out);
+    rc = run(out, sizeof out, NULL, "%s %s train.steps=6 checkpoint.dir=%s data.path=%s checkpoint.resume=auto "
+             "precision.fp8=experts", g_bin, cfg, ck, b);
+    EXPECT(rc == 0 && !strstr(out, "saved with precision.fp8"), "none on the same: rc %d, %s", rc, out);
 }
 
 
