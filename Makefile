@@ -8,8 +8,10 @@
 #   make dev        build dev/: experiments and timings, never linked into moetrain (dev/README.md)
 #   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
+#   make bench-crc  checksum throughput on this CPU (zlib crc32 vs CRC-32C; FILES=... also times reading them)
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/{configs,data,scripts}
 #   make deps       install missing Debian/Ubuntu packages (Open MPI, libyaml, zlib, SentencePiece, matplotlib)
+#   make clean      remove build/
 
 PREFIX ?= /usr/local
 SM ?= 90a
@@ -65,7 +67,7 @@ FUZZ := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c
 all: $(BUILD)/moetrain
 
 help:
-	@sed -n '3,12p' Makefile | sed 's/^# //'
+	@sed -n '3,14p' Makefile | sed 's/^# //'
 
 # ---- dependencies ----------------------------------------------------------------------------
 deps:
