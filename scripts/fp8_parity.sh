@@ -12,13 +12,19 @@
 # skipped (non-finite) steps and whether the run finished. Exit status 0 when every run finished
 # and both FP8 runs pass. Environment: MOETRAIN (default build/moetrain).
 set -u
-cd "$(dirname "$0")/.." || exit 1
-[ $# -ge 1 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+  "" | -*) usage; exit 2 ;;
+esac
 OUTDIR=$1; shift
+# OUTDIR and MOETRAIN as the caller gave them (relative to where it runs), then the repository root
+mkdir -p -- "$OUTDIR" || exit 2
+OUTDIR=$(cd -- "$OUTDIR" && pwd) || exit 2
+[ -n "${MOETRAIN:-}" ] && MOETRAIN=$(realpath -- "$MOETRAIN")
+cd "$(dirname "$0")/.." || exit 1
 MOETRAIN=${MOETRAIN:-build/moetrain}
 [ -x "$MOETRAIN" ] || { echo "fp8_parity: $MOETRAIN not found (make, or set MOETRAIN)"; exit 2; }
-mkdir -p "$OUTDIR"
-OUTDIR=$(cd "$OUTDIR" && pwd)
 MODES="none experts linear"
 for m in $MODES; do
   rm -rf "${OUTDIR:?}/$m"
