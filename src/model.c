@@ -59,24 +59,31 @@ static void linear_dw(Model* m, float* dW, const void* dY, const void* X, int M,
     gemm_lin(m, &d, dY, X, dW, f);
 }
 
+size_t model_fp8_ws_max(Backend* be, const Fp8Call* calls, int n) {
+    size_t mx = 0;
+    for (int i = 0; i < n; i++) {
+        const Fp8Call* c = &calls[i];
+        const size_t w = be->fp8_ws_bytes(be, c->op, c->kind, c->M, c->N, c->K, c->groups);
+        if (w > mx) mx = w;
+    }
+    return mx;
+}
+
 // The largest workspace of the attention projections' FP8 GEMMs (0 unless precision.fp8=linear).
 static size_t proj_fp8_ws(const Model* m) {
     if (m->fp8 != FP8_LINEAR) return 0;
-    Backend* be = m->be;
     const int N = m->N, H = m->c.hidden, D = m->pl.head_dim;
     const int QD = m->c.heads * D, QKV = (m->c.heads + 2 * m->c.kv_heads) * D;
-    const size_t w[] = {
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, QKV, H, 1),  // qkv forward
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, H, QD, 1),   // o forward
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, QD, H, 1),   // o data gradient
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_ACT, H, QD, N, 1),      // o weight gradient
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_ACT, QKV, H, N, 1),     // qkv weight gradient
-        be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, N, H, QKV, 1),  // qkv data gradient
+    const Fp8Call w[] = {
+        {FP8_OP_GEMM, FP8_WEIGHT, N, QKV, H, 1},  // qkv forward
+        {FP8_OP_GEMM, FP8_WEIGHT, N, H, QD, 1},   // o forward
+        {FP8_OP_GEMM, FP8_WEIGHT, N, QD, H, 1},   // o data gradient
+        {FP8_OP_GEMM, FP8_ACT, H, QD, N, 1},      // o weight gradient
+        {FP8_OP_GEMM, FP8_ACT, QKV, H, N, 1},     // qkv weight gradient
+        {FP8_OP_GEMM, FP8_WEIGHT, N, H, QKV, 1},  // qkv data gradient
     };
-    size_t mx = 0;
-    const size_t n = m->inference ? 2 : sizeof w / sizeof w[0];  // inference: the forward's two
-    for (size_t i = 0; i < n; i++) mx = w[i] > mx ? w[i] : mx;
-    return mx;
+    const int n = m->inference ? 2 : (int)(sizeof w / sizeof w[0]);  // inference: the forward's two
+    return model_fp8_ws_max(m->be, w, n);
 }
 
 int model_fp8_check(const Backend* be, Fp8Mode mode, Err* e) {
@@ -91,7 +98,9 @@ void model_create(Model* m, const ModelConfig* c, int B, int T, Backend* be, Com
     model_create_opts(m, c, B, T, NULL, be, comm);
 }
 
-void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
+// Options, the communicator's ranks, the parameter layout and the weight and gradient arenas
+// (padded so that ZeRO shards split them evenly).
+static void setup(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
     memset(m, 0, sizeof *m);
     m->c = *c;
     m->keep_swiglu = o && o->keep_swiglu;
@@ -123,12 +132,15 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
         m->w[a] = act_alloc(m, m->padded[a]);
         m->grad[a] = m->inference ? NULL : f32_alloc(m, m->padded[a]);
     }
+}
 
-    const int N = m->N, H = c->hidden, E = c->experts, K = c->top_k, V = c->vocab_size;
-    const int D = m->pl.head_dim, QD = c->heads * D, KD = c->kv_heads * D;
+// What each layer's forward saves for its backward. With inference nothing is kept for a backward,
+// so layer 0's buffers serve every layer (x_in too: a layer's input is dead once x_mid holds it plus
+// the attention, when the MoE writes the output).
+static void layers_alloc(Model* m) {
+    const ModelConfig* c = &m->c;
+    const int N = m->N, H = c->hidden, D = m->pl.head_dim, QD = c->heads * D, KD = c->kv_heads * D;
     m->ls = xcalloc((size_t)c->layers, sizeof(LayerSaved));
-    // inference: nothing is kept for a backward, so layer 0's buffers serve every layer (x_in too:
-    // a layer's input is dead once x_mid holds it plus the attention, when the MoE writes the output)
     for (int l = 0; l < (m->inference ? 1 : c->layers); l++) {
         LayerSaved* s = &m->ls[l];
         s->x_in = act_alloc(m, (size_t)N * H);
@@ -139,13 +151,21 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
         s->k = act_at(m, s->q, (size_t)N * QD);
         s->v = act_at(m, s->k, (size_t)N * KD);
         s->att = act_alloc(m, (size_t)N * QD);
-        s->lse = f32_alloc(m, (size_t)B * c->heads * T);
+        s->lse = f32_alloc(m, (size_t)m->B * c->heads * m->T);
         s->x_mid = act_alloc(m, (size_t)N * H);
         s->ln2 = act_alloc(m, (size_t)N * H);
         s->rstd2 = f32_alloc(m, N);
         moe_saved_alloc(m, &s->moe);
     }
     for (int l = 1; m->inference && l < c->layers; l++) m->ls[l] = m->ls[0];
+}
+
+// The final norm, the batch's tokens, the router statistics and the scratch shared by all layers.
+static void buffers_alloc(Model* m) {
+    Backend* be = m->be;
+    const ModelConfig* c = &m->c;
+    const int N = m->N, H = c->hidden, E = c->experts, K = c->top_k;
+    const int D = m->pl.head_dim, QD = c->heads * D, KD = c->kv_heads * D;
     m->x_final = act_alloc(m, (size_t)N * H);
     m->lnf = act_alloc(m, (size_t)N * H);
     m->rstdf = f32_alloc(m, N);
@@ -173,6 +193,7 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_xp = act_alloc(m, (size_t)N * K * H);
     m->s_wp = f32_alloc(m, (size_t)N * K);
     // lm_head logits in chunks of tokens: at most MODEL_HEAD_CHUNK_BYTES of logits at a time.
+    const int V = c->vocab_size;
     size_t per_tok = (size_t)V * dtype_size(be->act_dtype);
     size_t chunk = MODEL_HEAD_CHUNK_BYTES / per_tok;
     if (chunk < 1) chunk = 1;
@@ -181,6 +202,12 @@ void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const Model
     m->s_logits = act_alloc(m, chunk * (size_t)V);
     m->counts = be->alloc(be, sizeof(int32_t) * (size_t)E);
     m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
+}
+
+void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
+    setup(m, c, B, T, o, be, comm);
+    layers_alloc(m);
+    buffers_alloc(m);
     moe_plan_bumps(m, proj_fp8_ws(m));
 }
 

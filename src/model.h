@@ -168,6 +168,10 @@ void model_free(Model* m);
 // 0 when backend be can run precision.fp8 = mode (every backend with fp8_ws_bytes; none needs
 // nothing), else -1 with the reason in e.
 int model_fp8_check(const Backend* be, Fp8Mode mode, Err* e);
+// One FP8 GEMM as Backend.fp8_ws_bytes is asked about it, and the largest workspace of n of them
+// (one workspace serves a pass's GEMMs in turn; 0 with n = 0).
+typedef struct Fp8Call { Fp8Op op; Fp8Gemm kind; int M, N, K, groups; } Fp8Call;
+size_t model_fp8_ws_max(Backend* be, const Fp8Call* calls, int n);
 
 // Deterministic init by tensor name and seed (independent of the layout): HF's normal(0,
 // init_std) for linear and embedding weights, 1 for norm weights. Writes fp32 values through

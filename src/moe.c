@@ -53,22 +53,18 @@ void moe_saved_free(Model* m, MoeSaved* s) {
 // FP8_ACT; both data gradients, FP8_WEIGHT). One workspace serves every GEMM of a pass.
 static size_t expert_fp8_ws(const Model* m, int R, int fwd) {
     if (m->fp8 == FP8_NONE) return 0;
-    Backend* be = m->be;
     const int H = m->c.hidden, F = m->c.ffn, G = m->e_local;
-    size_t w[4];
-    if (fwd) {
-        w[0] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, 2 * F, H, G);  // w13 forward
-        w[1] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, G);      // w2 forward
-        w[2] = w[3] = 0;
-    } else {
-        w[0] = be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, H, F, G);           // w2 weight gradient
-        w[1] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, F, H, G);      // w2 data gradient
-        w[2] = be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, 2 * F, H, G);       // w13 weight gradient
-        w[3] = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, 2 * F, G);  // w13 data gradient
-    }
-    size_t mx = 0;
-    for (int i = 0; i < 4; i++) mx = w[i] > mx ? w[i] : mx;
-    return mx;
+    const Fp8Call f[] = {
+        {FP8_OP_GROUPED, FP8_WEIGHT, R, 2 * F, H, G},  // w13 forward
+        {FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, G},      // w2 forward
+    };
+    const Fp8Call b[] = {
+        {FP8_OP_WGRAD, FP8_ACT, R, H, F, G},           // w2 weight gradient
+        {FP8_OP_GROUPED, FP8_WEIGHT, R, F, H, G},      // w2 data gradient
+        {FP8_OP_WGRAD, FP8_ACT, R, 2 * F, H, G},       // w13 weight gradient
+        {FP8_OP_GROUPED, FP8_WEIGHT, R, H, 2 * F, G},  // w13 data gradient
+    };
+    return fwd ? model_fp8_ws_max(m->be, f, 2) : model_fp8_ws_max(m->be, b, 4);
 }
 
 void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
@@ -161,6 +157,18 @@ static void exchange(Model* m, const MoeSaved* s, const void* send, void* recv, 
     m->comm->all_to_all_v(m->comm, GROUP_EP, send, sc, sd, recv, rc, rd);
 }
 
+// Received rows to expert-major order: exchange (send_rows out, recv_rows in) into scratch, then
+// reorder its (source, expert) blocks into dst. Rows are w bytes wide.
+static void rows_in(Model* m, const MoeSaved* s, void* dst, const void* send, void* scratch, size_t w) {
+    exchange(m, s, send, scratch, w, 1);
+    reorder_blocks(m, s, dst, scratch, w, 1);
+}
+// The reverse of rows_in: reorder src back to (source, expert) blocks in scratch, then send them home.
+static void rows_out(Model* m, const MoeSaved* s, void* recv, const void* src, void* scratch, size_t w) {
+    reorder_blocks(m, s, scratch, src, w, 0);
+    exchange(m, s, scratch, recv, w, 0);
+}
+
 // ws, ws_bytes: the FP8 workspace of this pass (NULL, 0 with precision.fp8=none)
 static void grouped(Model* m, const int* off, void* C, const void* A, const void* B, int N, int K, int trans_b,
                     size_t b_stride, void* ws, size_t ws_bytes) {
@@ -176,32 +184,33 @@ static void* fp8_ws(Model* m, int R, int fwd, size_t* bytes) {
     return *bytes ? bump_alloc(&m->tmp, *bytes) : NULL;
 }
 
-void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
-    Backend* be = m->be;
-    const ModelConfig* c = &m->c;
-    MoeSaved* s = &m->ls[l].moe;
-    const LayerOffsets* o = &m->pl.layer[l];
-    const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
-    const int El = m->e_local, P = m->ep, xchg = P > 1 || m->force_exchange;
-    CHECK(P <= 64 && El <= 64, "at most 64 EP ranks and 64 local experts are supported");
-    bump_reset(&m->tmp);
-    if (m->inference) bump_reset(&m->bump);  // nothing is kept for a backward: one layer's rows
+// ---- forward ---------------------------------------------------------------------------------
 
-    // router
+// Router: logits = x · gateᵀ, probabilities, top-k, then the per-expert counts of this rank's
+// rows to the host (the one sync of the layer).
+static void route(Model* m, int l, const void* x) {
+    Backend* be = m->be;
+    MoeSaved* s = &m->ls[l].moe;
+    const int N = m->N, H = m->c.hidden, E = m->c.experts, K = m->c.top_k;
     GemmDesc gd = {.M = N, .N = E, .K = H, .trans_b = 1, .alpha = 1, .c_f32 = 1};
-    be->gemm(be, &gd, x, at(m, m->w[0], o->gate), s->logits);
+    be->gemm(be, &gd, x, at(m, m->w[0], m->pl.layer[l].gate), s->logits);
     prof_mark("fwd.router_gemm");
     be->router_fwd(be, s->probs, s->topk, s->topk_w, m->stats, m->zsum, s->logits, N, E, K);
     be->moe_index(be, m->counts, s->dest, s->topk, N, K, E);
     be->to_host(be, m->h_counts, m->counts, sizeof(int32_t) * (size_t)E);  // the sync
     for (int e = 0; e < E; e++) s->load[e] = m->h_counts[e];
     prof_mark("fwd.route_sync");
+}
 
-    // exchange counts: rank r sends to rank j the counts of j's experts
+// Counts exchange: rank r sends to rank j the counts of j's experts; from them the rows sent to
+// and received from every rank, and R, the rows this rank's experts take. Then the layer's saved
+// buffers for R rows.
+static void exchange_counts(Model* m, MoeSaved* s) {
+    const int H = m->c.hidden, F = m->c.ffn, El = m->e_local, P = m->ep;
     if (P > 1) {
         m->comm->host_all_to_all_i32(m->comm, GROUP_EP, m->h_counts, s->recv_blk, El);
     } else {
-        memcpy(s->recv_blk, m->h_counts, sizeof(int) * (size_t)E);
+        memcpy(s->recv_blk, m->h_counts, sizeof(int) * (size_t)m->c.experts);
     }
     s->R = 0;
     for (int r = 0; r < P; r++) {
@@ -217,7 +226,13 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
     s->h = m->keep_h ? bump_alloc(&m->bump, (size_t)R * F * esz(m)) : NULL;  // train.keep_swiglu
     prof_mark("fwd.exchange_counts");
+}
 
+// Dispatch: this rank's (n, slot) rows of x and their routing weights to the experts' ranks,
+// expert-major, into the saved xe and scale_e.
+static void dispatch(Model* m, MoeSaved* s, const void* x, int xchg) {
+    Backend* be = m->be;
+    const int N = m->N, H = m->c.hidden, K = m->c.top_k, R = s->R;
     if (!xchg) {
         be->permute_fwd(be, s->xe, x, s->dest, N, K, H);
         be->gather_rows_f32(be, s->scale_e, s->topk_w, s->dest, N * K);
@@ -226,75 +241,93 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
         be->gather_rows_f32(be, m->s_wp, s->topk_w, s->dest, N * K);
         void* xr = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
         float* wr = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
-        exchange(m, s, m->s_xp, xr, (size_t)H * esz(m), 1);
-        exchange(m, s, m->s_wp, wr, sizeof(float), 1);
-        reorder_blocks(m, s, s->xe, xr, (size_t)H * esz(m), 1);
-        reorder_blocks(m, s, s->scale_e, wr, sizeof(float), 1);
+        rows_in(m, s, s->xe, m->s_xp, xr, (size_t)H * esz(m));
+        rows_in(m, s, s->scale_e, m->s_wp, wr, sizeof(float));
     }
     prof_mark("fwd.dispatch");
+}
 
-    // experts
-    int off[65];
-    expert_offsets(m, s, off);
+// Experts: gu = xe·w13ᵀ, h = silu(gate)·up·scale, y = h·w2ᵀ for the R received rows. Returns y
+// (per-layer scratch).
+static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
+    Backend* be = m->be;
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int H = m->c.hidden, F = m->c.ffn, R = s->R;
     void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     size_t wsb;
     void* ws = fp8_ws(m, R, 1, &wsb);
-    {  // gu = xe·w13ᵀ and h = silu(gate)·up·scale in one op (one kernel where the backend fuses them)
-        GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
-                      .ws = ws, .ws_bytes = wsb};
-        GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
-        be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
-    }
+    // gu and h in one op (one kernel where the backend fuses them)
+    GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
+                  .ws = ws, .ws_bytes = wsb};
+    GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
+    be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
     prof_mark("fwd.w13_swiglu");
     grouped(m, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F, ws, wsb);
     prof_mark("fwd.w2");
+    return y;
+}
 
-    // combine
+// Combine: the experts' rows y back to their ranks, out[n] = res[n] + Σ_slot y[(n, slot)].
+static void combine(Model* m, const MoeSaved* s, const void* y, const void* res, void* out, int xchg) {
+    const int N = m->N, H = m->c.hidden, K = m->c.top_k;
     if (!xchg) {
-        be->unpermute_fwd(be, out, y, s->dest, N, K, H, res);
+        m->be->unpermute_fwd(m->be, out, y, s->dest, N, K, H, res);
     } else {
-        void* ys = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-        reorder_blocks(m, s, ys, y, (size_t)H * esz(m), 0);
-        exchange(m, s, ys, m->s_xp, (size_t)H * esz(m), 0);
-        be->unpermute_fwd(be, out, m->s_xp, s->dest, N, K, H, res);
+        void* ys = bump_alloc(&m->tmp, (size_t)s->R * H * esz(m));
+        rows_out(m, s, m->s_xp, y, ys, (size_t)H * esz(m));
+        m->be->unpermute_fwd(m->be, out, m->s_xp, s->dest, N, K, H, res);
     }
     prof_mark("fwd.combine");
 }
 
-void moe_backward(Model* m, int l, const void* dout, void* dx) {
-    Backend* be = m->be;
-    const ModelConfig* c = &m->c;
+void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     MoeSaved* s = &m->ls[l].moe;
-    const LayerOffsets* o = &m->pl.layer[l];
-    const int N = m->N, H = c->hidden, F = c->ffn, E = c->experts, K = c->top_k;
-    const int xchg = m->ep > 1 || m->force_exchange, R = s->R;
+    const int xchg = m->ep > 1 || m->force_exchange;
+    CHECK(m->ep <= 64 && m->e_local <= 64, "at most 64 EP ranks and 64 local experts are supported");
     bump_reset(&m->tmp);
+    if (m->inference) bump_reset(&m->bump);  // nothing is kept for a backward: one layer's rows
+    route(m, l, x);
+    exchange_counts(m, s);
+    dispatch(m, s, x, xchg);
     int off[65];
     expert_offsets(m, s, off);
+    const void* y = experts_fwd(m, l, s, off);
+    combine(m, s, y, res, out, xchg);
+}
 
-    // dL/dy for the received rows, expert-major
-    void* dye;
-    be->unpermute_bwd(be, m->s_xp, dout, s->dest, N, K, H);
-    if (!xchg) {
-        dye = m->s_xp;
-    } else {
+// ---- backward --------------------------------------------------------------------------------
+
+// dL/dy for the received rows, expert-major (the reverse of combine).
+static void* dy_to_experts(Model* m, const MoeSaved* s, const void* dout, int xchg) {
+    const int N = m->N, H = m->c.hidden, K = m->c.top_k, R = s->R;
+    m->be->unpermute_bwd(m->be, m->s_xp, dout, s->dest, N, K, H);
+    void* dye = m->s_xp;
+    if (xchg) {
         void* dyr = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
         dye = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-        exchange(m, s, m->s_xp, dyr, (size_t)H * esz(m), 1);
-        reorder_blocks(m, s, dye, dyr, (size_t)H * esz(m), 1);
+        rows_in(m, s, dye, m->s_xp, dyr, (size_t)H * esz(m));
     }
     prof_mark("bwd.dispatch");
+    return dye;
+}
 
-    // experts: h (saved by the forward with train.keep_swiglu, else recomputed), then w2, swiglu,
-    // w13 backward. Memory: dh overwrites h once w2's weight gradient has read it (the saved h
-    // too: it is dead after that), and d(gate|up) overwrites the saved gu in place (swiglu_bwd
-    // allows it; gu is dead after this layer's backward).
+// Experts backward: h (saved by the forward with train.keep_swiglu, else recomputed), then w2,
+// swiglu, w13 backward, into the weight gradients and *dxe, *dsc: the gradients of the received
+// rows and of their routing weights. Memory: dh overwrites h once w2's weight gradient has read
+// it (the saved h too: it is dead after that), and d(gate|up) overwrites the saved gu in place
+// (swiglu_bwd allows it; gu is dead after this layer's backward).
+static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, const void* dye, void** dxe,
+                        float** dsc) {
+    Backend* be = m->be;
+    const LayerOffsets* o = &m->pl.layer[l];
+    const int H = m->c.hidden, F = m->c.ffn, R = s->R;
+    const float beta = m->fresh ? 0.f : 1.f;
     void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* dh = h;
     void* dgu = s->gu;
-    float* dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
-    void* dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
+    *dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
+    *dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     size_t wsb;
     void* ws = fp8_ws(m, R, 0, &wsb);
     GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT],
@@ -304,45 +337,68 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
         prof_mark("bwd.swiglu_recompute");
     }
     g.b_stride = (size_t)H * F;
-    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), m->fresh ? 0.f : 1.f);
+    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), beta);
     prof_mark("bwd.w2_wgrad");
     grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb);
     prof_mark("bwd.w2_dgrad");
-    be->swiglu_bwd(be, dgu, dsc, dh, s->gu, s->scale_e, R, F);
+    be->swiglu_bwd(be, dgu, *dsc, dh, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
-    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, grad_at(m, ARENA_EXPERT, o->w13), m->fresh ? 0.f : 1.f);
+    be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, grad_at(m, ARENA_EXPERT, o->w13), beta);
     prof_mark("bwd.w13_wgrad");
-    grouped(m, off, dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H, ws, wsb);
+    grouped(m, off, *dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H, ws, wsb);
     prof_mark("bwd.w13_dgrad");
+}
 
-    // back to this rank's (n, slot) rows
+// Back to this rank's (n, slot) rows (the reverse of dispatch): dx = Σ_slot dxe, and the routing
+// weights' gradients into m->s_dw.
+static void dx_to_tokens(Model* m, const MoeSaved* s, const void* dxe, const float* dsc, void* dx, int xchg) {
+    const int N = m->N, H = m->c.hidden, K = m->c.top_k, R = s->R;
     const void* dxp = dxe;
     const float* dwp = dsc;
     if (xchg) {
         void* bx = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
         float* bw = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
-        reorder_blocks(m, s, bx, dxe, (size_t)H * esz(m), 0);
-        reorder_blocks(m, s, bw, dsc, sizeof(float), 0);
-        exchange(m, s, bx, m->s_xp, (size_t)H * esz(m), 0);
-        exchange(m, s, bw, m->s_wp, sizeof(float), 0);
+        rows_out(m, s, m->s_xp, dxe, bx, (size_t)H * esz(m));
+        rows_out(m, s, m->s_wp, dsc, bw, sizeof(float));
         dxp = m->s_xp;
         dwp = m->s_wp;
     }
-    be->permute_bwd(be, dx, dxp, s->dest, N, K, H);
-    be->scatter_rows_f32(be, m->s_dw, dwp, s->dest, N * K);
+    m->be->permute_bwd(m->be, dx, dxp, s->dest, N, K, H);
+    m->be->scatter_rows_f32(m->be, m->s_dw, dwp, s->dest, N * K);
     prof_mark("bwd.combine");
+}
 
-    // router
+// Router backward: logits' gradient (top-k weights, aux and z losses), then the gate's weight
+// gradient and its data gradient added into dx.
+static void router_bwd(Model* m, int l, void* dx) {
+    Backend* be = m->be;
+    const MoeSaved* s = &m->ls[l].moe;
+    const size_t gate = m->pl.layer[l].gate;
+    const int N = m->N, H = m->c.hidden, E = m->c.experts, K = m->c.top_k;
     be->router_bwd(be, m->s_dlog, m->s_dw, m->aux_dprob, m->z_grad, s->probs, s->topk, s->topk_w,
                    s->logits, N, E, K);
     be->f32_to_act(be, m->s_dlog_act, m->s_dlog, (size_t)N * E);
     prof_mark("bwd.router");
     GemmDesc dw = {.M = E, .N = H, .K = N, .trans_a = 1, .alpha = 1, .beta = m->fresh ? 0.f : 1.f, .c_f32 = 1};
-    be->gemm(be, &dw, m->s_dlog_act, m->ls[l].ln2, m->grad[0] + o->gate);
+    be->gemm(be, &dw, m->s_dlog_act, m->ls[l].ln2, m->grad[0] + gate);
     GemmDesc dxd = {.M = N, .N = H, .K = E, .alpha = 1, .beta = 1};
-    be->gemm(be, &dxd, m->s_dlog_act, at(m, m->w[0], o->gate), dx);
+    be->gemm(be, &dxd, m->s_dlog_act, at(m, m->w[0], gate), dx);
     prof_mark("bwd.router_gemm");
+}
+
+void moe_backward(Model* m, int l, const void* dout, void* dx) {
+    const MoeSaved* s = &m->ls[l].moe;
+    const int xchg = m->ep > 1 || m->force_exchange;
+    bump_reset(&m->tmp);
+    int off[65];
+    expert_offsets(m, s, off);
+    const void* dye = dy_to_experts(m, s, dout, xchg);
+    void* dxe;
+    float* dsc;
+    experts_bwd(m, l, s, off, dye, &dxe, &dsc);
+    dx_to_tokens(m, s, dxe, dsc, dx, xchg);
+    router_bwd(m, l, dx);
 }
 
 // The row exchange of moe_forward / moe_backward on its own, for tests (moe.h). The same static
@@ -352,8 +408,7 @@ void moe_dispatch_rows(Model* m, const MoeSaved* s, void* dst, const void* send,
         if (s->R) m->be->copy(m->be, dst, send, (size_t)s->R * w);
         return;
     }
-    exchange(m, s, send, scratch, w, 1);
-    reorder_blocks(m, s, dst, scratch, w, 1);
+    rows_in(m, s, dst, send, scratch, w);
 }
 
 void moe_combine_rows(Model* m, const MoeSaved* s, void* recv, const void* src, void* scratch, size_t w) {
@@ -361,6 +416,5 @@ void moe_combine_rows(Model* m, const MoeSaved* s, void* recv, const void* src, 
         if (s->R) m->be->copy(m->be, recv, src, (size_t)s->R * w);
         return;
     }
-    reorder_blocks(m, s, scratch, src, w, 0);
-    exchange(m, s, scratch, recv, w, 0);
+    rows_out(m, s, recv, src, scratch, w);
 }
