@@ -88,6 +88,14 @@ static inline unsigned grid_for(const CudaImpl* c, size_t n, int threads) {
     return b ? (unsigned)b : 1u;
 }
 
+// The largest power of two ≤ 16 that divides address p (the alignment cuBLASLt is told of).
+static inline int ptr_align16(const void* p) {
+    const uintptr_t a = (uintptr_t)p;
+    int al = 16;
+    while (al > 1 && (a % al)) al >>= 1;
+    return al;
+}
+
 // ---- dtype helpers (device) ------------------------------------------------------------------
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }

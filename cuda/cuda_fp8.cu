@@ -320,6 +320,13 @@ static void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uin
     LAUNCH_CK(CI(be));
 }
 
+// quant_cols with the column-wise output alone (no row-wise codes).
+static void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* qt, size_t ldk, SMap stm) {
+    SMap none;
+    memset(&none, 0, sizeof none);
+    quant_cols(be, x, n, C, ldx, qt, ldk, stm, NULL, 0, none);
+}
+
 static void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq,
                          float* s, int lds) {
     if (R == 0 || C == 0) return;
@@ -527,13 +534,6 @@ static Fp8Plan* plan_get(CudaImpl* c, const Fp8Key* k) {
     FATAL("cuda fp8: plan cache full");
 }
 
-static int ptr_align16(const void* p) {
-    const uintptr_t a = (uintptr_t)p;
-    int al = 16;
-    while (al > 1 && (a % al)) al >>= 1;
-    return al;
-}
-
 // rows (n) of a plan: the expert GEMMs' rows change every step, so plans are keyed at n rounded up
 // to a multiple of 256 (above 1,024: to 1/32 of the power of two below), the exact n set per call
 static int round_rows(int n) {
@@ -731,9 +731,7 @@ static SMap quant_b(Backend* be, Fp8Gemm fp8, const void* B, int N, int K, int t
     if (trans_b) {
         quant_rows(be, B, N, K, ldb, b->qb, ldq, m);
     } else {
-        SMap none;
-        memset(&none, 0, sizeof none);
-        quant_cols(be, B, K, N, ldb, b->qb, ldq, m, NULL, 0, none);
+        quant_cols_t(be, B, K, N, ldb, b->qb, ldq, m);
     }
     return m;
 }
@@ -746,9 +744,7 @@ static SMap quant_a(Backend* be, const void* A, int M, int K, int trans_a, int l
     if (!trans_a) {
         quant_rows(be, A, M, K, lda, b->qa, ldq, m);
     } else {
-        SMap none;
-        memset(&none, 0, sizeof none);
-        quant_cols(be, A, K, M, lda, b->qa, ldq, m, NULL, 0, none);
+        quant_cols_t(be, A, K, M, lda, b->qa, ldq, m);
     }
     return m;
 }
@@ -850,10 +846,8 @@ static void wgrad_chunk(Backend* be, const void* dY, const void* X, int N, int K
     const int split = plan_split(be, nr, K, c_f32, beta, &b, &ms, &chunk);
     const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, nr, Kt);
     const SMap sbm = smap_vec(b.sb, b.sb, K, K, K, Kt);
-    SMap none;
-    memset(&none, 0, sizeof none);
-    quant_cols(be, (const char*)dY + ((size_t)k0 * N + n0) * ea, kr, nr, N, b.qa, ldk, sam, NULL, 0, none);
-    quant_cols(be, (const char*)X + (size_t)k0 * K * ea, kr, K, K, b.qb, ldk, sbm, NULL, 0, none);
+    quant_cols_t(be, (const char*)dY + ((size_t)k0 * N + n0) * ea, kr, nr, N, b.qa, ldk, sam);
+    quant_cols_t(be, (const char*)X + (size_t)k0 * K * ea, kr, K, K, b.qb, ldk, sbm);
     fp8_product(be, nr, K, kr, ldk, &b, sam, sbm, 0, 1.f, beta, C, C, ldc, c_f32, split, 1);
 }
 

@@ -98,13 +98,6 @@ static uint64_t key_hash(const GemmKey* k) {
     return h;
 }
 
-static int ptr_align(const void* p) {
-    const uintptr_t a = (uintptr_t)p;
-    int al = 16;
-    while (al > 1 && (a % al)) al >>= 1;
-    return al;
-}
-
 static int round_pow2(int x) {
     int r = 1;
     while (r < x) r <<= 1;
@@ -277,10 +270,10 @@ static void gemm_run(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, 
         cuda_scale_matrix(be, C, d->c_f32, M, N, ldc, d->beta);
         return;
     }
-    int al = ptr_align(A), t;
-    if ((t = ptr_align(B)) < al) al = t;
-    if ((t = ptr_align(C)) < al) al = t;
-    if ((t = ptr_align(Cin)) < al) al = t;
+    int al = ptr_align16(A), t;
+    if ((t = ptr_align16(B)) < al) al = t;
+    if ((t = ptr_align16(C)) < al) al = t;
+    if ((t = ptr_align16(Cin)) < al) al = t;
     GemmKey k = key_of(be, d, lda, ldb, ldc, al, dyn);
     GemmPlan* p = plan_get(c, &k);
     if (p->cur_M != M || p->cur_K != K) set_dims(p, M, K);

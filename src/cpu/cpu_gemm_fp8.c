@@ -57,6 +57,25 @@ static Carve ws_take(Backend* be, const char* op, Fp8Op kind, Fp8Gemm fp8, int M
     return (Carve){.p = ws, .left = ws_bytes};
 }
 
+// The pieces of ws for C = op(A) · op(B) in FP8 (FP8_OP_GEMM / FP8_OP_GROUPED in cpu_fp8_ws_bytes):
+// codes and scales of op(A) [M, K] (1×128 tiles, tk along K) and of op(B)ᵀ [N, K] (128×128 blocks
+// when blk, FP8_WEIGHT; else 1×128 tiles), and the fp32 product r [M, N].
+typedef struct Tn {
+    uint8_t *qa, *qb;
+    float *sa, *sb, *r;
+    size_t tk;
+    int blk;
+} Tn;
+static Tn tn_carve(Carve* w, Fp8Gemm fp8, int M, int N, int K) {
+    Tn t = {.blk = fp8 == FP8_WEIGHT, .tk = fp8_tiles((size_t)K)};
+    t.qa = carve(w, (size_t)M * K);
+    t.sa = carve(w, sizeof(float) * M * t.tk);
+    t.qb = carve(w, (size_t)N * K);
+    t.sb = carve(w, sizeof(float) * (t.blk ? fp8_tiles((size_t)N) : (size_t)N) * t.tk);
+    t.r = carve(w, sizeof(float) * (size_t)M * N);
+    return t;
+}
+
 // qb, sb = op(B)ᵀ [N, K] quantised along K; B is [N, K] (trans_b) or [K, N], row stride ldb.
 static void quant_b(const float* B, int ldb, int trans_b, int N, int K, Fp8Gemm fp8, uint8_t* qb, float* sb) {
     if (fp8 == FP8_WEIGHT) {
@@ -96,18 +115,12 @@ void cpu_gemm_fp8(Backend* be, const GemmDesc* d, const void* A_, const void* B_
     const int M = d->M, N = d->N, K = d->K;
     Carve w = ws_take(be, "gemm", FP8_OP_GEMM, d->fp8, M, N, K, 1, d->ws, d->ws_bytes);
     if (M == 0 || N == 0) return;
-    const int blk = d->fp8 == FP8_WEIGHT;
-    const size_t tk = fp8_tiles((size_t)K);
-    uint8_t* qa = carve(&w, (size_t)M * K);
-    float* sa = carve(&w, sizeof(float) * M * tk);
-    uint8_t* qb = carve(&w, (size_t)N * K);
-    float* sb = carve(&w, sizeof(float) * (blk ? fp8_tiles((size_t)N) : (size_t)N) * tk);
-    float* r = carve(&w, sizeof(float) * (size_t)M * N);
-    if (d->trans_a) fp8_quant_1x128(A, K, M, (size_t)lda, NULL, NULL, qa, sa);  // A [K, M]: its column-wise tiles
-    else fp8_quant_1x128(A, M, K, (size_t)lda, qa, sa, NULL, NULL);
-    quant_b(B, ldb, d->trans_b, N, K, d->fp8, qb, sb);
-    fp8_gemm_tn(M, N, K, qa, sa, qb, sb, blk, r, (size_t)N, 0);
-    combine(C, ldc, r, M, N, d->alpha, d->beta, d->c_in ? (const float*)d->c_in : C);
+    const Tn t = tn_carve(&w, d->fp8, M, N, K);
+    if (d->trans_a) fp8_quant_1x128(A, K, M, (size_t)lda, NULL, NULL, t.qa, t.sa);  // A [K, M]: its column-wise tiles
+    else fp8_quant_1x128(A, M, K, (size_t)lda, t.qa, t.sa, NULL, NULL);
+    quant_b(B, ldb, d->trans_b, N, K, d->fp8, t.qb, t.sb);
+    fp8_gemm_tn(M, N, K, t.qa, t.sa, t.qb, t.sb, t.blk, t.r, (size_t)N, 0);
+    combine(C, ldc, t.r, M, N, d->alpha, d->beta, d->c_in ? (const float*)d->c_in : C);
 }
 
 void cpu_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A_, const void* B_,
@@ -123,22 +136,16 @@ void cpu_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, co
     gemm_desc_check(&x, &lda, &ldb, &ldc);
     Carve w = ws_take(be, "gemm_grouped", FP8_OP_GROUPED, d->fp8, M, N, K, g->groups, d->ws, d->ws_bytes);
     if (M == 0 || N == 0) return;
-    const int blk = d->fp8 == FP8_WEIGHT;
-    const size_t tk = fp8_tiles((size_t)K);
-    uint8_t* qa = carve(&w, (size_t)M * K);
-    float* sa = carve(&w, sizeof(float) * M * tk);
-    uint8_t* qb = carve(&w, (size_t)N * K);
-    float* sb = carve(&w, sizeof(float) * (blk ? fp8_tiles((size_t)N) : (size_t)N) * tk);
-    float* r = carve(&w, sizeof(float) * (size_t)M * N);
+    const Tn t = tn_carve(&w, d->fp8, M, N, K);
     // A's rows of every group at once: a 1×128 tile along K lies within one row, hence one group
-    fp8_quant_1x128(A, M, K, (size_t)lda, qa, sa, NULL, NULL);
+    fp8_quant_1x128(A, M, K, (size_t)lda, t.qa, t.sa, NULL, NULL);
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         if (rows == 0) continue;
-        quant_b(B + (size_t)i * g->b_stride, ldb, d->trans_b, N, K, d->fp8, qb, sb);
-        fp8_gemm_tn(rows, N, K, qa + (size_t)r0 * K, sa + (size_t)r0 * tk, qb, sb, blk, r + (size_t)r0 * N,
-                    (size_t)N, 0);
-        combine(C + (size_t)r0 * ldc, ldc, r + (size_t)r0 * N, rows, N, d->alpha, d->beta, C + (size_t)r0 * ldc);
+        quant_b(B + (size_t)i * g->b_stride, ldb, d->trans_b, N, K, d->fp8, t.qb, t.sb);
+        fp8_gemm_tn(rows, N, K, t.qa + (size_t)r0 * K, t.sa + (size_t)r0 * t.tk, t.qb, t.sb, t.blk,
+                    t.r + (size_t)r0 * N, (size_t)N, 0);
+        combine(C + (size_t)r0 * ldc, ldc, t.r + (size_t)r0 * N, rows, N, d->alpha, d->beta, C + (size_t)r0 * ldc);
     }
 }
 
