@@ -247,15 +247,7 @@ static int open_log_dir(Trainer* t, const Config* cfg, Err* e) {
 
 // A job-wide token for the watchdog's heartbeat files (watchdog.h): rank 0's, on every rank.
 static void job_token(Trainer* t, char token[17]) {
-    if (t->rank == 0 && !token[0]) {
-        uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
-        FILE* ur = fopen("/dev/urandom", "rb");
-        if (ur) {
-            if (fread(&r, sizeof r, 1, ur) != 1) r ^= 0x9E3779B97F4A7C15ull;
-            fclose(ur);
-        }
-        snprintf(token, 17, "%016llx", (unsigned long long)r);
-    }
+    if (t->rank == 0 && !token[0]) random_id(token, 17);
     t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
 }
 

@@ -33,16 +33,6 @@
 #include "stop.h"
 #include "train.h"
 
-static void new_run_id(char* out, size_t n) {
-    uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
-    FILE* f = fopen("/dev/urandom", "rb");
-    if (f) {
-        if (fread(&r, sizeof r, 1, f) != 1) r ^= 0x9E3779B97F4A7C15ull;
-        fclose(f);
-    }
-    snprintf(out, n, "%016llx", (unsigned long long)r);
-}
-
 static void field(const char* text, const char* key, char* out, size_t n) {
     out[0] = 0;
     size_t k = strlen(key);
@@ -53,6 +43,20 @@ static void field(const char* text, const char* key, char* out, size_t n) {
             snprintf(out, n, "%.*s", (int)(m < n ? m : n - 1), v);
             return;
         }
+}
+
+// The fields of a lock's text ("" where absent, every one with text NULL).
+typedef struct LockOwner {
+    char host[256], pid[32], run[64], slurm_job[64], started[64];
+} LockOwner;
+static void owner_parse(const char* text, LockOwner* o) {
+    memset(o, 0, sizeof *o);
+    if (!text) return;
+    field(text, "host", o->host, sizeof o->host);
+    field(text, "pid", o->pid, sizeof o->pid);
+    field(text, "run_id", o->run, sizeof o->run);
+    field(text, "slurm_job", o->slurm_job, sizeof o->slurm_job);
+    field(text, "started", o->started, sizeof o->started);
 }
 
 enum { LOCK_REFRESH_S = 60, LOCK_STALE_S = 600 };
@@ -171,23 +175,19 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
         const int have_stat = stat(path, &ls) == 0;
         const double age = have_stat ? lock_age(path, &ls) : 0;
         char* text = ckpt_read_text(path, 4096, NULL, &le);
-        char h[256] = "", p[32] = "", run[64] = "", sj[64] = "", st[64] = "";
-        if (text) {
-            field(text, "host", h, sizeof h);
-            field(text, "pid", p, sizeof p);
-            field(text, "run_id", run, sizeof run);
-            field(text, "slurm_job", sj, sizeof sj);
-            field(text, "started", st, sizeof st);
-            free(text);
-        }
+        const int readable = text != NULL;
+        LockOwner o;
+        owner_parse(text, &o);
+        free(text);
+        const char *h = o.host, *p = o.pid, *run = o.run, *sj = o.slurm_job, *st = o.started;
         const int pid = atoi(p);
         const char* why = NULL;
-        if (!text) why = "unreadable";
+        if (!readable) why = "unreadable";
         else if (!strcmp(h, host) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) why = "its process is gone";
         else if (!strcmp(h, host) && pid == (int)getpid()) why = "this process's own";
         else if (job && *job && !strcmp(sj, job)) why = "left by this Slurm job before a requeue";
         char aged[96] = "";
-        if (!why && text && strcmp(h, host) && have_stat && age > LOCK_STALE_S) {  // another host: its pid cannot be checked
+        if (!why && readable && strcmp(h, host) && have_stat && age > LOCK_STALE_S) {  // another host: its pid cannot be checked
             snprintf(aged, sizeof aged, "not refreshed for %.0f min: its run is gone", age / 60);
             why = aged;
         }
@@ -304,7 +304,7 @@ static int agree(Trainer* t, int st, Err* le, Err* e) {
 int trainer_own(Trainer* t, Err* e) {
     const CheckpointConfig* cc = &t->cfg.checkpoint;
     char owner[64] = "";
-    if (t->rank == 0) new_run_id(t->run_id, sizeof t->run_id);
+    if (t->rank == 0) random_id(t->run_id, sizeof t->run_id);
     t->comm->host_broadcast(t->comm, GROUP_WORLD, t->run_id, sizeof t->run_id, 0);
     if (!cc->dir[0]) return 0;
     Err le = {{0}};
@@ -376,17 +376,13 @@ int trainer_lock_check(Trainer* t, Err* e) {
             text = ckpt_read_text(t->lock_path, 4096, NULL, &le);
         }
         if (!text || strcmp(text, t->lock_text)) {
-            char h[256] = "", p[32] = "", run[64] = "";
-            if (text) {
-                field(text, "host", h, sizeof h);
-                field(text, "pid", p, sizeof p);
-                field(text, "run_id", run, sizeof run);
-            }
+            LockOwner o;
+            owner_parse(text, &o);
             st = err_set(&le, "checkpoint.dir %s: this run's lock %s %s%s%s%s%s%s%s (was this run stopped for more than %d "
                          "min?): not saving, so as not to mix with that run. Resume with checkpoint.resume=auto once "
                          "the other run ends, or give another checkpoint.dir", t->cfg.checkpoint.dir, t->lock_path,
-                         text ? "was taken over by another run (run " : "is gone", text ? run : "", text ? ", pid " : "",
-                         text ? p : "", text ? " on host " : "", text ? h : "", text ? ")" : "", LOCK_STALE_S / 60) ? 2 : 0;
+                         text ? "was taken over by another run (run " : "is gone", o.run, text ? ", pid " : "",
+                         o.pid, text ? " on host " : "", o.host, text ? ")" : "", LOCK_STALE_S / 60) ? 2 : 0;
         }
         free(text);
     }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int g_rank = 0, g_device = -1;
 static void (*g_abort_hook)(int) = NULL;
@@ -86,6 +87,16 @@ double now_sec(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void random_id(char* out, size_t n) {
+    uint64_t r = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_sec() * 1e9);
+    FILE* f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&r, sizeof r, 1, f) != 1) r ^= 0x9E3779B97F4A7C15ull;
+        fclose(f);
+    }
+    snprintf(out, n, "%016llx", (unsigned long long)r);
 }
 
 static uint64_t splitmix64(uint64_t* x) {

@@ -35,6 +35,8 @@ void* xmalloc(size_t n);           // aborts on failure; never returns NULL
 void* xcalloc(size_t n, size_t sz);
 char* xstrdup(const char* s);
 double now_sec(void);              // monotonic clock, seconds
+// 16 hex digits from /dev/urandom (from the pid and the clock where it cannot be read) into out [n].
+void random_id(char* out, size_t n);
 
 // Deterministic RNG (splitmix64 seeded xorshift). State is plain data: it goes in checkpoints.
 typedef struct Rng { uint64_t s; } Rng;
