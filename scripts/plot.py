@@ -115,6 +115,14 @@ def smooth(ys, frac=0.03):
     return out
 
 
+def raw_and_smooth(ax, recs, key, color, label):
+    """key against step: raw (faint) and smoothed; nothing where no record has it."""
+    x, y = series(recs, "step", key)
+    if x:
+        ax.plot(x, y, color=color, alpha=0.25, lw=0.8)
+        ax.plot(x, smooth(y), color=color, lw=1.6, label=label)
+
+
 def fmt_tokens(x):
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
@@ -175,22 +183,10 @@ def main():
                 ax.plot([vx[b]], [vy[b]], marker="*", ms=15, color=c, mec="black", mew=0.7, ls="none")
         sx, sy = series(recs, "step", "lr")
         ax_lr.plot(sx, sy, color=c, lw=1.5, label=label)
-        gx, gy = series(recs, "step", "grad_norm")
-        if gx:
-            ax_gn.plot(gx, gy, color=c, alpha=0.25, lw=0.8)
-            ax_gn.plot(gx, smooth(gy), color=c, lw=1.6, label=label)
-        tx, ty = series(recs, "step", "tokens_per_s")
-        if tx:
-            ax_speed.plot(tx, ty, color=c, alpha=0.25, lw=0.8)
-            ax_speed.plot(tx, smooth(ty), color=c, lw=1.6, label=label + " tokens/s")
-        mx, my = series(recs, "step", "mfu_pct")
-        if mx:
-            ax_mfu.plot(mx, my, color=c, alpha=0.25, lw=0.8)
-            ax_mfu.plot(mx, smooth(my), color=c, lw=1.6, label=label)
-        lx, ly = series(recs, "step", "expert_load_max_over_mean")
-        if lx:
-            ax_load.plot(lx, ly, color=c, alpha=0.25, lw=0.8)
-            ax_load.plot(lx, smooth(ly), color=c, lw=1.6, label=label)
+        raw_and_smooth(ax_gn, recs, "grad_norm", c, label)
+        raw_and_smooth(ax_speed, recs, "tokens_per_s", c, label + " tokens/s")
+        raw_and_smooth(ax_mfu, recs, "mfu_pct", c, label)
+        raw_and_smooth(ax_load, recs, "expert_load_max_over_mean", c, label)
         # skipped steps: red ticks in every step panel, crosses on the loss curve
         skipped = [r for r in recs if r.get("skipped")]
         if skipped:
