@@ -152,6 +152,73 @@ void manifest_free(Manifest* m) {
     memset(m, 0, sizeof *m);
 }
 
+// The manifest's last line, "crc32 XXXXXXXX" over everything before it: that line of text [len],
+// or NULL with the reason in e when it is missing or does not match.
+static char* checked_tail(char* text, size_t len, const char* path, Err* e) {
+    char* last = len >= 2 ? text + len - 2 : text;
+    while (last > text && last[-1] != '\n') last--;
+    unsigned stored = 0;
+    char tail[16];
+    if (sscanf(last, "crc32 %8x%1[\n]", &stored, tail) != 2) {
+        err_set(e, "%s: no checksum line at the end (truncated or not a moetrain manifest)", path);
+        return NULL;
+    }
+    uint32_t crc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)text, (size_t)(last - text));
+    if (crc != stored) {
+        err_set(e, "%s: checksum mismatch (corrupt manifest)", path);
+        return NULL;
+    }
+    return last;
+}
+
+// What manifest_read has seen so far.
+typedef struct ManParse {
+    const char* path;
+    int line_no, version, cap, have_step, have_world;
+} ManParse;
+
+static void add_file(Manifest* m, int* cap, const char* name, unsigned long long bytes, unsigned crc) {
+    if (m->n == *cap) {
+        *cap = *cap ? 2 * *cap : 16;
+        m->f = realloc(m->f, sizeof(ManEntry) * (size_t)*cap);
+        if (!m->f) FATAL("out of memory");
+    }
+    memcpy(m->f[m->n].name, name, strlen(name) + 1);  // ≤ 63 chars (ckpt_safe_name)
+    m->f[m->n].bytes = bytes;
+    m->f[m->n].crc = crc;
+    m->n++;
+}
+
+// One line of the manifest (the first names its version): 0, or -1 with the reason in e.
+static int parse_line(Manifest* m, ManParse* p, const char* line, Err* e) {
+    long long v;
+    char name[128];
+    unsigned long long bytes;
+    unsigned c;
+    if (++p->line_no == 1) {
+        p->version = !strcmp(line, "moetrain-checkpoint 1") ? 1 : !strcmp(line, "moetrain-checkpoint 2") ? 2 : 0;
+        if (!p->version)
+            return err_set(e, "%s: not a moetrain checkpoint manifest (version 1 or 2): '%.40s'", p->path, line);
+        m->algo = p->version == 1 ? CKSUM_CRC32 : -1;
+    } else if (p->version >= 2 && sscanf(line, "checksum %127s", name) == 1) {
+        if ((m->algo = cksum_parse(name)) < 0)
+            return err_set(e, "%s: line %d: unknown checksum '%s' (crc32 and crc32c are known; a newer moetrain wrote it?)",
+                           p->path, p->line_no, name);
+    } else if (sscanf(line, "step %lld", &v) == 1 && v >= 0) {
+        m->step = v;
+        p->have_step = 1;
+    } else if (sscanf(line, "world %lld", &v) == 1 && v >= 1 && v <= 1 << 20) {
+        m->world = (int)v;
+        p->have_world = 1;
+    } else if (sscanf(line, "file %127s %llu %8x", name, &bytes, &c) == 3) {
+        if (!ckpt_safe_name(name)) return err_set(e, "%s: line %d: bad file name '%s'", p->path, p->line_no, name);
+        add_file(m, &p->cap, name, bytes, c);
+    } else {
+        return err_set(e, "%s: line %d: cannot parse '%.80s'", p->path, p->line_no, line);
+    }
+    return 0;
+}
+
 int manifest_read(Manifest* m, const char* dir, Err* e) {
     memset(m, 0, sizeof *m);
     char path[CKPT_PATH];
@@ -160,67 +227,13 @@ int manifest_read(Manifest* m, const char* dir, Err* e) {
     char* text = ckpt_read_text(path, 16u << 20, &len, e);
     if (!text) return -1;
     int rc = -1;
-    // The last line is "crc32 XXXXXXXX" over everything before it.
-    char* last = len >= 2 ? text + len - 2 : text;
-    while (last > text && last[-1] != '\n') last--;
-    unsigned stored = 0;
-    char tail[16];
-    if (sscanf(last, "crc32 %8x%1[\n]", &stored, tail) != 2) {
-        err_set(e, "%s: no checksum line at the end (truncated or not a moetrain manifest)", path);
-        goto done;
-    }
-    uint32_t crc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), (const unsigned char*)text, (size_t)(last - text));
-    if (crc != stored) {
-        err_set(e, "%s: checksum mismatch (corrupt manifest)", path);
-        goto done;
-    }
+    char* last = checked_tail(text, len, path, e);
+    if (!last) goto done;
     *last = 0;
-    int cap = 0, line_no = 0, have_step = 0, have_world = 0, version = 0;
-    for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        line_no++;
-        long long v;
-        char name[128];
-        unsigned long long bytes;
-        unsigned c;
-        if (line_no == 1) {
-            version = !strcmp(line, "moetrain-checkpoint 1") ? 1 : !strcmp(line, "moetrain-checkpoint 2") ? 2 : 0;
-            if (!version) {
-                err_set(e, "%s: not a moetrain checkpoint manifest (version 1 or 2): '%.40s'", path, line);
-                goto done;
-            }
-            m->algo = version == 1 ? CKSUM_CRC32 : -1;
-        } else if (version >= 2 && sscanf(line, "checksum %127s", name) == 1) {
-            if ((m->algo = cksum_parse(name)) < 0) {
-                err_set(e, "%s: line %d: unknown checksum '%s' (crc32 and crc32c are known; a newer moetrain wrote it?)",
-                        path, line_no, name);
-                goto done;
-            }
-        } else if (sscanf(line, "step %lld", &v) == 1 && v >= 0) {
-            m->step = v;
-            have_step = 1;
-        } else if (sscanf(line, "world %lld", &v) == 1 && v >= 1 && v <= 1 << 20) {
-            m->world = (int)v;
-            have_world = 1;
-        } else if (sscanf(line, "file %127s %llu %8x", name, &bytes, &c) == 3) {
-            if (!ckpt_safe_name(name)) {
-                err_set(e, "%s: line %d: bad file name '%s'", path, line_no, name);
-                goto done;
-            }
-            if (m->n == cap) {
-                cap = cap ? 2 * cap : 16;
-                m->f = realloc(m->f, sizeof(ManEntry) * (size_t)cap);
-                if (!m->f) FATAL("out of memory");
-            }
-            memcpy(m->f[m->n].name, name, strlen(name) + 1);  // ≤ 63 chars (ckpt_safe_name)
-            m->f[m->n].bytes = bytes;
-            m->f[m->n].crc = c;
-            m->n++;
-        } else {
-            err_set(e, "%s: line %d: cannot parse '%.80s'", path, line_no, line);
-            goto done;
-        }
-    }
-    if (!have_step || !have_world || m->algo < 0) {
+    ManParse p = {.path = path};
+    for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (parse_line(m, &p, line, e)) goto done;
+    if (!p.have_step || !p.have_world || m->algo < 0) {
         err_set(e, "%s: missing step, world or checksum line", path);
         goto done;
     }

@@ -357,6 +357,90 @@ static int item_error(const char* key, Err* e) {
     return err_set(e, "%s: %s", key, c.msg);
 }
 
+// data.path and data.val_path expanded into files: one list per data.weights source (mix), or
+// one for all; the validation files, those named by data.val_path or else the directories' own.
+typedef struct Sources {
+    char* items[256];  // data.path's items (pointers into the caller's copy)
+    int n, nv, mix, nsrc;
+    double w[256];     // data.weights, with mix
+    PathList* src;     // [nsrc]
+    PathList dir_val, val;
+} Sources;
+
+static void sources_free(Sources* S) {
+    for (int d = 0; d < S->nsrc; d++) path_list_free(&S->src[d]);
+    free(S->src);
+    path_list_free(&S->dir_val);
+    path_list_free(&S->val);
+}
+
+// list, vlist: writable copies of data.path and data.val_path. 0, or -1 with the reason in e;
+// sources_free S either way.
+static int sources_expand(Sources* S, const DataConfig* dc, char* list, char* vlist, Err* e) {
+    memset(S, 0, sizeof *S);
+    char* vitems[256];
+    S->n = split_list_inplace(list, S->items, 256);
+    S->nv = split_list_inplace(vlist, vitems, 256);
+    if (!S->n) return err_set(e, "data.path = '%s' names no file", dc->path);
+    S->mix = dc->weights[0] != 0;
+    if (S->mix && parse_weights(dc->weights, S->n, S->w, e)) return -1;
+    if (S->mix && S->n > 65535) return err_set(e, "data.weights: at most 65535 sources");
+    int rc = 0;
+    S->nsrc = S->mix ? S->n : 1;
+    S->src = xcalloc((size_t)S->nsrc, sizeof(PathList));
+    for (int i = 0; i < S->n && !rc; i++) rc = path_list_expand(S->items[i], 0, &S->src[S->mix ? i : 0], &S->dir_val, e);
+    if (rc) item_error("data.path", e);
+    for (int i = 0; i < S->nv && !rc; i++)
+        if ((rc = path_list_expand(vitems[i], 1, &S->val, &S->dir_val, e))) item_error("data.val_path", e);
+    if (!rc && !S->nv)
+        for (int i = 0; i < S->dir_val.n; i++) path_list_add(&S->val, S->dir_val.p[i]);
+    return rc;
+}
+
+// A set of components: the weighted sources (blended), or one source with separate validation files.
+static int open_mix(DataSet** out, const DataConfig* dc, const Sources* S, int vocab_size, int seq_len, uint64_t seed,
+                    Err* e) {
+    const int nsrc = S->nsrc, mix = S->mix;
+    DataSet* ds = new_set(dc, vocab_size, seq_len, seed);
+    ds->kind = KIND_MIX;
+    ds->ncomp = nsrc;
+    ds->comp = xcalloc((size_t)nsrc, sizeof(DataSet*));
+    float vf = S->val.n ? 0.0f : dc->val_frac;
+    int rc = 0;
+    for (int d = 0; d < nsrc && !rc; d++) {
+        uint64_t sd = d ? data_mix64(seed ^ data_mix64((uint64_t)d * 0x9E37ull)) : seed;
+        rc = open_plain(&ds->comp[d], dc, &S->src[d], vf, dc->shuffle, vocab_size, seq_len, sd, e);
+        if (rc && mix) {
+            Err c = *e;
+            err_set(e, "data.path item %d ('%s'): %s", d + 1, S->items[d], c.msg);
+        }
+        if (!rc && mix && ds->comp[d]->kind != KIND_BIN)
+            rc = err_set(e, "data.weights mixes .bin shards only; '%s' is a sequence file: tokenize it first "
+                         "(scripts/tokenize_data.py, docs/data.md)", S->items[d]);
+    }
+    if (!rc && S->val.n) {
+        rc = open_plain(&ds->val, dc, &S->val, 0.0f, 0, vocab_size, seq_len, seed, e);
+        if (rc) item_error(S->nv ? "data.val_path" : "validation shards", e);
+    }
+    if (!rc && mix) {
+        ds->weight = xmalloc(sizeof(double) * (size_t)nsrc);
+        memcpy(ds->weight, S->w, sizeof(double) * (size_t)nsrc);
+        build_blend(ds);
+    }
+    if (rc) {
+        data_close(ds);
+        return rc;
+    }
+    ds->doc_sep = ds->comp[0]->doc_sep;
+    for (int s = 0; s < 2; s++) {
+        ds->st[s].nwin = data_num_windows(ds, s);
+        ds->st[s].ntok = data_num_tokens(ds, s);
+        ds->st[s].records = data_num_records(ds, s);
+    }
+    *out = ds;
+    return 0;
+}
+
 int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, uint64_t seed, Err* e) {
     *out = NULL;
     if (check_args(dc, vocab_size, seq_len, e)) return -1;
@@ -368,66 +452,12 @@ int data_open(DataSet** out, const DataConfig* dc, int vocab_size, int seq_len, 
     char list[CFG_STR], vlist[CFG_STR];
     snprintf(list, sizeof list, "%s", dc->path[0] ? dc->path : DEFAULT_DATA);
     snprintf(vlist, sizeof vlist, "%s", dc->val_path);
-    char* items[256];
-    char* vitems[256];
-    int n = split_list_inplace(list, items, 256), nv = split_list_inplace(vlist, vitems, 256);
-    if (!n) return err_set(e, "data.path = '%s' names no file", dc->path);
-    const int mix = dc->weights[0] != 0;
-    double w[256];
-    if (mix && parse_weights(dc->weights, n, w, e)) return -1;
-    if (mix && n > 65535) return err_set(e, "data.weights: at most 65535 sources");
-    int rc = 0, nsrc = mix ? n : 1;
-    PathList* src = xcalloc((size_t)nsrc, sizeof(PathList));
-    PathList dir_val = {0}, val = {0};
-    for (int i = 0; i < n && !rc; i++) rc = path_list_expand(items[i], 0, &src[mix ? i : 0], &dir_val, e);
-    if (rc) item_error("data.path", e);
-    for (int i = 0; i < nv && !rc; i++)
-        if ((rc = path_list_expand(vitems[i], 1, &val, &dir_val, e))) item_error("data.val_path", e);
-    if (!rc && !nv)
-        for (int i = 0; i < dir_val.n; i++) path_list_add(&val, dir_val.p[i]);
+    Sources S;
+    int rc = sources_expand(&S, dc, list, vlist, e);
     DataSet* ds = NULL;
-    if (!rc && !mix && !val.n) {
-        rc = open_plain(&ds, dc, &src[0], dc->val_frac, dc->shuffle, vocab_size, seq_len, seed, e);
-    } else if (!rc) {
-        ds = new_set(dc, vocab_size, seq_len, seed);
-        ds->kind = KIND_MIX;
-        ds->ncomp = nsrc;
-        ds->comp = xcalloc((size_t)nsrc, sizeof(DataSet*));
-        float vf = val.n ? 0.0f : dc->val_frac;
-        for (int d = 0; d < nsrc && !rc; d++) {
-            uint64_t sd = d ? data_mix64(seed ^ data_mix64((uint64_t)d * 0x9E37ull)) : seed;
-            rc = open_plain(&ds->comp[d], dc, &src[d], vf, dc->shuffle, vocab_size, seq_len, sd, e);
-            if (rc && mix) {
-                Err c = *e;
-                err_set(e, "data.path item %d ('%s'): %s", d + 1, items[d], c.msg);
-            }
-            if (!rc && mix && ds->comp[d]->kind != KIND_BIN)
-                rc = err_set(e, "data.weights mixes .bin shards only; '%s' is a sequence file: tokenize it first "
-                             "(scripts/tokenize_data.py, docs/data.md)", items[d]);
-        }
-        if (!rc && val.n) {
-            rc = open_plain(&ds->val, dc, &val, 0.0f, 0, vocab_size, seq_len, seed, e);
-            if (rc) item_error(nv ? "data.val_path" : "validation shards", e);
-        }
-        if (!rc && mix) {
-            ds->weight = xmalloc(sizeof(double) * (size_t)nsrc);
-            memcpy(ds->weight, w, sizeof(double) * (size_t)nsrc);
-            build_blend(ds);
-        }
-        if (!rc) {
-            ds->doc_sep = ds->comp[0]->doc_sep;
-            for (int s = 0; s < 2; s++) {
-                ds->st[s].nwin = data_num_windows(ds, s);
-                ds->st[s].ntok = data_num_tokens(ds, s);
-                ds->st[s].records = data_num_records(ds, s);
-            }
-        }
-        if (rc) { data_close(ds); ds = NULL; }
-    }
-    for (int d = 0; d < nsrc; d++) path_list_free(&src[d]);
-    free(src);
-    path_list_free(&dir_val);
-    path_list_free(&val);
+    if (!rc && !S.mix && !S.val.n) rc = open_plain(&ds, dc, &S.src[0], dc->val_frac, dc->shuffle, vocab_size, seq_len, seed, e);
+    else if (!rc) rc = open_mix(&ds, dc, &S, vocab_size, seq_len, seed, e);
+    sources_free(&S);
     if (rc) return -1;
     *out = ds;
     return 0;

@@ -96,6 +96,67 @@ static void fmt_ms(char* out, size_t n, double ms) {
 
 static const double GIB = 1024.0 * 1024.0 * 1024.0;
 
+// The step's line of metrics.jsonl into json[jn]; returns its length.
+static size_t json_line(const Metrics* m, const MetricsStep* s, double now, double eta, double tok_s,
+                        const BackendMem* mem, int has_mem, char* json, size_t jn) {
+    size_t k = 0;
+    bput(json, jn, &k, "{");
+    if (m->run_id) bput(json, jn, &k, "\"run_id\": \"%s\", ", m->run_id);
+    bput(json, jn, &k, "\"step\": %d", s->step);
+    bnum(json, jn, &k, "loss", "%.6f", s->loss);
+    bnum(json, jn, &k, "ce_loss", "%.6f", s->ce);
+    bnum(json, jn, &k, "aux_loss", "%.6f", s->aux);
+    bnum(json, jn, &k, "lr", "%.6e", s->lr);
+    bnum(json, jn, &k, "grad_norm", "%.6f", s->grad_norm);
+    // clock-dependent fields, together
+    bnum(json, jn, &k, "tokens_per_s", "%.1f", tok_s);
+    bnum(json, jn, &k, "step_ms", "%.3f", s->step_s * 1e3);
+    bnum(json, jn, &k, "model_tflops", "%.4g", metrics_tflops(m, tok_s));
+    bnum(json, jn, &k, "mfu_pct", "%.3f", metrics_mfu(m, tok_s));
+    bnum(json, jn, &k, "elapsed_s", "%.3f", now - m->t_start);
+    bnum(json, jn, &k, "eta_s", "%.1f", eta);
+    // device memory (null without a device)
+    bnum(json, jn, &k, "gpu_mem_gib", "%.3f", has_mem ? mem->live / GIB : NAN);
+    bnum(json, jn, &k, "gpu_mem_peak_gib", "%.3f", has_mem ? mem->peak / GIB : NAN);
+    bnum(json, jn, &k, "gpu_used_gib", "%.3f", has_mem ? mem->device_used / GIB : NAN);
+    bput(json, jn, &k, ", \"tokens\": %lld", (long long)s->tokens);
+    bnum(json, jn, &k, "expert_load_max_over_mean", "%.4f", s->load_max_over_mean);
+    bput(json, jn, &k, ", \"skipped\": %d", s->skipped);
+    if (s->has_val) {
+        bnum(json, jn, &k, "val_loss", "%.6f", s->val_loss);
+        bnum(json, jn, &k, "val_bits_per_token", "%.6f", s->val_bits);
+    }
+    bput(json, jn, &k, "}\n");
+    CHECK(k < jn, "metrics line longer than %zu bytes", jn);
+    return k;
+}
+
+// The console line: the averages of the logging window (every step since the previous line).
+static void console_line(Metrics* m, const MetricsStep* s, double eta, const BackendMem* mem, int has_mem) {
+    const double w_step = m->win_n ? m->win_s / m->win_n : s->step_s;
+    const double w_tok_s = w_step > 0 ? m->tokens_per_step / w_step : NAN;
+    m->win_n = 0;
+    m->win_s = 0;
+    char ms[32], eta_s[32], mfu[32], memtxt[64] = "";
+    fmt_ms(ms, sizeof ms, w_step * 1e3);
+    metrics_hms(eta_s, sizeof eta_s, eta);
+    const double u = metrics_mfu(m, w_tok_s);
+    if (isfinite(u)) snprintf(mfu, sizeof mfu, "%.1f%%", u);
+    else snprintf(mfu, sizeof mfu, "none");
+    if (has_mem) snprintf(memtxt, sizeof memtxt, " | mem %.1f/%.1f GiB", mem->live / GIB, mem->peak / GIB);
+    FILE* c = m->console;
+    fprintf(c, "step %5d/%d | loss %.4f | ce %.4f | aux %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %s ms | %.3g TFLOP/s | MFU %s%s | load max/mean %.2f | eta %s%s",
+            s->step, m->steps, s->loss, s->ce, s->aux, s->lr, s->grad_norm, w_tok_s, ms, metrics_tflops(m, w_tok_s), mfu, memtxt,
+            s->load_max_over_mean, eta_s, s->skipped ? " | SKIPPED (non-finite)" : "");
+    if (s->has_val) fprintf(c, " | val %.4f (%.3f bits)", s->val_loss, s->val_bits);
+    fputc('\n', c);
+    if ((fflush(c) || ferror(c)) && !m->console_failed) {  // the console is a copy; metrics.jsonl is the record
+        m->console_failed = 1;
+        fprintf(stderr, "moetrain: warning: writing the step lines to the console failed (%s); training goes on\n",
+                strerror(errno));
+    }
+}
+
 size_t metrics_step(Metrics* m, const MetricsStep* s, int print, char* json, size_t jn) {
     const double now = now_sec();
     if (m->t_first == 0) {
@@ -117,61 +178,8 @@ size_t metrics_step(Metrics* m, const MetricsStep* s, int print, char* json, siz
     BackendMem mem = {0};
     const int has_mem = m->be && m->be->mem_info;
     if (has_mem) m->be->mem_info(m->be, &mem);
-
-    size_t k = 0;
-    bput(json, jn, &k, "{");
-    if (m->run_id) bput(json, jn, &k, "\"run_id\": \"%s\", ", m->run_id);
-    bput(json, jn, &k, "\"step\": %d", s->step);
-    bnum(json, jn, &k, "loss", "%.6f", s->loss);
-    bnum(json, jn, &k, "ce_loss", "%.6f", s->ce);
-    bnum(json, jn, &k, "aux_loss", "%.6f", s->aux);
-    bnum(json, jn, &k, "lr", "%.6e", s->lr);
-    bnum(json, jn, &k, "grad_norm", "%.6f", s->grad_norm);
-    // clock-dependent fields, together
-    bnum(json, jn, &k, "tokens_per_s", "%.1f", tok_s);
-    bnum(json, jn, &k, "step_ms", "%.3f", s->step_s * 1e3);
-    bnum(json, jn, &k, "model_tflops", "%.4g", metrics_tflops(m, tok_s));
-    bnum(json, jn, &k, "mfu_pct", "%.3f", metrics_mfu(m, tok_s));
-    bnum(json, jn, &k, "elapsed_s", "%.3f", now - m->t_start);
-    bnum(json, jn, &k, "eta_s", "%.1f", eta);
-    // device memory (null without a device)
-    bnum(json, jn, &k, "gpu_mem_gib", "%.3f", has_mem ? mem.live / GIB : NAN);
-    bnum(json, jn, &k, "gpu_mem_peak_gib", "%.3f", has_mem ? mem.peak / GIB : NAN);
-    bnum(json, jn, &k, "gpu_used_gib", "%.3f", has_mem ? mem.device_used / GIB : NAN);
-    bput(json, jn, &k, ", \"tokens\": %lld", (long long)s->tokens);
-    bnum(json, jn, &k, "expert_load_max_over_mean", "%.4f", s->load_max_over_mean);
-    bput(json, jn, &k, ", \"skipped\": %d", s->skipped);
-    if (s->has_val) {
-        bnum(json, jn, &k, "val_loss", "%.6f", s->val_loss);
-        bnum(json, jn, &k, "val_bits_per_token", "%.6f", s->val_bits);
-    }
-    bput(json, jn, &k, "}\n");
-    CHECK(k < jn, "metrics line longer than %zu bytes", jn);
-    if (!print || !m->console) return k;
-
-    // the logging window: every step since the previous console line
-    const double w_step = m->win_n ? m->win_s / m->win_n : s->step_s;
-    const double w_tok_s = w_step > 0 ? m->tokens_per_step / w_step : NAN;
-    m->win_n = 0;
-    m->win_s = 0;
-    char ms[32], eta_s[32], mfu[32], memtxt[64] = "";
-    fmt_ms(ms, sizeof ms, w_step * 1e3);
-    metrics_hms(eta_s, sizeof eta_s, eta);
-    const double u = metrics_mfu(m, w_tok_s);
-    if (isfinite(u)) snprintf(mfu, sizeof mfu, "%.1f%%", u);
-    else snprintf(mfu, sizeof mfu, "none");
-    if (has_mem) snprintf(memtxt, sizeof memtxt, " | mem %.1f/%.1f GiB", mem.live / GIB, mem.peak / GIB);
-    FILE* c = m->console;
-    fprintf(c, "step %5d/%d | loss %.4f | ce %.4f | aux %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %s ms | %.3g TFLOP/s | MFU %s%s | load max/mean %.2f | eta %s%s",
-            s->step, m->steps, s->loss, s->ce, s->aux, s->lr, s->grad_norm, w_tok_s, ms, metrics_tflops(m, w_tok_s), mfu, memtxt,
-            s->load_max_over_mean, eta_s, s->skipped ? " | SKIPPED (non-finite)" : "");
-    if (s->has_val) fprintf(c, " | val %.4f (%.3f bits)", s->val_loss, s->val_bits);
-    fputc('\n', c);
-    if ((fflush(c) || ferror(c)) && !m->console_failed) {  // the console is a copy; metrics.jsonl is the record
-        m->console_failed = 1;
-        fprintf(stderr, "moetrain: warning: writing the step lines to the console failed (%s); training goes on\n",
-                strerror(errno));
-    }
+    const size_t k = json_line(m, s, now, eta, tok_s, &mem, has_mem, json, jn);
+    if (print && m->console) console_line(m, s, eta, &mem, has_mem);
     return k;
 }
 

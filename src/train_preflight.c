@@ -52,10 +52,10 @@ static int probe_dir(const char* dir, int rank, size_t probe, double* rate, Err*
     return rc;
 }
 
-int trainer_preflight(Trainer* t, Err* e) {
-    const CheckpointConfig* cc = &t->cfg.checkpoint;
+// The checkpoint's size: t->ckpt_bytes (all ranks) and t->ckpt_rank_bytes (the largest rank's).
+static void ckpt_sizes(Trainer* t) {
     const Model* m = &t->model;
-    const int nwhich = cc->save_optimizer ? 3 : 1;
+    const int nwhich = t->cfg.checkpoint.save_optimizer ? 3 : 1;
     double mine = 4096;  // header
     for (int i = 0; i < m->pl.n; i++)
         if (trainer_owns(t, &m->pl.p[i])) mine += (double)m->pl.p[i].numel * 4 * nwhich + 3 * 160;
@@ -65,21 +65,73 @@ int trainer_preflight(Trainer* t, Err* e) {
     t->comm->host_all_reduce_max_i32(t->comm, GROUP_WORLD, &mb, 1);
     t->ckpt_bytes = sums[0];
     t->ckpt_rank_bytes = mine > mb * 1e6 ? mine : mb * 1e6;
+}
+
+// mkdir -p dir: 0, or -1 with the reason in e.
+static int make_root(const char* dir, Err* e) {
+    char cmd_dir[CFG_STR];
+    snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
+    for (char* q = cmd_dir + 1; *q; q++)
+        if (*q == '/') {
+            *q = 0;
+            mkdir(cmd_dir, 0755);
+            *q = '/';
+        }
+    if (mkdir(cmd_dir, 0755) && errno != EEXIST)
+        return err_set(e, "checkpoint.dir %s: cannot create it (%s)", dir, strerror(errno));
+    return 0;
+}
+
+// Rank 0: room in checkpoint.dir for the saves still to come (keep + 1 less the complete ones
+// there, at least 1; the best one too). 0, or -1 with what to change in e.
+static int check_space(const Trainer* t, Err* e) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    struct statvfs vf;
+    StepDir* sd = NULL;
+    int n = 0, have = 0;
+    Err se = {{0}};
+    if (ckpt_list_steps(cc->dir, &sd, &n, &se) == 0)
+        for (int i = 0; i < n; i++) have += sd[i].complete;
+    free(sd);
+    const int copies = (cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1) + (cc->keep_best ? 1 : 0);
+    const double need = t->ckpt_bytes * copies;
+    const long fake_free = failpoint_int("preflight.free_bytes", -1);  // tests: a nearly full disk
+    if (fake_free < 0 && statvfs(cc->dir, &vf) != 0) return 0;
+    const double avail = fake_free >= 0 ? (double)fake_free : (double)vf.f_bavail * (double)vf.f_frsize;
+    char a[32], b[32], c1[32];
+    human_bytes(a, sizeof a, need);
+    human_bytes(b, sizeof b, avail);
+    human_bytes(c1, sizeof c1, t->ckpt_bytes);
+    if (avail < need)
+        return err_set(e, "checkpoint.dir %s: %s free, but a checkpoint is %s and checkpoint.keep=%d needs room "
+                       "for %d more (%s; older ones are pruned only after a newer save succeeds): free space there, "
+                       "use another checkpoint.dir, lower checkpoint.keep, or checkpoint.save_optimizer=false "
+                       "(a third of the size)", cc->dir, b, c1, cc->keep, copies, a);
+    return 0;
+}
+
+// A warning when one rank's save at the measured rate would outlast checkpoint.grace_s.
+static void warn_slow(const Trainer* t, double rate) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    if (cc->grace_s <= 0 || rate <= 0) return;
+    const double est = t->ckpt_rank_bytes / rate;
+    char b[32], r[32];
+    human_bytes(b, sizeof b, t->ckpt_rank_bytes);
+    human_bytes(r, sizeof r, rate);
+    if (est > cc->grace_s)
+        log_info("checkpoint: warning: a save of %s per rank would take about %.0f s at the %s/s measured in %s, "
+                 "more than checkpoint.grace_s=%d: a preemption signal may not leave time to save (give the job "
+                 "a longer signal lead, e.g. --signal=B:USR1@%d, or faster storage)\n",
+                 b, est, r, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
+}
+
+int trainer_preflight(Trainer* t, Err* e) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    ckpt_sizes(t);
     if (!cc->dir[0]) return 0;
     int st = 0;
     Err le = {{0}};
-    if (t->rank == 0) {  // the root exists (the other ranks probe it next)
-        char cmd_dir[CFG_STR];
-        snprintf(cmd_dir, sizeof cmd_dir, "%s", cc->dir);
-        for (char* q = cmd_dir + 1; *q; q++)
-            if (*q == '/') {
-                *q = 0;
-                mkdir(cmd_dir, 0755);
-                *q = '/';
-            }
-        if (mkdir(cmd_dir, 0755) && errno != EEXIST)
-            st = err_set(&le, "checkpoint.dir %s: cannot create it (%s)", cc->dir, strerror(errno));
-    }
+    if (t->rank == 0) st = make_root(cc->dir, &le);  // the root exists (the other ranks probe it next)
     if (dist_agree_error(st, &le)) {
         *e = le;
         return -1;
@@ -88,46 +140,13 @@ int trainer_preflight(Trainer* t, Err* e) {
     st = probe_dir(cc->dir, t->rank, t->rank == 0 ? (size_t)4 << 20 : 0, &rate, &le) ? 2 : 0;
     const long fake_rate = failpoint_int("preflight.write_rate", 0);  // tests: slow storage
     if (fake_rate > 0) rate = (double)fake_rate;
-    if (!st && t->rank == 0) {
-        struct statvfs vf;
-        StepDir* sd = NULL;
-        int n = 0, have = 0;
-        Err se = {{0}};
-        if (ckpt_list_steps(cc->dir, &sd, &n, &se) == 0)
-            for (int i = 0; i < n; i++) have += sd[i].complete;
-        free(sd);
-        const int copies = (cc->keep > 0 ? (cc->keep + 1 - have > 1 ? cc->keep + 1 - have : 1) : 1) + (cc->keep_best ? 1 : 0);
-        const double need = t->ckpt_bytes * copies;
-        const long fake_free = failpoint_int("preflight.free_bytes", -1);  // tests: a nearly full disk
-        if (fake_free >= 0 || statvfs(cc->dir, &vf) == 0) {
-            const double avail = fake_free >= 0 ? (double)fake_free : (double)vf.f_bavail * (double)vf.f_frsize;
-            char a[32], b[32], c1[32];
-            human_bytes(a, sizeof a, need);
-            human_bytes(b, sizeof b, avail);
-            human_bytes(c1, sizeof c1, t->ckpt_bytes);
-            if (avail < need)
-                st = err_set(&le, "checkpoint.dir %s: %s free, but a checkpoint is %s and checkpoint.keep=%d needs room "
-                             "for %d more (%s; older ones are pruned only after a newer save succeeds): free space there, "
-                             "use another checkpoint.dir, lower checkpoint.keep, or checkpoint.save_optimizer=false "
-                             "(a third of the size)", cc->dir, b, c1, cc->keep, copies, a);
-        }
-    }
+    if (!st && t->rank == 0) st = check_space(t, &le);
     t->comm->host_broadcast(t->comm, GROUP_WORLD, &rate, sizeof rate, 0);
     if (dist_agree_error(st, &le)) {
         *e = le;
         return -1;
     }
     t->write_rate = rate;
-    if (cc->grace_s > 0 && rate > 0) {
-        const double est = t->ckpt_rank_bytes / rate;
-        char b[32], r[32];
-        human_bytes(b, sizeof b, t->ckpt_rank_bytes);
-        human_bytes(r, sizeof r, rate);
-        if (est > cc->grace_s)
-            log_info("checkpoint: warning: a save of %s per rank would take about %.0f s at the %s/s measured in %s, "
-                     "more than checkpoint.grace_s=%d: a preemption signal may not leave time to save (give the job "
-                     "a longer signal lead, e.g. --signal=B:USR1@%d, or faster storage)\n",
-                     b, est, r, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
-    }
+    warn_slow(t, rate);
     return 0;
 }
