@@ -116,11 +116,12 @@ def smooth(ys, frac=0.03):
 
 
 def raw_and_smooth(ax, recs, key, color, label):
-    """key against step: raw (faint) and smoothed; nothing where no record has it."""
+    """key against step: raw (faint) and smoothed; nothing where no record has it. Returns the values."""
     x, y = series(recs, "step", key)
     if x:
         ax.plot(x, y, color=color, alpha=0.25, lw=0.8)
         ax.plot(x, smooth(y), color=color, lw=1.6, label=label)
+    return y
 
 
 def fmt_tokens(x):
@@ -184,8 +185,8 @@ def main():
         sx, sy = series(recs, "step", "lr")
         ax_lr.plot(sx, sy, color=c, lw=1.5, label=label)
         raw_and_smooth(ax_gn, recs, "grad_norm", c, label)
-        raw_and_smooth(ax_speed, recs, "tokens_per_s", c, label + " tokens/s")
-        raw_and_smooth(ax_mfu, recs, "mfu_pct", c, label)
+        ty = raw_and_smooth(ax_speed, recs, "tokens_per_s", c, label + " tokens/s")
+        my = raw_and_smooth(ax_mfu, recs, "mfu_pct", c, label)
         raw_and_smooth(ax_load, recs, "expert_load_max_over_mean", c, label)
         # skipped steps: red ticks in every step panel, crosses on the loss curve
         skipped = [r for r in recs if r.get("skipped")]

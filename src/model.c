@@ -359,18 +359,18 @@ static void router_losses(Model* m, const MicroArgs* a, StepLoss* out) {
     if (a->backward) be->to_device(be, m->aux_dprob, dprob, sizeof(float) * (size_t)E);
 }
 
-StepLoss model_step(Model* m, const MicroArgs* a) {
+// The micro-batch's inputs to the device, the per-step accumulators zeroed, and with a fresh
+// backward the gradients that ops add into (+=); GEMMs overwrite theirs.
+static void step_begin(Model* m, const MicroArgs* a, StepLoss* out) {
     Backend* be = m->be;
     const ModelConfig* c = &m->c;
-    const int N = m->N, H = c->hidden, V = c->vocab_size, L = c->layers;
-    StepLoss out = {0};
-
+    const int N = m->N, H = c->hidden;
     be->to_device(be, m->tok, a->tokens, sizeof(int32_t) * (size_t)N);
     be->to_device(be, m->tgt, a->targets, sizeof(int32_t) * (size_t)N);
     m->cur_doc = m->cur_pos = NULL;
     if (a->doc) be->to_device(be, m->doc, a->doc, sizeof(int32_t) * (size_t)N), m->cur_doc = m->doc;
     if (a->pos) be->to_device(be, m->pos, a->pos, sizeof(int32_t) * (size_t)N), m->cur_pos = m->pos;
-    for (int i = 0; i < N; i++) out.ntok += a->targets[i] >= 0;
+    for (int i = 0; i < N; i++) out->ntok += a->targets[i] >= 0;
     be->zero(be, m->stats, sizeof(float) * 2 * (size_t)c->experts);
     be->zero(be, m->zsum, sizeof(float));
     be->zero(be, m->loss_acc, sizeof(float));
@@ -380,25 +380,24 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
           "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");
     m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
-    if (m->fresh) {  // the gradients that ops add into (+=) start from zero; GEMMs overwrite theirs
-        be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)V * H);
+    if (m->fresh) {
+        be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)c->vocab_size * H);
         be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);
-        for (int l = 0; l < L; l++) {
+        for (int l = 0; l < c->layers; l++) {
             be->zero(be, G(m, 0, m->pl.layer[l].ln1), sizeof(float) * (size_t)H);
             be->zero(be, G(m, 0, m->pl.layer[l].ln2), sizeof(float) * (size_t)H);
         }
     }
     prof_mark("fwd.host_inputs");
+}
 
-    be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
-    prof_mark("fwd.embed");
-    for (int l = 0; l < L; l++) layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
-    router_losses(m, a, &out);
-    prof_mark("fwd.router_losses");
-
-    // Final norm and lm_head + cross-entropy in token chunks; the backward of each chunk runs
-    // right away, so the logits never exist for all tokens at once.
-    be->rmsnorm_fwd(be, m->lnf, m->rstdf, m->x_final, W(m, 0, m->pl.final_norm), N, H, c->rms_eps);
+// Final norm and lm_head + cross-entropy in token chunks; with a backward, each chunk's backward
+// runs right away (dL/dlnf into m->s_a), so the logits never exist for all tokens at once.
+// Returns the summed cross-entropy.
+static double head(Model* m, const MicroArgs* a) {
+    Backend* be = m->be;
+    const int N = m->N, H = m->c.hidden, V = m->c.vocab_size;
+    be->rmsnorm_fwd(be, m->lnf, m->rstdf, m->x_final, W(m, 0, m->pl.final_norm), N, H, m->c.rms_eps);
     prof_mark("fwd.norm");
     void* dlnf = m->s_a;  // [N, H]
     for (int t0 = 0; t0 < N; t0 += m->head_chunk) {
@@ -418,10 +417,24 @@ StepLoss model_step(Model* m, const MicroArgs* a) {
     float ce = 0;
     be->to_host(be, &ce, m->loss_acc, sizeof(float));
     prof_mark("head.loss_sync");
-    out.ce_sum = ce;
+    return ce;
+}
+
+StepLoss model_step(Model* m, const MicroArgs* a) {
+    Backend* be = m->be;
+    const int N = m->N, H = m->c.hidden, V = m->c.vocab_size, L = m->c.layers;
+    StepLoss out = {0};
+    step_begin(m, a, &out);
+
+    be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);
+    prof_mark("fwd.embed");
+    for (int l = 0; l < L; l++) layer_forward(m, l, l + 1 < L ? m->ls[l + 1].x_in : m->x_final);
+    router_losses(m, a, &out);
+    prof_mark("fwd.router_losses");
+    out.ce_sum = head(m, a);
     if (!a->backward) return out;
 
-    be->rmsnorm_bwd(be, m->s_dx, G(m, 0, m->pl.final_norm), dlnf, m->x_final, W(m, 0, m->pl.final_norm),
+    be->rmsnorm_bwd(be, m->s_dx, G(m, 0, m->pl.final_norm), m->s_a, m->x_final, W(m, 0, m->pl.final_norm),
                     m->rstdf, N, H, 0);
     prof_mark("bwd.norm");
     for (int l = L - 1; l >= 0; l--) layer_backward(m, l);
