@@ -207,7 +207,7 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
                            "remove %s",
                            t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s,
                            st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S,
-                           text && h[0] ? "from another host" : "that names no holder", LOCK_STALE_S / 60, path);
+                           readable && h[0] ? "from another host" : "that names no holder", LOCK_STALE_S / 60, path);
         log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s%s, %s) replaced\n", aged[0] ? "warning: " : "",
                  path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s, why);
         unlink(path);
