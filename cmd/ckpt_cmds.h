@@ -16,5 +16,12 @@ int ckpt_is_hf_dir(const char* p);
 // config.json and defaults); then argv's section.key=value overrides. *ref_world: the world
 // size the checkpoint was saved from (0 = unknown).
 int eval_load_config(Config* c, int argc, char** argv, const char* ck, int hf, int* ref_world, Err* e);
+// cmd/eval.c, shared with generate: parallel.ep lowered to the largest EP that divides both the
+// launch's world size and the experts (at most the configured one) when it does not fit them.
+void eval_fit_ep(Config* c, int world);
+// cmd/eval.c, shared with generate: a forward-only run that saves and logs nothing and keeps no
+// SwiGLU output; the weights from init_from (a Hugging Face directory, "" for random weights) or,
+// with init_from NULL, resumed from the checkpoint ck.
+void eval_forward_only(Config* c, const char* ck, const char* init_from);
 // moetrain generate (cmd/generate.c): text from a checkpoint with a KV cache; exit 0, or 2.
 int cmd_generate(int argc, char** argv);

@@ -89,32 +89,39 @@ int eval_load_config(Config* c, int argc, char** argv, const char* ck, int hf, i
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
-// The layout of this launch (the header's rules, unless overridden), and nothing saved: the
-// weights from the Hugging Face directory (hf) or resumed from the checkpoint ck.
-static void eval_layout(Config* c, int argc, char** argv, int world, int ref_world, const char* ck, int hf) {
-    if (!overridden(argc, argv, "parallel.ep") && (world % c->parallel.ep || c->model.experts % c->parallel.ep)) {
-        int g = gcd(world, c->model.experts), ep = 1;
-        for (int d = 1; d <= g; d++)
-            if (g % d == 0 && d <= c->parallel.ep) ep = d;
-        c->parallel.ep = ep;
-    }
-    if (ref_world && ref_world != world && !overridden(argc, argv, "train.micro_batch")) {
-        long long seqs = (long long)c->train.micro_batch * ref_world;
-        if (seqs % world == 0) c->train.micro_batch = (int)(seqs / world);
-    }
-    if (c->train.global_batch % (c->train.micro_batch * world)) c->train.global_batch = c->train.micro_batch * world;
+void eval_fit_ep(Config* c, int world) {
+    if (world % c->parallel.ep == 0 && c->model.experts % c->parallel.ep == 0) return;
+    int g = gcd(world, c->model.experts), ep = 1;
+    for (int d = 1; d <= g; d++)
+        if (g % d == 0 && d <= c->parallel.ep) ep = d;
+    c->parallel.ep = ep;
+}
+
+void eval_forward_only(Config* c, const char* ck, const char* init_from) {
     c->checkpoint.dir[0] = 0;
     c->checkpoint.every = 0;
     c->checkpoint.required = 0;
     c->log.dir[0] = 0;
     c->train.keep_swiglu = 0;  // no backward here: nothing to keep, no arena to reserve for it
-    if (hf) {
-        snprintf(c->checkpoint.init_from, sizeof c->checkpoint.init_from, "%s", ck);
+    if (init_from) {
+        snprintf(c->checkpoint.init_from, sizeof c->checkpoint.init_from, "%s", init_from);
         snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "none");
     } else {
         c->checkpoint.init_from[0] = 0;
         snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "%s", ck);
     }
+}
+
+// The layout of this launch (the header's rules, unless overridden), and nothing saved: the
+// weights from the Hugging Face directory (hf) or resumed from the checkpoint ck.
+static void eval_layout(Config* c, int argc, char** argv, int world, int ref_world, const char* ck, int hf) {
+    if (!overridden(argc, argv, "parallel.ep")) eval_fit_ep(c, world);
+    if (ref_world && ref_world != world && !overridden(argc, argv, "train.micro_batch")) {
+        long long seqs = (long long)c->train.micro_batch * ref_world;
+        if (seqs % world == 0) c->train.micro_batch = (int)(seqs / world);
+    }
+    if (c->train.global_batch % (c->train.micro_batch * world)) c->train.global_batch = c->train.micro_batch * world;
+    eval_forward_only(c, ck, hf ? ck : NULL);
 }
 
 // The command line, the config, its layout and its data. Returns 2 (usage) or 0.

@@ -65,7 +65,6 @@ static int parse_ids(const char* s, int32_t** out, int* n, int V, Err* e) {
     return 0;
 }
 
-static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 static int is_override(const char* a) { return strncmp(a, "--", 2) && strchr(a, '='); }
 
@@ -139,30 +138,14 @@ static int encode_prompts(Prompts* P, int bytes, SpModel* sp, int V, Err* e) {
 // weights) or, with init_from NULL, resumed from the checkpoint ck; --device and --dtype.
 static int generate_config(Config* c, int world, int B, int maxlen, const char* ck, const char* init_from,
                            const char* dev, const char* dt, Err* e) {
-    if (world % c->parallel.ep || c->model.experts % c->parallel.ep) {
-        int g = gcd(world, c->model.experts), ep = 1;
-        for (int d = 1; d <= g; d++)
-            if (g % d == 0 && d <= c->parallel.ep) ep = d;
-        c->parallel.ep = ep;
-    }
+    eval_fit_ep(c, world);
     c->train.micro_batch = B;
     c->train.seq_len = maxlen;
     c->train.global_batch = B * world;
-    c->train.keep_swiglu = 0;
     c->data.format = DATA_RANDOM;
     c->data.path[0] = c->data.val_path[0] = c->data.weights[0] = 0;
     c->data.required = 0;
-    c->checkpoint.dir[0] = 0;
-    c->checkpoint.every = 0;
-    c->checkpoint.required = 0;
-    c->log.dir[0] = 0;
-    if (init_from) {
-        snprintf(c->checkpoint.init_from, sizeof c->checkpoint.init_from, "%s", init_from);
-        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "none");
-    } else {
-        c->checkpoint.init_from[0] = 0;
-        snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "%s", ck);
-    }
+    eval_forward_only(c, ck, init_from);
     Err oe = {{0}};
     char kv[64];
     if (dev) {
