@@ -169,7 +169,10 @@ int cmd_eval(int argc, char** argv) {
         err_set(&e, "the data has no validation split (data.val_frac=0); give data.val_frac > 0 or another data.path");
         st = 2;
     }
-    if (dist_agree_error(st, &e)) return eval_fail(rank, &e);
+    if (dist_agree_error(st, &e)) {
+        trainer_free(&t);  // the watchdog's heartbeat file goes too
+        return eval_fail(rank, &e);
+    }
     EvalResult r = trainer_eval(&t, c.train.eval_batches);
     if (rank == 0) {
         printf("eval: %s (step %d): validation loss %.6f nats/token, %.6f bits/token over %lld tokens "

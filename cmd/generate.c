@@ -379,7 +379,10 @@ int cmd_generate(int argc, char** argv) {
     log_set_stream(NULL);  // the trainer's setup notes (data, resume position) say nothing here
     st = trainer_init_infer(&t, &c, &e) ? 2 : 0;
     log_set_stream(stderr);
-    if (dist_agree_error(st, &e)) return fail(rank, &e);
+    if (dist_agree_error(st, &e)) {
+        trainer_free(&t);  // the watchdog's heartbeat file goes too
+        return fail(rank, &e);
+    }
     const int B = P.n, Tmax = maxlen + (a.max_new > 0 ? a.max_new : 1);
     if (rank == 0 && Tmax > c.model.max_seq)
         log_info("generate: note: %d positions exceed model.max_seq=%d (RoPE extrapolates; quality may drop)\n", Tmax,

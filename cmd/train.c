@@ -9,7 +9,6 @@
 #include "comm.h"
 #include "stop.h"
 #include "train.h"
-#include "watchdog.h"
 
 int cmd_train(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
@@ -45,8 +44,7 @@ int cmd_train(int argc, char** argv) {
     st = trainer_init(&t, &c, &e) ? 2 : 0;
     if (dist_agree_error(st, &e)) {
         if (rank == 0) cli_exit_error(NULL, &e);
-        watchdog_stop();                      // its heartbeat file goes
-        if (rank == 0) trainer_release(&t);   // and the lock, if this run took it
+        trainer_free(&t);  // what start-up had made: the watchdog's heartbeat file, the lock if taken
         dist_finalize();
         return 2;
     }
