@@ -238,15 +238,22 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
                 gib(4.0 * (c->checkpoint.save_optimizer ? 3 : 1) *
                     ((c->parallel.zero1 && world > 1 ? (double)m.dense / world : (double)m.dense) +
                      (c->parallel.zero1 && m.edp > 1 ? (double)m.expert / m.edp : (double)m.expert))));
-    fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m.total) * scale, unit, gpu_gib,
-            m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
+    if (on_gpu)
+        fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m.total) * scale, unit, gpu_gib,
+                m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
+    else
+        fprintf(f, "  %-34s %9.2f %s   (host memory of one rank on the CPU backend%s)\n", "total", gib(m.total) * scale,
+                unit, m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
     fprintf(f, "  %-34s %9.2f %s   (weights, one layer's forward buffers at micro_batch x seq_len; no masters, "
             "gradients or Adam state; generate adds its KV cache)\n", "inference (eval/generate)",
             gib(m.infer_total) * scale, unit);
     if (m.kept_swiglu > 0)
         fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
                 "layer)\n", gib(m.kept_swiglu) * scale, unit, gib(m.kept_swiglu / mc->layers) * scale, unit);
-    if (gib(m.total) > gpu_gib)
+    if (!on_gpu)
+        fprintf(f, "host memory (train.device=cpu): %.2f %s per rank, %.2f %s for the %d ranks together\n",
+                gib(m.total) * scale, unit, gib(m.total) * scale * world, unit, world);
+    else if (gib(m.total) > gpu_gib)
         fprintf(f, "WARNING: %.1f GiB per rank exceeds the %.1f GiB GPU: raise parallel.ep or the world size (--world), "
                 "or lower train.micro_batch or train.seq_len\n", gib(m.total), gpu_gib);
     else

@@ -191,6 +191,12 @@ static void test_report(void) {
     t = report(&tiny, 2, 141);
     EXPECT(strstr(t, "MiB") && strstr(t, "fits: "), "tiny model in MiB: %s", t);
     free(t);
+    Config tcpu = load("L0_sanity", (const char*[]){"train.device=cpu", NULL});
+    t = report(&tcpu, 2, 141);
+    EXPECT(strstr(t, "(host memory of one rank on the CPU backend") && strstr(t, "MiB for the 2 ranks together") &&
+               !strstr(t, "GPU") && !strstr(t, "fits: "),
+           "on the CPU: host memory, no GPU to fit: %s", t);
+    free(t);
 }
 
 // GPU runs count the CUDA context, cuBLASLt workspace + op scratch and NCCL's buffers (one per
