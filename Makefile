@@ -54,8 +54,8 @@ else
 endif
 LIB := $(BUILD)/libmoetrain.a
 
-# The user's scripts beside the binary (make install): tokenizing data, plotting metrics.
-USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py)
+# The user's scripts beside the binary (make install): tokenizing data, plotting metrics, mpirun with signals forwarded.
+USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
