@@ -145,6 +145,52 @@ static double lock_age(const char* path, const struct stat* ls) {
     return now - ((double)ls->st_mtim.tv_sec + 1e-9 * ls->st_mtim.tv_nsec);
 }
 
+// The lock at path exists: 0 when its holder is gone (the reason logged; the caller replaces it),
+// else -1 with the holder named in e. host: this host's name; job: $SLURM_JOB_ID (or NULL).
+static int check_holder(const Trainer* t, const char* path, const char* host, const char* job, Err* e) {
+    Err le = {{0}};
+    struct stat ls;
+    const int have_stat = stat(path, &ls) == 0;
+    const double age = have_stat ? lock_age(path, &ls) : 0;
+    char* text = ckpt_read_text(path, 4096, NULL, &le);
+    const int readable = text != NULL;
+    LockOwner o;
+    owner_parse(text, &o);
+    free(text);
+    const char *h = o.host, *p = o.pid, *run = o.run, *sj = o.slurm_job, *st = o.started;
+    const int pid = atoi(p);
+    const char* why = NULL;
+    if (!readable) why = "unreadable";
+    else if (!strcmp(h, host) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) why = "its process is gone";
+    else if (!strcmp(h, host) && pid == (int)getpid()) why = "this process's own";
+    else if (job && *job && !strcmp(sj, job)) why = "left by this Slurm job before a requeue";
+    char aged[96] = "";
+    if (!why && readable && strcmp(h, host) && have_stat && age > LOCK_STALE_S) {  // another host: its pid cannot be checked
+        snprintf(aged, sizeof aged, "not refreshed for %.0f min: its run is gone", age / 60);
+        why = aged;
+    }
+    char job_s[96] = "";  // ", Slurm job N" when the holder ran under Slurm
+    if (sj[0] && strcmp(sj, "-")) snprintf(job_s, sizeof job_s, ", Slurm job %.64s", sj);
+    if (!why && !strcmp(h, host))  // this host, its process alive
+        return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
+                       "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for "
+                       "process %s on this host to end (or stop it), or give another checkpoint.dir",
+                       t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h, job_s, st[0] ? st : "?",
+                       age > 0 ? age : 0, path, p[0] ? p : "?");
+    if (!why)
+        return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
+                       "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for it "
+                       "to end, or give another checkpoint.dir. A live run refreshes its lock every %d s; a lock "
+                       "%s not refreshed for %d min is taken over automatically; if you know that run is gone, "
+                       "remove %s",
+                       t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s,
+                       st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S,
+                       readable && h[0] ? "from another host" : "that names no holder", LOCK_STALE_S / 60, path);
+    log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s%s, %s) replaced\n", aged[0] ? "warning: " : "",
+             path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s, why);
+    return 0;
+}
+
 // Rank 0: takes checkpoint.dir/.lock. 0, or -1 with the holder named.
 static int take_lock(Trainer* t, const char* path, Err* e) {
     char host[256] = "?", me[1024];
@@ -170,46 +216,7 @@ static int take_lock(Trainer* t, const char* path, Err* e) {
             return 0;
         }
         if (errno != EEXIST) return err_set(e, "checkpoint.dir: cannot create the lock %s (%s)", path, strerror(errno));
-        Err le = {{0}};
-        struct stat ls;
-        const int have_stat = stat(path, &ls) == 0;
-        const double age = have_stat ? lock_age(path, &ls) : 0;
-        char* text = ckpt_read_text(path, 4096, NULL, &le);
-        const int readable = text != NULL;
-        LockOwner o;
-        owner_parse(text, &o);
-        free(text);
-        const char *h = o.host, *p = o.pid, *run = o.run, *sj = o.slurm_job, *st = o.started;
-        const int pid = atoi(p);
-        const char* why = NULL;
-        if (!readable) why = "unreadable";
-        else if (!strcmp(h, host) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) why = "its process is gone";
-        else if (!strcmp(h, host) && pid == (int)getpid()) why = "this process's own";
-        else if (job && *job && !strcmp(sj, job)) why = "left by this Slurm job before a requeue";
-        char aged[96] = "";
-        if (!why && readable && strcmp(h, host) && have_stat && age > LOCK_STALE_S) {  // another host: its pid cannot be checked
-            snprintf(aged, sizeof aged, "not refreshed for %.0f min: its run is gone", age / 60);
-            why = aged;
-        }
-        char job_s[96] = "";  // ", Slurm job N" when the holder ran under Slurm
-        if (sj[0] && strcmp(sj, "-")) snprintf(job_s, sizeof job_s, ", Slurm job %.64s", sj);
-        if (!why && !strcmp(h, host))  // this host, its process alive
-            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
-                           "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for "
-                           "process %s on this host to end (or stop it), or give another checkpoint.dir",
-                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h, job_s, st[0] ? st : "?",
-                           age > 0 ? age : 0, path, p[0] ? p : "?");
-        if (!why)
-            return err_set(e, "checkpoint.dir %s is in use by another run (run %s, pid %s on host %s%s, since %s, lock "
-                           "refreshed %.0f s ago; lock %s): two runs must not share a checkpoint directory. Wait for it "
-                           "to end, or give another checkpoint.dir. A live run refreshes its lock every %d s; a lock "
-                           "%s not refreshed for %d min is taken over automatically; if you know that run is gone, "
-                           "remove %s",
-                           t->cfg.checkpoint.dir, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s,
-                           st[0] ? st : "?", age > 0 ? age : 0, path, LOCK_REFRESH_S,
-                           readable && h[0] ? "from another host" : "that names no holder", LOCK_STALE_S / 60, path);
-        log_info("checkpoint: %sa stale lock %s (run %s, pid %s on %s%s, %s) replaced\n", aged[0] ? "warning: " : "",
-                 path, run[0] ? run : "?", p[0] ? p : "?", h[0] ? h : "?", job_s, why);
+        if (check_holder(t, path, host, job, e)) return -1;
         unlink(path);
     }
     return err_set(e, "checkpoint.dir: the lock %s keeps coming back (another run starting at the same time?)", path);
