@@ -589,18 +589,18 @@ def human(n):
 def main():
     ap = argparse.ArgumentParser(description="Raw files to moetrain token shards (docs/data.md).")
     ap.add_argument("inputs", nargs="+", help="files, directories or globs (.gz ok)")
-    ap.add_argument("--tokenizer", required=True, help="tokenizer.model, tokenizer.json, a directory, or bytes")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer.model, tokenizer.json, a directory holding one, or bytes (UTF-8 bytes, 256 tokens)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "fasta", "fastq"])
     ap.add_argument("--text-docs", default="file", choices=["file", "blank", "line"],
                     help="text: a document per file (default), per blank-line-separated block, or per line")
     ap.add_argument("--field", default="text", help="JSON Lines: the field holding the text (default text)")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 1e8)")
-    ap.add_argument("--val-frac", type=float, default=0.005, help="fraction of documents for validation")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
+    ap.add_argument("--val-frac", type=float, default=0.005, help="fraction of documents for validation (default 0.005)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
     ap.add_argument("--workers", type=int, default=0, help="encoding processes (default: all cores)")
     ap.add_argument("--no-bos", action="store_true", help="do not start documents with BOS")
-    ap.add_argument("--eos-id", type=int, default=None, help="the end-of-document token (default: the tokenizer's)")
+    ap.add_argument("--eos-id", type=int, default=None, help="the end-of-document token (default: the tokenizer's; bytes: 0)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
                     help="token width (auto: uint16 when the vocabulary fits, else uint32)")
     ap.add_argument("--force", action="store_true", help="replace shards already in --out")
