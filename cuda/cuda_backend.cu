@@ -479,9 +479,11 @@ static void set_ops(Backend* be) {
     be->gemm_grouped = cuda_gemm_grouped;
     be->gemm_grouped_wgrad = cuda_gemm_grouped_wgrad;
     // FP8 tensor cores from compute capability 8.9 (cuBLASLt's block-scaled modes on 9.0 only; the
-    // fallback kernel elsewhere); below 8.9 none: precision.fp8 is refused there
+    // fallback kernel elsewhere); below 8.9 none, nor in a build without sm_89+ code for this GPU
+    // (make SM=80 run on an 8.9 GPU): precision.fp8 is refused there
     const CudaImpl* ci = CI(be);
-    be->fp8_ws_bytes = (ci->cc_major > 8 || (ci->cc_major == 8 && ci->cc_minor >= 9)) ? cuda_fp8_ws_bytes : NULL;
+    be->fp8_ws_bytes = (ci->cc_major > 8 || (ci->cc_major == 8 && ci->cc_minor >= 9)) && cuda_fp8_kernels_built()
+                           ? cuda_fp8_ws_bytes : NULL;
 
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;

@@ -183,6 +183,7 @@ extern "C" void cuda_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc
 extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X,
                                             void* dB, float beta);
 extern "C" size_t cuda_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
+extern "C" int cuda_fp8_kernels_built(void);
 void fp8_cache_destroy(struct Fp8Cache*);
 // cuda_norm.cu: embedding and RMSNorm
 void cuda_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);

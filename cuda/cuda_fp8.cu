@@ -414,7 +414,16 @@ __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int
             if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(addend[(size_t)row * ldc + col])));
             C[(size_t)row * ldc + col] = from_f<TC>(v);
         }
+#else
+    __trap();  // built without FP8 tensor-core code (cuda_fp8_kernels_built keeps it from being launched)
 #endif
+}
+
+// 1 when the fallback kernel was compiled with its FP8 code for the current device: a build for
+// sm_80 or sm_86 also runs on a compute-capability-8.9 GPU, but its k_fp8_gemm is empty there.
+extern "C" int cuda_fp8_kernels_built(void) {
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, k_fp8_gemm<float>) == cudaSuccess && a.binaryVersion >= 89;
 }
 
 // ---- epilogue: C = alpha · r + beta · addend, r fp32 [rows, N] packed -----------------------------

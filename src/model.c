@@ -89,7 +89,8 @@ static size_t proj_fp8_ws(const Model* m) {
 int model_fp8_check(const Backend* be, Fp8Mode mode, Err* e) {
     if (mode == FP8_NONE || be->fp8_ws_bytes) return 0;
     return err_set(e, "precision.fp8=%s: the %s backend (%s) has no FP8 GEMMs (on CUDA they need compute capability "
-                   "8.9 or later); use precision.fp8=none", fp8_mode_name(mode), be->name, be->device ? be->device : "?");
+                   "8.9 or later and a build with code for it, e.g. make SM=89 or SM=90a); use precision.fp8=none",
+                   fp8_mode_name(mode), be->name, be->device ? be->device : "?");
 }
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

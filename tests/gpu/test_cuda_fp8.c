@@ -41,6 +41,7 @@ void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint
                          int ldq, float* s);
 void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
 void cuda_fp8_set_path(Backend* be, int path);
+int cuda_fp8_kernels_built(void);
 void cuda_fp8_set_row_chunk(Backend* be, int rows);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 int cuda_compute_capability(Backend* be);
@@ -664,11 +665,15 @@ int main(int argc, char** argv) {
     const int small = argc > 1 && !strcmp(argv[1], "--small");
     if (gpu_setup("test_cuda_fp8")) return 1;
     if (!g_modes[0].gpu->fp8_ws_bytes) {
-        printf("skip: the GPU has no FP8 tensor cores (compute capability below 8.9)\n");
+        // Hopper with this build (sm_90a) has them: a refusal there would be a bug, not a skip
+        EXPECT(cuda_compute_capability(g_modes[0].gpu) < 9, "FP8 GEMMs refused on a compute-capability-9 GPU "
+               "(cuda_fp8_kernels_built: %d)", cuda_fp8_kernels_built());
+        printf("skip: no FP8 GEMMs here (compute capability below 8.9, or a build without code for it)\n");
         gpu_teardown();
         TEST_END();
     }
     g_hopper = cuda_compute_capability(g_modes[0].gpu) == 9;
+    EXPECT(cuda_fp8_kernels_built() == 1, "the fallback kernel holds FP8 code for this GPU");
     for (int v = 0; v < 256; v++) g_dec[v] = (double)fp8_e4m3_to_f32((uint8_t)v);
     RUN(test_quant);
     RUN(test_bound_control);
