@@ -271,6 +271,12 @@ static int init_stages(Trainer* t, const Config* cfg, int infer, Err* e) {
     watchdog_token(token);
     if (dist_agree_error(model_fp8_check(t->be, cfg->precision.fp8, e) ? 2 : 0, e)) return -1;
     t->n_micro = tc->global_batch / (tc->micro_batch * t->world);
+    if (!infer) {  // the directory and its lock before anything slow: a second run is refused at once
+        startup_stage("start-up: checkpoint.dir check", to);
+        if (trainer_preflight_dir(t, e)) return -1;
+        startup_stage("start-up: checkpoint.dir lock", to);
+        if (trainer_own(t, e)) return -1;
+    }
 
     startup_stage("start-up: data", to);
     if (open_data(t, cfg, e)) return -1;
@@ -298,10 +304,8 @@ static int init_stages(Trainer* t, const Config* cfg, int infer, Err* e) {
                   // optimizer state (verified whole)
         t->ckpt_bytes = 12.0 * (double)params_count(&cfg->model).total;
     } else {
-        startup_stage("start-up: checkpoint.dir check", to);
-        if (trainer_preflight(t, e)) return -1;  // before anything is restored or trained
-        startup_stage("start-up: checkpoint.dir lock", to);
-        if (trainer_own(t, e)) return -1;
+        startup_stage("start-up: checkpoint.dir space", to);
+        if (trainer_preflight_space(t, e)) return -1;  // before anything is restored or trained
     }
     const double read_s = 4 * t->ckpt_bytes / (t->write_rate > 0 ? t->write_rate : 1e8);
     startup_stage("start-up: checkpoint restore", to > 0 && read_s > to ? read_s : to);

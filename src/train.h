@@ -110,11 +110,14 @@ int64_t trainer_fill_batch(Trainer* t, int split, uint64_t first);
 // init. Loading goes by name, so any layout loads any other. Errors name the file; every rank
 // returns the same status.
 int trainer_save(Trainer* t, Err* e);
-// Collective, before the first step: every rank can create a file in checkpoint.dir; rank 0
-// measures the write rate there (a short fsynced write), checks the free space against the
-// checkpoint's size × (checkpoint.keep + 1, less this directory's complete checkpoints) and
-// warns when a save would not fit in checkpoint.grace_s. Every rank returns the same status.
-int trainer_preflight(Trainer* t, Err* e);
+// Collective preflight of checkpoint.dir, in two parts. _dir, first thing after the communicator
+// (before the lock, the data and the model): the directory is made, every rank can create a file
+// there and rank 0 measures the write rate (a short fsynced write). _space, once the model is
+// built: the checkpoint's size, and rank 0 checks the free space against it × (checkpoint.keep + 1,
+// less this directory's complete checkpoints) and warns when a save would not fit in
+// checkpoint.grace_s. Every rank returns the same status.
+int trainer_preflight_dir(Trainer* t, Err* e);
+int trainer_preflight_space(Trainer* t, Err* e);
 // 1 when this rank writes parameter p in a checkpoint (its ZeRO group's slice holds p's first element).
 int trainer_owns(const Trainer* t, const ParamInfo* p);
 // Run ownership (train_own.c), collective. trainer_own, before restore: a new run id; rank 0

@@ -125,9 +125,8 @@ static void warn_slow(const Trainer* t, double rate) {
                  b, est, r, cc->dir, cc->grace_s, (int)(est * 1.5) + 60);
 }
 
-int trainer_preflight(Trainer* t, Err* e) {
+int trainer_preflight_dir(Trainer* t, Err* e) {
     const CheckpointConfig* cc = &t->cfg.checkpoint;
-    ckpt_sizes(t);
     if (!cc->dir[0]) return 0;
     int st = 0;
     Err le = {{0}};
@@ -140,13 +139,25 @@ int trainer_preflight(Trainer* t, Err* e) {
     st = probe_dir(cc->dir, t->rank, t->rank == 0 ? (size_t)4 << 20 : 0, &rate, &le) ? 2 : 0;
     const long fake_rate = failpoint_int("preflight.write_rate", 0);  // tests: slow storage
     if (fake_rate > 0) rate = (double)fake_rate;
-    if (!st && t->rank == 0) st = check_space(t, &le);
     t->comm->host_broadcast(t->comm, GROUP_WORLD, &rate, sizeof rate, 0);
     if (dist_agree_error(st, &le)) {
         *e = le;
         return -1;
     }
     t->write_rate = rate;
-    warn_slow(t, rate);
+    return 0;
+}
+
+int trainer_preflight_space(Trainer* t, Err* e) {
+    const CheckpointConfig* cc = &t->cfg.checkpoint;
+    ckpt_sizes(t);
+    if (!cc->dir[0]) return 0;
+    Err le = {{0}};
+    const int st = t->rank == 0 ? check_space(t, &le) : 0;
+    if (dist_agree_error(st, &le)) {
+        *e = le;
+        return -1;
+    }
+    warn_slow(t, t->write_rate);
     return 0;
 }

@@ -226,6 +226,14 @@ static void test_lock_other_host(void) {
                    strstr(out, "not refreshed for 10 min is taken over"),
                "a lock refreshed %.0f s ago is refused, the holder named: rc %d, %s", ages[i], rc, out);
     }
+    // the lock comes before the data and the model: a run whose data directory holds no data (which
+    // opening the data would refuse) is refused for the lock
+    char empty[500];
+    snprintf(empty, sizeof empty, "%s/empty_data", g_dir);
+    mkdir(empty, 0755);
+    int rc0 = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s data.format=auto data.path=%s", g_bin, ck, empty);
+    EXPECT(rc0 == 2 && strstr(out, "in use by another run") && !strstr(out, "error: data"),
+           "the lock is checked before the data is opened: rc %d, %s", rc0, out);
     put_lock(p, FAR_LOCK, 11 * 60 + 5);
     int rc = run(out, sizeof out, NULL, "%s " TINY " train.steps=2 checkpoint.dir=%s", g_bin, ck);
     EXPECT(rc == 0 && strstr(out, "checkpoint: warning: a stale lock ") &&
