@@ -760,11 +760,12 @@ def main():
     fsync_dir(args.out)
     dt = time.time() - t0
     ntok = shards["train"].tokens + shards["val"].tokens
-    print("tokenize: %d documents, %s tokens (train %s in %d shards, val %s in %d) from %d files (%.2f MB on disk, "
+    print("tokenize: %d documents, %s tokens (train %s in %d shards, val %s in %d) from %d file%s (%.2f MB on disk, "
           "%.2f MB of text) in %.2f s: %.2f MB/s of text, %s tokens/s, %d workers -> %s" % (
               ndoc[0], human(ntok), human(shards["train"].tokens), len(shards["train"].done),
-              human(shards["val"].tokens), len(shards["val"].done), len(files), total_in / 1e6, text_bytes[0] / 1e6,
-              dt, text_bytes[0] / 1e6 / max(dt, 1e-9), human(ntok / max(dt, 1e-9)), workers, args.out))
+              human(shards["val"].tokens), len(shards["val"].done), len(files), "" if len(files) == 1 else "s",
+              total_in / 1e6, text_bytes[0] / 1e6, dt, text_bytes[0] / 1e6 / max(dt, 1e-9),
+              human(ntok / max(dt, 1e-9)), workers, args.out))
     if args.val_frac > 0 and shards["val"].docs == 0:
         sys.stderr.write("tokenize: warning: no document fell in the validation split (%d documents); the trainer "
                          "will hold out data.val_frac of the train windows instead\n" % ndoc[0])

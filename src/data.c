@@ -766,6 +766,12 @@ static void describe_plain(const DataSet* ds, char* buf, size_t n, int as_val) {
                  ds->seq_len);
         return;
     }
+    if (!ds->st[1].ntok && !ds->st[1].nwin) {  // no split (val_frac 0, or separate validation data)
+        snprintf(buf, n, "%s%s, %s: %stokens %s train; windows %llu train (seq_len %d, stride %d, shuffle %s)", fmt,
+                 ds->any_gz ? " (gzip)" : "", files, recs, t0, (unsigned long long)ds->st[0].nwin, ds->seq_len,
+                 ds->seq_len, ds->shuffle ? "on" : "off");
+        return;
+    }
     snprintf(buf, n, "%s%s, %s: %stokens %s train, %s validation; windows %llu train, %llu validation "
              "(seq_len %d, stride %d, shuffle %s)", fmt, ds->any_gz ? " (gzip)" : "", files, recs, t0, t1,
              (unsigned long long)ds->st[0].nwin, (unsigned long long)ds->st[1].nwin, ds->seq_len, ds->seq_len,

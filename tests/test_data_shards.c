@@ -242,6 +242,7 @@ static void test_val_path(void) {
         const char* vd = strstr(d, "; validation data: ");
         EXPECT(vd && strstr(vd, "vp_val.bin: tokens 33; windows 8 (") && !strstr(vd, " train"),
                "the validation data described as validation only: %s", d);
+        EXPECT(!strstr(d, "0 validation"), "the training data, all of it train, names no empty validation split: %s", d);
         // train: all of vp_train.bin, shuffled: every window once per epoch
         int seen[25] = {0}, ok = 1;
         int32_t w[5];
