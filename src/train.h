@@ -98,7 +98,7 @@ void trainer_sample(Trainer* t, int step);
 // (not scored) where the input is the separator. Returns the scored targets.
 int64_t trainer_fill_batch(Trainer* t, int split, uint64_t first);
 
-// Checkpoint glue (train_ckpt.c). trainer_save: collective; writes checkpoint.dir/step_<t->step>
+// Checkpoint glue (train_ckpt.c: save; train_restore.c: restore). trainer_save: collective; writes checkpoint.dir/step_<t->step>
 // (the number of steps done), streamed one tensor at a time: every rank the fp32 masters and
 // (unless checkpoint.save_optimizer=false) the Adam moments of the tensors it owns under their
 // Hugging Face names (optim.exp_avg.NAME, optim.exp_avg_sq.NAME), rank 0 the trainer state
