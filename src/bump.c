@@ -35,6 +35,8 @@ void* bump_all(Bump* b, size_t* bytes) {
     return b->chunks->base;
 }
 
+size_t bump_planned(const Bump* b) { return b->chunks->size; }
+
 void* bump_alloc(Bump* b, size_t bytes) {
     bytes = (bytes + 255) & ~(size_t)255;
     for (;;) {

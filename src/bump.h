@@ -21,4 +21,6 @@ void bump_reset(Bump* b);
 // Resets b and hands out its first (planned) chunk whole, *bytes of it: one op's workspace
 // (the attention backward's dS), valid until the next bump_alloc or reset.
 void* bump_all(Bump* b, size_t* bytes);
+// Bytes of the planned (first) chunk.
+size_t bump_planned(const Bump* b);
 void bump_free(Bump* b);

@@ -83,7 +83,8 @@ void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
     // With EP > 1 a rank receives more than N·k rows when routing favours its experts: 25%
     // slack before the arenas grow. At EP = 1 every row stays here, exactly N·k: no slack.
     const double slack = m->ep > 1 ? 1.25 : 1.0;
-    size_t tmp = (size_t)(slack * (double)scratch);
+    const size_t room = (size_t)(slack * (double)scratch);  // what the layer's rows take at most
+    size_t tmp = room;
     // The attention backward takes this arena as its workspace (model.c): in bf16 the Hopper
     // kernels store dS there, the causal 64 × 64 bf16 tiles of every batch row and query head
     // (cuda_attn_bwd_wg.cu), in as few chunks as it holds. Grown to hold all of it (one chunk:
@@ -94,15 +95,19 @@ void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
         const size_t nt = ((size_t)m->T + 63) / 64, ds = (size_t)m->B * m->c.heads * (nt * (nt + 1) / 2) * 64 * 64 * 2;
         if (ds > tmp && ds <= 2 * tmp) tmp = ds;
     }
-    // precision.fp8: the FP8 GEMMs' workspace on top (the expert GEMMs' next to the layer's
-    // scratch; the attention projections' alone, model.c), for the planned rows (R + R/4 with EP > 1)
+    // precision.fp8: the workspace of the FP8 GEMMs, for the planned rows (R + R/4 with EP > 1).
+    // The expert GEMMs' sits beside the layer's rows; the attention projections' has the arena to
+    // itself (model.c), as has the attention backward: the arena grows only when the rows plus the
+    // expert workspace, or the projections' workspace, need more than it already holds (at
+    // micro-batch 8 × 4096 of bench_8x7B_L2 the dS room holds either: no memory added)
     if (m->fp8 != FP8_NONE) {
         const int Rp = (int)(m->ep > 1 ? R + R / 4 : R);
         const size_t fw = expert_fp8_ws(m, Rp, 1), bw = m->inference ? 0 : expert_fp8_ws(m, Rp, 0);
-        size_t ws = fw > bw ? fw : bw;
-        if (proj_fp8_ws > ws) ws = proj_fp8_ws;
-        m->fp8_ws = ws + 256;  // bump_alloc's alignment
-        tmp += m->fp8_ws;
+        const size_t ew = (fw > bw ? fw : bw) + 256;  // bump_alloc's alignment
+        const size_t pw = proj_fp8_ws ? proj_fp8_ws + 256 : 0;
+        m->fp8_ws = ew > pw ? ew : pw;
+        if (room + ew > tmp) tmp = room + ew;
+        if (pw > tmp) tmp = pw;
     }
     // (ModelOpts.inference: one layer's, reset by every layer's forward)
     bump_init(&m->bump, m->be, (size_t)(slack * (double)saved * (m->inference ? 1 : m->c.layers)));

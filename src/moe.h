@@ -6,8 +6,9 @@
 void moe_saved_alloc(Model* m, MoeSaved* s);
 void moe_saved_free(Model* m, MoeSaved* s);
 // Plans the bump arenas for balanced routing (grown on demand); with precision.fp8 the per-layer
-// scratch also holds the FP8 GEMMs' workspace: the expert GEMMs' or proj_fp8_ws (the attention
-// projections', model.c), the larger (m->fp8_ws).
+// scratch also holds the FP8 GEMMs' workspace (m->fp8_ws, the larger of the expert GEMMs' and
+// proj_fp8_ws, the attention projections', model.c): the expert GEMMs' beside the layer's rows, the
+// projections' alone, growing the arena only past what it holds already.
 void moe_plan_bumps(Model* m, size_t proj_fp8_ws);
 // out[N,H] = res[N,H] + moe(x[N,H]) for layer l (res may be out: +=); saves what the backward
 // needs in m->ls[l].moe.

@@ -78,8 +78,9 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     const double moe_scratch = slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
     const double nt = (double)((c->train.seq_len + 63) / 64);
     const double ds = a == 2 ? 8192.0 * c->train.micro_batch * Hq * (nt * (nt + 1) / 2) : 0;
-    m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) +
-                     (ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch);
+    m->moe_room = moe_scratch;
+    m->moe_arena = ds > moe_scratch && ds <= 2 * moe_scratch ? ds : moe_scratch;
+    m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) + m->moe_arena;
     // inference: one layer's saved set (no h kept), the final x / norm / tokens, the fused q|k|v
     // projection, the send buffer and its weights, the MoE per-layer scratch (no dS)
     m->infer_act = per_layer - slack * R * kept_h * a + a * N * 2 * H + f4 * 3 * N +
@@ -98,6 +99,9 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
 // adds the fp32 product [M,N] (cpu_gemm_fp8.c: exact there). On GPUs an estimate: the CUDA backend
 // takes the rows (the tokens of a weight gradient) PLAN_FP8_GPU_ROWS at a time and needs no product
 // buffer except for a bf16 C with beta ≠ 0; its fp8_ws_bytes decides.
+// Placed as moe.c places it: the expert GEMMs' beside the layer's rows (moe_room), the projections'
+// alone; the scratch grows only past what it holds already (moe_arena: the attention backward's dS
+// room in bf16), so fp8_extra, not fp8_ws, is what FP8 adds to a rank's memory.
 #define PLAN_FP8_GPU_ROWS 4096.0
 static double al256(double x) { return (double)(((uint64_t)x + 255) / 256 * 256); }
 static double tiles(double n) { return (double)(((uint64_t)n + 127) / 128); }
@@ -113,22 +117,28 @@ static double ws_wgrad(double M, double N, double K, int cpu) {
 }
 static double dmax(double a, double b) { return a > b ? a : b; }
 
+static double grow(double need, double have) { return need > have ? need - have : 0; }
+
 static void plan_fp8(const Config* c, PlanMemory* m) {
     if (c->precision.fp8 == FP8_NONE) return;
     const ModelConfig* mc = &c->model;
     const int cpu = c->train.device == DEVICE_CPU;
     const int64_t R0 = m->tokens * mc->top_k;
     const double R = (double)(m->ep > 1 ? R0 + R0 / 4 : R0), H = mc->hidden, F = mc->ffn, N = (double)m->tokens;
-    double ws = dmax(dmax(ws_gemm(R, 2 * F, H, cpu), ws_gemm(R, H, F, cpu)),                 // forward: w13, w2
-                     dmax(dmax(ws_wgrad(R, H, F, cpu), ws_gemm(R, F, H, cpu)),                // w2 backward
-                          dmax(ws_wgrad(R, 2 * F, H, cpu), ws_gemm(R, H, 2 * F, cpu))));      // w13 backward
+    const double fw = dmax(ws_gemm(R, 2 * F, H, cpu), ws_gemm(R, H, F, cpu)) + 256;         // forward: w13, w2
+    const double bw = dmax(dmax(ws_wgrad(R, H, F, cpu), ws_gemm(R, F, H, cpu)),             // w2 backward
+                           dmax(ws_wgrad(R, 2 * F, H, cpu), ws_gemm(R, H, 2 * F, cpu))) + 256;  // w13 backward
+    double pw = 0;  // the attention projections' (fp8=linear)
     if (c->precision.fp8 == FP8_LINEAR) {
         const double D = H / mc->heads, QD = mc->heads * D, QKV = (mc->heads + 2 * mc->kv_heads) * D;
         const double p[] = {ws_gemm(N, QKV, H, cpu), ws_gemm(N, H, QD, cpu), ws_gemm(N, QD, H, cpu),
                             ws_gemm(H, QD, N, cpu),  ws_gemm(QKV, H, N, cpu), ws_gemm(N, H, QKV, cpu)};
-        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) ws = dmax(ws, p[i]);
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) pw = dmax(pw, p[i] + 256);
     }
-    m->fp8_ws = ws + 256;  // bump_alloc's alignment
+    const double ew = dmax(fw, bw);
+    m->fp8_ws = dmax(ew, pw);
+    m->fp8_extra = grow(dmax(m->moe_room + ew, pw), m->moe_arena);
+    m->fp8_infer_extra = grow(dmax(m->moe_room + fw, pw), m->moe_room);  // no backward, no dS room
 }
 
 // What a GPU run holds besides the model.
@@ -166,9 +176,10 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     plan_activations(c, a, m);
     plan_runtime(c, world, m);
     plan_fp8(c, m);
-    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_ws +
+    m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_extra +
                m->cuda_context + m->lib_workspace + m->nccl;
-    m->infer_total = m->weights + m->infer_act + m->logits + m->fp8_ws + m->cuda_context + m->lib_workspace + m->nccl;
+    m->infer_total = m->weights + m->infer_act + m->logits + m->fp8_infer_extra + m->cuda_context + m->lib_workspace +
+                     m->nccl;
     return 0;
 }
 
@@ -212,7 +223,7 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
         {"activations saved for backward", m.act_saved},
         {"activation scratch (one layer)", m.act_scratch},
         {"lm_head logits chunk", m.logits},
-        {"FP8 GEMM workspace", m.fp8_ws},
+        {"FP8 GEMM workspace", m.fp8_extra},
         {"CUDA context + kernels (estimate)", m.cuda_context},
         {"cuBLASLt workspace + op scratch", m.lib_workspace},
         {"NCCL buffers (estimate)", m.nccl},
@@ -226,7 +237,14 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
         if (i >= 8 && !on_gpu) break;  // the CUDA rows: GPU runs only
         if (i == 10 && m.nccl == 0) continue;
         fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
-        if (i == 7) fprintf(f, "   (precision.fp8=%s%s)", fp8_mode_name(c->precision.fp8), on_gpu ? ", estimate" : "");
+        if (i == 7) fprintf(f, "   (precision.fp8=%s%s", fp8_mode_name(c->precision.fp8), on_gpu ? ", estimate" : "");
+        if (i == 7 && m.fp8_extra == 0)
+            fprintf(f, ": %.2f %s, held by the activation scratch's room for the attention backward", gib(m.fp8_ws) * scale,
+                    unit);
+        else if (i == 7 && m.fp8_extra < m.fp8_ws)
+            fprintf(f, ": %.2f %s, %.2f %s of it in the activation scratch", gib(m.fp8_ws) * scale, unit,
+                    gib(m.fp8_ws - m.fp8_extra) * scale, unit);
+        if (i == 7) fprintf(f, ")");
         if (i == 10) fprintf(f, "   (%d communicator%s of > 1 rank)", m.nccl_comms, m.nccl_comms == 1 ? "" : "s");
         fprintf(f, "\n");
     }

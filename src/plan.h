@@ -23,7 +23,13 @@ typedef struct PlanMemory {
     double kept_swiglu;       // of act_saved: the SwiGLU output h kept by train.keep_swiglu (0 when off)
     double act_scratch;       // per-layer scratch (reused by every layer)
     double logits;            // lm_head logits chunk
-    double fp8_ws;            // precision.fp8: the FP8 GEMMs' workspace in the per-layer scratch (0 with none)
+    double moe_room;          // of act_scratch: the MoE's per-layer rows (with EP > 1 the 25% slack)
+    double moe_arena;         // of act_scratch: the MoE's per-layer arena, moe_room or the attention
+                              // backward's dS when larger (bf16, moe.c moe_plan_bumps)
+    double fp8_ws;            // precision.fp8: the largest FP8 GEMM workspace of a layer (0 with none)
+    double fp8_extra;         // what that workspace adds to the arena: 0 where moe_arena holds it
+                              // beside the rows; counted in total (fp8_infer_extra: in infer_total)
+    double fp8_infer_extra;
     // GPU runs only (0 on the CPU): what the CUDA runtime and libraries hold besides our buffers
     double cuda_context;      // CUDA context and loaded kernels: PLAN_CUDA_CONTEXT_BYTES (an estimate)
     double lib_workspace;     // cuBLASLt workspace + the backend's op scratch (exact: backend.h)
@@ -34,7 +40,7 @@ typedef struct PlanMemory {
     // eval and generate (trainer_init_infer, ModelOpts.inference): no masters, gradients, Adam
     // state or backward scratch; one layer's forward buffers serve every layer
     double infer_act;         // those buffers and the forward's scratch (MoE rows, send buffer)
-    double infer_total;       // weights + infer_act + logits chunk + FP8 workspace + the runtime's
+    double infer_total;       // weights + infer_act + logits chunk + fp8_infer_extra + the runtime's
                               // (generate's KV cache not included: B × layers × 2·Hkv·D × (prompt + new) × a)
 } PlanMemory;
 

@@ -575,6 +575,47 @@ static void test_fp8_wiring(void) {
     }
 }
 
+// A stand-in for a GPU backend's fp8_ws_bytes: any size function serves the arena planning
+static size_t g_fake_ws_div;
+static size_t fake_fp8_ws(Backend* b, Fp8Op op, Fp8Gemm f, int M, int N, int K, int groups) {
+    (void)b, (void)op, (void)groups;
+    return f == FP8_OFF ? 0 : (size_t)(M + N) * (size_t)K * 8 / g_fake_ws_div;
+}
+
+// The FP8 workspace in the MoE's per-layer arena (moe_plan_bumps), planned as a bf16 GPU run plans
+// it: with the attention backward's dS room (here 327,680 bytes against 202,752 of rows: B 1 × T 256,
+// 4 heads, R = 512 rows of F + H = 192 bf16) a workspace that fits beside the rows adds nothing; a
+// larger one grows the arena to rows + workspace; in fp32 (no dS room) it always adds. The plan agrees.
+static void test_fp8_arena(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 64, .ffn = 128, .layers = 1, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 256, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.02f};
+    Backend gpu = *be;
+    gpu.act_dtype = DTYPE_BF16;
+    gpu.fp8_ws_bytes = fake_fp8_ws;
+    const size_t room = 512 * (192 * 2 + 8) + 8 * 256, ds = 4 * 10 * 64 * 64 * 2;
+    const struct { DType dt; size_t div; } cases[] = {{DTYPE_BF16, 32}, {DTYPE_BF16, 1}, {DTYPE_F32, 32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gpu.act_dtype = cases[i].dt;
+        g_fake_ws_div = cases[i].div;
+        const size_t rows = cases[i].dt == DTYPE_BF16 ? room : 512 * (192 * 4 + 8) + 8 * 256;
+        size_t planned[2];
+        Model m[2];
+        for (int f = 0; f < 2; f++) {
+            const ModelOpts o = {.fp8 = f ? FP8_EXPERTS : FP8_NONE};
+            model_create_opts(&m[f], &c, 1, 256, &o, &gpu, g_comm);
+            planned[f] = bump_planned(&m[f].tmp);
+        }
+        const size_t ws = m[1].fp8_ws, want_none = cases[i].dt == DTYPE_BF16 ? ds : rows;
+        const size_t want = rows + ws > want_none ? rows + ws : want_none;
+        EXPECT(planned[0] == want_none && planned[1] == want && ws > 0,
+               "%s, workspace %zu: arena %zu without FP8 (want %zu), %zu with (want %zu)",
+               cases[i].dt == DTYPE_BF16 ? "bf16" : "fp32", ws, planned[0], want_none, planned[1], want);
+        if (i == 0) EXPECT(planned[1] == planned[0], "bf16: the small workspace fits in the dS room");
+        if (i > 0) EXPECT(planned[1] > planned[0], "the arena grows for a workspace that does not fit");
+        for (int f = 0; f < 2; f++) model_free(&m[f]);
+    }
+}
+
 // A backend without FP8 GEMMs (fp8_ws_bytes NULL: CUDA below compute capability 9.0) is refused
 // for fp8 experts and linear with a message naming the key, the backend and the way out.
 static void test_fp8_refused(void) {
@@ -604,6 +645,7 @@ int main(int argc, char** argv) {
     RUN(test_keep_swiglu);
     RUN(test_fp8_modes);
     RUN(test_fp8_wiring);
+    RUN(test_fp8_arena);
     RUN(test_fp8_refused);
     g_comm->destroy(g_comm);
     be->destroy(be);

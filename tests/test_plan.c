@@ -311,6 +311,38 @@ static void test_memory_attn_ds(void) {
     EXPECT(l.act_scratch == densel + Rl * (F + H) * 2 + 8 * Rl, "seq 32768: no 34 GB dS arena (%.0f)", l.act_scratch);
 }
 
+// precision.fp8's workspace placed as moe.c places it: the expert GEMMs' beside the layer's rows,
+// where bench_8x7B_L2 at micro-batch 8 has the attention backward's dS room (2.42 GB of rows in a
+// 4.36 GB arena): no memory added, the total equal to bf16's; at seq 32768 (no dS room) and in fp32
+// the arena grows by the whole workspace.
+static void test_memory_fp8(void) {
+    const double GiB = (double)(1ull << 30);
+    Err e = {{0}};
+    const char* base[] = {"train.micro_batch=8", "train.global_batch=8", NULL};
+    const char* ex[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=experts", NULL};
+    const char* li[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=linear", NULL};
+    const char* lo[] = {"train.micro_batch=1", "train.global_batch=1", "train.seq_len=32768", "precision.fp8=experts", NULL};
+    const char* lon[] = {"train.micro_batch=1", "train.global_batch=1", "train.seq_len=32768", NULL};
+    const char* f32[] = {"train.micro_batch=8", "train.global_batch=8", "precision.dtype=fp32", "precision.fp8=experts", NULL};
+    PlanMemory b, x, l, g, gn, f;
+    Config cb = load("bench_8x7B_L2", base), cx = load("bench_8x7B_L2", ex), cl = load("bench_8x7B_L2", li);
+    Config cg = load("bench_8x7B_L2", lo), cgn = load("bench_8x7B_L2", lon), cf = load("bench_8x7B_L2", f32);
+    EXPECT(plan_memory(&cb, 1, &b, &e) == 0 && plan_memory(&cx, 1, &x, &e) == 0 && plan_memory(&cl, 1, &l, &e) == 0 &&
+               plan_memory(&cg, 1, &g, &e) == 0 && plan_memory(&cgn, 1, &gn, &e) == 0 && plan_memory(&cf, 1, &f, &e) == 0,
+           "plan: %s", e.msg);
+    EXPECT(b.fp8_ws == 0 && b.fp8_extra == 0, "fp8 none: no workspace");
+    EXPECT(x.fp8_ws > 0.1 * GiB && x.fp8_ws < 0.5 * GiB, "experts: workspace %.3f GiB", x.fp8_ws / GiB);
+    EXPECT(x.moe_room + x.fp8_ws <= x.moe_arena && x.fp8_extra == 0 && x.total == b.total,
+           "experts at micro-batch 8: rows %.3f + workspace %.3f GiB within the %.3f GiB arena, total %.3f = %.3f GiB",
+           x.moe_room / GiB, x.fp8_ws / GiB, x.moe_arena / GiB, x.total / GiB, b.total / GiB);
+    EXPECT(l.fp8_ws >= x.fp8_ws && l.fp8_extra == 0 && l.total == b.total, "linear: total %.3f GiB", l.total / GiB);
+    EXPECT(g.moe_arena == g.moe_room && g.fp8_extra == g.fp8_ws && g.total == gn.total + g.fp8_ws,
+           "seq 32768: the arena grows by the workspace (%.3f of %.3f GiB)", g.fp8_extra / GiB, g.fp8_ws / GiB);
+    EXPECT(f.fp8_extra == f.fp8_ws && f.fp8_ws > 0, "fp32: no dS room, the workspace added (%.3f GiB)", f.fp8_extra / GiB);
+    EXPECT(x.fp8_infer_extra > 0 && x.fp8_infer_extra <= x.fp8_ws && x.infer_total == b.infer_total + x.fp8_infer_extra,
+           "inference (no dS room): the forward's workspace added, %.3f GiB", x.fp8_infer_extra / GiB);
+}
+
 int main(void) {
     char exe[PATH_MAX];  // work from the repository root (build/tests/test_plan)
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -326,6 +358,7 @@ int main(void) {
     RUN(test_memory_l1);
     RUN(test_memory_keep_swiglu);
     RUN(test_memory_attn_ds);
+    RUN(test_memory_fp8);
     RUN(test_report);
     RUN(test_gpu_rows);
     RUN(test_cmd_plan);
