@@ -95,7 +95,7 @@ typedef struct DataConfig {
     int sep_token;            // token between records (byte-level)
     int shuffle;
     int required;             // refuse to start without data.path
-    DocMode documents;       // packed documents stay apart (attention, RoPE, loss); auto: data.c
+    DocMode documents;       // packed documents stay apart (attention, RoPE, loss); auto: data_doc_sep
     int reset_positions;     // with documents: RoPE positions restart at 0 in every document
     int mask_boundary_loss;  // with documents: a separator's prediction of the next document's
                              // first token is not scored

@@ -1,5 +1,7 @@
-// data_impl.h — internals of the data layer, shared by data.c (open, split, windows, shuffle),
-// data_seq.c (byte-level readers and parsers) and data_bin.c (.bin shards). Not for other layers.
+// data_impl.h — internals of the data layer, shared by data.c (open, split), data_mix.c (sources,
+// weights, mixtures), data_window.c (windows, shuffle, data_get, documents), data_describe.c (the
+// log line), data_seq.c (byte-level readers and parsers), data_bin.c (.bin shards) and
+// data_paths.c (path lists). Not for other layers.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -117,3 +119,70 @@ void data_resolve_path(const char* p, char* out, size_t n);
 int path_list_expand(const char* item, int for_val, PathList* out, PathList* dir_val, Err* e);
 // The eos_id of the manifest.json beside a shard, or -1.
 int shard_manifest_eos(const char* shard);
+
+// ---- the data set (data.c, data_mix.c, data_window.c, data_describe.c) -------------------------
+
+typedef struct Stream {
+    Seg* seg;          // [nseg] pieces of the split's token stream, in order
+    uint64_t* start;   // [nseg] stream offset of each piece's first token
+    int nseg;
+    uint64_t ntok, nwin, records;
+} Stream;
+
+enum { KIND_NONE = 0, KIND_BYTES, KIND_BIN, KIND_RANDOM, KIND_MIX };
+
+struct DataSet {
+    int kind;
+    int seq_len, vocab, sep, shuffle;
+    uint64_t seed;
+    float val_frac;
+    Stream st[2];        // [split]
+    Corpus corpus;       // byte-level storage (the streams point into it)
+    int single;          // byte-level: one record, split by position
+    Seg* segs;           // [nsegs] .bin payloads, in file order
+    int nsegs;
+    MapFile* maps;       // [nmaps] mmap'd .bin files
+    int nmaps;
+    unsigned fmt_mask;   // 1 << DataFormat of every file
+    unsigned width_mask; // .bin: 1 << token width
+    int nfiles, any_gz;
+    char first[256];     // first file name, for messages
+    int doc_sep;         // the token between documents (data_doc_separator)
+    // KIND_MIX: sources mixed by weight and/or separate validation data
+    DataSet** comp;      // [ncomp] sources (each a plain set: bytes or bin)
+    int ncomp;
+    double* weight;      // [ncomp] normalised weights, or NULL (one source, no mixing)
+    uint16_t* tab_src;   // [MIX_PERIOD] source of blended sample r of a period
+    uint32_t* tab_k;     // [MIX_PERIOD] its sample index within that source and period
+    uint64_t* per_period;// [ncomp] samples of each source per period
+    DataSet* val;        // validation data (data.val_path), or NULL
+    int sep_inside;      // byte-level: the sep token's byte value occurs inside a record
+    int eos;             // .bin: the token between documents, or -1 when not known
+};
+
+#define MIX_PERIOD 65536  // the blend repeats every MIX_PERIOD samples (exact proportions per period)
+
+// data.c: a set with dc's settings and nothing read yet; a plain set (bytes or .bin, no mixing)
+// of the given files.
+DataSet* data_new_set(const DataConfig* dc, int vocab, int seq_len, uint64_t seed);
+int data_open_plain(DataSet** out, const DataConfig* dc0, const PathList* files, float val_frac, int shuffle,
+                    int vocab_size, int seq_len, uint64_t seed, Err* e);
+
+// data_mix.c: data.path and data.val_path expanded into files: one list per data.weights
+// source (mix), or one for all; the validation files, those named by data.val_path or else the
+// directories' own.
+typedef struct DataSources {
+    char* items[256];  // data.path's items (pointers into the caller's copy)
+    int n, nv, mix, nsrc;
+    double w[256];     // data.weights, with mix
+    PathList* src;     // [nsrc]
+    PathList dir_val, val;
+} DataSources;
+
+// list, vlist: writable copies of data.path and data.val_path. 0, or -1 with the reason in e;
+// data_sources_free S either way.
+int data_sources_expand(DataSources* S, const DataConfig* dc, char* list, char* vlist, Err* e);
+void data_sources_free(DataSources* S);
+// A set of components: the weighted sources (blended), or one source with separate validation files.
+int data_open_mix(DataSet** out, const DataConfig* dc, const DataSources* S, int vocab_size, int seq_len,
+                  uint64_t seed, Err* e);
