@@ -64,6 +64,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 [ -f "$OUT/steps.txt" ] || { echo "ab: no run finished"; exit 1; }
+set -o pipefail  # the exit status is python's, not tee's
 python3 - "$OUT/steps.txt" "${names[@]}" <<'EOF' | tee -a "$LOG"
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]

@@ -23,6 +23,7 @@
 #   HF_RESULTS=file      reuse peer JSON lines from an earlier run instead of running the peer
 #   HF_ARGS="..."        more hf_peer.py arguments (e.g. "--clip 1.0")
 #   OURS=0               skip moetrain (peer only)
+#   MOETRAIN=build/moetrain  the binary (`make bench` passes $(BUILD)/moetrain)
 #   CONFIG=bench_8x7B_L2 config name or path, for both sides; ARGS="k=v ..." extra overrides for
 #                        moetrain (model.* and optim.* ones reach the peer too)
 #   FP8="none experts"   one moetrain run per value with precision.fp8=VALUE (rows "moetrain" for
@@ -35,9 +36,11 @@
 #
 # Writes to $OUT: moetrain.log, hf.log, results.jsonl (one JSON object per run; "impl" is
 # "moetrain" or the peer variant), summary.md (the table, also printed). Exit status: 0 when
-# every requested moetrain run produced its bench line, 1 otherwise.
+# every requested moetrain run produced its bench line and the table was made, 1 otherwise.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+. scripts/limit.sh
+BIN=${MOETRAIN:-build/moetrain}
 MBS=${MBS:-4}
 SEQ=${SEQ:-4096}
 HF_VARIANTS=${HF_VARIANTS-eager eager+compile default}
@@ -58,8 +61,8 @@ say "out $OUT; $CONFIG, MBS=[$MBS] SEQ=[$SEQ] HF_VARIANTS=[$HF_VARIANTS]; GPU ${
 fail=0
 # ---- moetrain ---------------------------------------------------------------------------------
 if [ "$OURS" = 1 ]; then
-  if [ ! -x build/moetrain ]; then
-    say "build/moetrain is missing: run 'make' first (make bench builds it)"
+  if [ ! -x "$BIN" ]; then
+    say "$BIN is missing: run 'make' first (make bench builds it)"
     exit 1
   fi
   for seq in $SEQ; do
@@ -73,9 +76,10 @@ if [ "$OURS" = 1 ]; then
       say "$impl $CONFIG micro_batch=$mbs seq_len=$seq"
       echo "==== moetrain $CONFIG train.micro_batch=$mbs train.global_batch=$mbs train.seq_len=$seq $extra ${ARGS:-}" >>"$OUT/moetrain.log"
       # shellcheck disable=SC2086  # LAUNCH, extra and ARGS are word lists
-      timeout --foreground -k 10 "$RUN_TIMEOUT" $LAUNCH build/moetrain --config "$CONFIG" train.micro_batch="$mbs" \
+      run_limited "$RUN_TIMEOUT" $LAUNCH "$BIN" --config "$CONFIG" train.micro_batch="$mbs" \
         train.global_batch="$mbs" train.seq_len="$seq" $extra ${ARGS:-} >>"$OUT/moetrain.log" 2>&1
       rc=$?
+      [ "$RUN_LIMITED_STOP" = 1 ] && { say "interrupted"; exit 130; }
       line=$(awk '/^==== /{last=""} /^\{"bench"/{last=$0} END{print last}' "$OUT/moetrain.log")
       if [ $rc -ne 0 ] || [ -z "$line" ]; then
         say "$impl mbs=$mbs seq=$seq: exit $rc$([ $rc -eq 124 ] && echo " (timed out after ${RUN_TIMEOUT}s)"), bench line: ${line:-none} (see $OUT/moetrain.log)"
@@ -102,8 +106,9 @@ hf_run() {
   cmd+=(${HF_ARGS:-} "$@")
   say "peer: ${cmd[*]}"
   echo "==== ${cmd[*]}" >>"$OUT/hf.log"
-  PYTHONUNBUFFERED=1 timeout --foreground -k 10 "$lim" "${cmd[@]}" >"$log" 2>&1
+  PYTHONUNBUFFERED=1 run_limited "$lim" "${cmd[@]}" >"$log" 2>&1
   local rc=$?
+  [ "$RUN_LIMITED_STOP" = 1 ] && { say "interrupted"; exit 130; }
   cat "$log" >>"$OUT/hf.log"
   say "  exit $rc after $((SECONDS - t0)) s"
   for p in "$@"; do
@@ -136,4 +141,5 @@ fi
 
 # ---- table ------------------------------------------------------------------------------------
 python3 scripts/bench_compare.py --gpu "${GPU:-}" "$RES" | tee "$OUT/summary.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { say "bench_compare.py failed: no table"; fail=1; }
 exit $fail

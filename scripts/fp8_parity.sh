@@ -37,6 +37,9 @@ done
 scripts/plot.py "$OUTDIR/none" "$OUTDIR/experts" "$OUTDIR/linear" --label "fp8 none" --label "fp8 experts" \
   --label "fp8 linear" --title "FP8 loss parity (configs/fp8_parity.yaml)" -o "$OUTDIR/fp8_parity.png" \
   >"$OUTDIR/plot.log" 2>&1 || echo "fp8_parity: no plot (see $OUTDIR/plot.log)"
+# (the verdict is python's exit status, not tee's)
+set -o pipefail
+# shellcheck disable=SC2086  # MODES is a word list
 python3 - "$OUTDIR" $MODES <<'PY' | tee "$OUTDIR/summary.txt"
 import json, math, sys
 out, modes = sys.argv[1], sys.argv[2:]

@@ -5,14 +5,16 @@
 # ("generate: ... prefill S s, N decode steps in S s (X tokens/s)").
 #
 #   scripts/generate_bench.sh [MOETRAIN] [CONFIG] [DTYPE]
-set -eu
+set -u -o pipefail
 M=${1:-build/moetrain}
 CFG=${2:-bench_8x7B_L2}
 DT=${3:-bf16}
 ids=$(seq 1 128 | awk '{printf "%s%d", (NR > 1 ? "," : ""), ($1 * 7919) % 32000}')
+rc=0
 for B in 1 32; do
   args=()
   for ((i = 0; i < B; i++)); do args+=(--prompt-ids "$i,$ids"); done
   "$M" generate --ckpt none --config "$CFG" "${args[@]}" --max-new 128 --temperature 0 --eos -1 --print-ids \
-    --device cuda --dtype "$DT" 2>&1 >/dev/null | grep -a '^generate'
+    --device cuda --dtype "$DT" 2>&1 >/dev/null | grep -a -E '^generate|error' || { echo "generate_bench: batch $B failed"; rc=1; }
 done
+exit $rc

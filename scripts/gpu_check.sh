@@ -31,13 +31,19 @@
 #          and the expert GEMM ops in bf16 against FP8 ($BUILD/dev/gpu_bench fp8)
 #
 # Environment: OUT (logs; default build/gpu_logs), BUILD (binaries; default build: moetrain,
-# tests/gpu/*, dev/gpu_bench), STEP_TIMEOUT (seconds per command, default 900). Missing binaries
-# are built with make first. Exit status: 0 when every step passed.
+# tests/gpu/*, dev/gpu_bench), STEP_TIMEOUT (seconds per command, default 900: the command and
+# everything it started end there, and the next one runs), ONLY (test binaries for tests and san,
+# by name, e.g. ONLY="test_cuda_fp8 test_cuda_infer"; default all), WORK (scratch for checkpoints
+# and exports, removed at the end unless KEEP_WORK=1; default $TMPDIR/moetrain_gpu_check).
+# Missing binaries are built with make first. Output: $OUT/NAME.log per command, $OUT/summary.txt
+# (one PASS / FAIL / SKIP row each, also printed at the end) and $OUT/logs.tgz (all of $OUT's logs
+# in one file). Exit status: 0 when every command passed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 OUT=${OUT:-build/gpu_logs}
 STEP_TIMEOUT=${STEP_TIMEOUT:-900}
+WORK=${WORK:-${TMPDIR:-/tmp}/moetrain_gpu_check}
 if [ $# -gt 0 ]; then STEPS="$*"; else STEPS=${STEPS:-tests san ckpt l0 comm}; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -45,29 +51,41 @@ export PATH=$PATH:${CUDA_HOME:-/usr/local/cuda}/bin  # compute-sanitizer
 export LD_LIBRARY_PATH=${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # NCCL's NVLink SHARP path needs fabric-manager support a single node may lack; nothing here needs it
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+. scripts/limit.sh
 SUM=$OUT/summary.txt
 : >"$SUM"
 fail=0
 
-# check NAME CMD...: runs CMD with the step timeout, its output in $OUT/NAME.log, one summary row
+# check NAME CMD...: runs CMD with the step timeout (CMD and every process it starts: limit.sh),
+# its output in $OUT/NAME.log, one summary row: PASS, FAIL, or SKIP (exit 0 with nothing passed
+# and something skipped); a "N skipped" count stays in the row. After a Ctrl-C or SIGTERM to this
+# script nothing more runs.
 check() {
   local name=$1; shift
+  [ "$RUN_LIMITED_STOP" = 1 ] && return 130
   local t0=$SECONDS
-  timeout --foreground -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
+  run_limited "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  local what
-  what=$(grep -aE '^[0-9]+ passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^ckpt: [0-9]+ passed|^l0: |^fp8: ' "$OUT/$name.log" | tail -1)
-  [ $rc -eq 124 ] && what="timed out after ${STEP_TIMEOUT}s"
+  local what extra  # the last test total, and the last sanitizer / script verdict
+  what=$(grep -aE '^[0-9]+ passed, [0-9]+ failed' "$OUT/$name.log" | tail -1)
+  extra=$(grep -aE 'ERROR SUMMARY|RACECHECK SUMMARY|^ckpt: [0-9]+ passed|^l0: |^fp8: ' "$OUT/$name.log" | tail -1)
+  what="$what${what:+${extra:+; }}$extra"
+  { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && what="timed out after ${STEP_TIMEOUT}s (STEP_TIMEOUT)"
+  [ "$RUN_LIMITED_STOP" = 1 ] && what="interrupted"
   local verdict=PASS
-  [ $rc -eq 0 ] || { verdict=FAIL; fail=1; }
+  if [ $rc -ne 0 ]; then verdict=FAIL; fail=1
+  elif [[ $what =~ ^0\ passed,\ 0\ failed,\ [1-9][0-9]*\ skipped ]]; then verdict=SKIP
+  fi
   printf '%-36s %-4s rc=%-3s %5ss  %s\n' "$name" "$verdict" "$rc" "$((SECONDS - t0))" "$what" | tee -a "$SUM"
   return $rc
 }
 
-gpu_tests() {  # the GPU test binaries, whatever they are named
+gpu_tests() {  # the GPU test binaries, whatever they are named (those in ONLY, when set)
   local f
   for f in "$BUILD"/tests/gpu/*; do
-    [ -f "$f" ] && [ -x "$f" ] && case $f in *.d | *.o) ;; *) echo "$f" ;; esac
+    [ -f "$f" ] && [ -x "$f" ] || continue
+    case $f in *.d | *.o) continue ;; esac
+    [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $(basename "$f") "* ]] && echo "$f"
   done
 }
 
@@ -87,7 +105,7 @@ step_tests() {
       test_cuda_attn) check "test.$(basename "$t")" "$t" --long ;;  # + a T = 2,048 case
       *) check "test.$(basename "$t")" scripts/run_tests.sh "$t" ;;
     esac
-    grep -aE '^ *FAIL' "$OUT/test.$(basename "$t").log" | head -20
+    grep -aE '^ *FAIL' "$OUT/test.$(basename "$t").log" 2>/dev/null | head -20
   done
 }
 
@@ -115,12 +133,12 @@ step_san() {
 }
 
 step_ckpt() {
-  check ckpt env MOETRAIN="$BUILD/moetrain" CKPT_WORK="$OUT/ckpt_work" scripts/ckpt_check.sh "$OUT/ckpt"
+  check ckpt env MOETRAIN="$BUILD/moetrain" CKPT_WORK="$WORK/ckpt" scripts/ckpt_check.sh "$OUT/ckpt"
   grep -a '^ckpt: FAIL' "$OUT/ckpt.log"
 }
 
 step_l0() {
-  local d=$OUT/l0 ck=${TMPDIR:-/tmp}/l0_ckpt  # checkpoints (with the best: keep_best) outside OUT
+  local d=$OUT/l0 ck=$WORK/l0_ckpt  # checkpoints (with the best: keep_best) outside OUT
   rm -rf "$d" "$ck"; mkdir -p "$d"
   check l0.cpu_ep2 scripts/mpirun.sh -np 2 "$BUILD/moetrain" --config L0_sanity train.device=cpu log.dir="$d/cpu_ep2" \
     checkpoint.dir="$ck/cpu_ep2"
@@ -144,13 +162,13 @@ step_l0() {
 
 # ---- parallel.comm=mpi: EP=2 with both ranks on one GPU ----------------------------------------
 step_comm() {
-  check comm env OUT="$OUT" scripts/gpu_comm_mpi.sh "$BUILD"
+  check comm env OUT="$OUT" CK="$WORK/comm" scripts/gpu_comm_mpi.sh "$BUILD"
   cat "$OUT/comm_mpi/summary.txt"
 }
 
 step_generate() {
   if python3 -c "import torch, transformers" 2>/dev/null; then
-    check generate.hf python3 scripts/generate_check.py --moetrain "$BUILD/moetrain" --work "$OUT/generate"
+    check generate.hf python3 scripts/generate_check.py --moetrain "$BUILD/moetrain" --work "$WORK/generate"
     tail -1 "$OUT/generate.hf.log"
   else
     echo "SKIP generate.hf (no torch/transformers)" | tee -a "$SUM"
@@ -172,6 +190,7 @@ step_timings() {
 }
 
 for s in $STEPS; do
+  [ "$RUN_LIMITED_STOP" = 1 ] && { echo "gpu_check: interrupted before step $s" | tee -a "$SUM"; fail=1; break; }
   echo "== $s"
   case $s in
     tests | san | ckpt | l0 | comm | generate | fp8 | timings) "step_$s" ;;
@@ -179,6 +198,8 @@ for s in $STEPS; do
   esac
 done
 
-echo "== summary ($OUT)"
+[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
+tgz=$(mktemp) && tar czf "$tgz" -C "$OUT" --exclude=./logs.tgz . && mv "$tgz" "$OUT/logs.tgz"
+echo "== summary ($OUT; every log in logs.tgz)"
 cat "$SUM"
 exit $fail

@@ -21,6 +21,7 @@
 #                 buffers against `moetrain plan`'s estimates; then plan's L1_8x7B_ep table
 set -u
 cd "$(dirname "$0")/.." || exit 1
+. scripts/limit.sh
 BUILD=${1:-build}
 OUT=${OUT:-build/gpu_logs}
 D="$OUT/comm_mpi"
@@ -34,31 +35,35 @@ SUM="$D/summary.txt"
 fail=0
 export NCCL_NVLS_ENABLE=0
 
-step() {  # step NAME LIMIT_S CMD...
-  local name=$1 lim=$2; shift 2
-  local t0=$(date +%s)
-  timeout --foreground "$lim" "$@" >"$D/$name.log" 2>&1
-  local rc=$? t1=$(date +%s)
+step() {  # step NAME LIMIT_S CMD... (CMD and all it starts end at the limit: scripts/limit.sh)
+  local name=$1 lim=$2 t0 t1 rc; shift 2
+  [ "$RUN_LIMITED_STOP" = 1 ] && { fail=1; return 130; }
+  t0=$(date +%s)
+  run_limited "$lim" "$@" >"$D/$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
   printf '%-22s rc=%-3s %4ss  %s\n' "comm_mpi/$name" "$rc" "$((t1 - t0))" \
     "$(grep -E 'ERROR SUMMARY|-> (ok|FAIL)|passed, [0-9]+ failed|^step +300' "$D/$name.log" | tail -1)" | tee -a "$SUM"
   [ "$rc" -eq 0 ] || fail=1
   return $rc
 }
 
+# checkpoint.dir= (nothing saved) unless a run's checkpoints are used: L0_sanity's own checkpoint.dir
+# is runs/L0_sanity/ckpt in the repository
 L0="--config L0_sanity train.steps=300 log.every=1"
 step ep2_mpi 300 $MPI "$BIN" $L0 train.device=cuda parallel.ep=2 parallel.comm=mpi \
   checkpoint.dir="$CK/ep2_mpi" checkpoint.every=200 checkpoint.keep=0 log.dir="$D/ep2_mpi"
-step ep1_gpu 300 "$BIN" $L0 train.device=cuda parallel.ep=1 log.dir="$D/ep1_gpu"
-step ep2_cpu 580 $MPI "$BIN" $L0 train.device=cpu parallel.ep=2 log.dir="$D/ep2_cpu"
+step ep1_gpu 300 "$BIN" $L0 train.device=cuda parallel.ep=1 log.dir="$D/ep1_gpu" checkpoint.dir=
+step ep2_cpu 580 $MPI "$BIN" $L0 train.device=cpu parallel.ep=2 log.dir="$D/ep2_cpu" checkpoint.dir=
 step compare 60 sh -c "python3 scripts/l0_compare.py '$D/ep2_cpu/metrics.jsonl' '$D/ep2_mpi/metrics.jsonl' '$D/ep1_gpu/metrics.jsonl' && \
   python3 scripts/l0_compare.py '$D/ep1_gpu/metrics.jsonl' '$D/ep2_mpi/metrics.jsonl'"
 grep -E '^(reference|/)|-> ' "$D/compare.log"
 
 # a save at EP=2 (two ranks, comm=mpi) resumed at EP=1, on the GPU and on the CPU
 step resume_gpu 300 sh -c "'$BIN' $L0 train.device=cuda parallel.ep=1 checkpoint.resume='$CK/ep2_mpi/step_00000200' \
-  log.dir='$D/resume_gpu' && python3 scripts/l0_compare.py '$D/ep2_mpi/metrics.jsonl' '$D/resume_gpu/metrics.jsonl'"
+  log.dir='$D/resume_gpu' checkpoint.dir= && python3 scripts/l0_compare.py '$D/ep2_mpi/metrics.jsonl' '$D/resume_gpu/metrics.jsonl'"
 step resume_cpu 580 sh -c "'$BIN' $L0 train.device=cpu parallel.ep=1 checkpoint.resume='$CK/ep2_mpi/step_00000200' \
-  log.dir='$D/resume_cpu' && python3 scripts/l0_compare.py '$D/ep2_mpi/metrics.jsonl' '$D/resume_cpu/metrics.jsonl'"
+  log.dir='$D/resume_cpu' checkpoint.dir= && python3 scripts/l0_compare.py '$D/ep2_mpi/metrics.jsonl' '$D/resume_cpu/metrics.jsonl'"
 grep -E 'resumed from|-> ' "$D/resume_gpu.log" "$D/resume_cpu.log"
 
 # compute-sanitizer memcheck with two ranks on one GPU: 4 steps, a save at 2 and 4, then a
@@ -66,9 +71,9 @@ grep -E 'resumed from|-> ' "$D/resume_gpu.log" "$D/resume_cpu.log"
 if command -v compute-sanitizer >/dev/null; then
   SAN="compute-sanitizer --tool memcheck --error-exitcode 9 --log-file $D/memcheck.%q{OMPI_COMM_WORLD_RANK}.%p.txt"
   step memcheck 580 sh -c "$MPI $SAN '$BIN' --config L0_sanity train.steps=4 log.every=1 train.device=cuda parallel.ep=2 \
-    parallel.comm=mpi checkpoint.dir='$CK/san' checkpoint.every=2 && \
+    parallel.comm=mpi checkpoint.dir='$CK/san' checkpoint.every=2 log.dir='$D/memcheck_run' && \
     $MPI $SAN '$BIN' --config L0_sanity train.steps=6 log.every=1 train.device=cuda parallel.ep=2 \
-    parallel.comm=mpi checkpoint.dir='$CK/san' checkpoint.resume=auto checkpoint.async=true"
+    parallel.comm=mpi checkpoint.dir='$CK/san' checkpoint.resume=auto checkpoint.async=true log.dir='$D/memcheck_run'"
   grep -h 'ERROR SUMMARY' "$D"/memcheck.*.txt | tee -a "$D/memcheck.log"
 else
   echo "comm_mpi/memcheck       skipped: no compute-sanitizer" | tee -a "$SUM"

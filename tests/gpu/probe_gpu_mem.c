@@ -123,7 +123,7 @@ static void test_against_plan(void) {
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no GPU: nothing measured\n0 passed, 0 failed\n");
+        printf("skip: no GPU, nothing measured\n0 passed, 0 failed\n");
         return 0;
     }
     RUN(test_measure);
