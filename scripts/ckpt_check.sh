@@ -17,7 +17,9 @@
 #   A2  the same again: the GPU's run-to-run noise (float atomics in the router statistics)
 #   R   checkpoint.resume=A/step_00000010 → 20             (resume of the very state A continued from)
 #   S   train.steps=10, then checkpoint.resume=auto → 20 in the same checkpoint.dir and log.dir
-#       (a run that ended and is continued; metrics.jsonl joined by the resume)
+#       (a run that ended and is continued; metrics.jsonl joined by the resume). Its trainer state
+#       is compared without steps_total, run_id (S is a run of its own) and the best-validation
+#       fields (S's first part ends at step 10 with a validation that A does not make there)
 # and compares (scripts/ckpt_check.py compare) the metrics.jsonl losses of R (steps 11-20) and
 # S (1-20, 20 lines, no duplicates) with A's, and their step_00000020 (S: also step_00000010)
 # rank files byte for byte and trainer_state.yaml's fields, against the A2-vs-A noise: PASS when
@@ -129,13 +131,15 @@ for D in $DTYPES; do
   NZ=(); [ -f "$R/log_A2/metrics.jsonl" ] && NZ=(--noise "$R/log_A2/metrics.jsonl")
   NC=(); [ -d "$R/A2/$F" ] && NC=(--noise-ckpt "$R/A/$F" "$R/A2/$F")
   [ ${#NZ[@]} -gt 0 ] && py "$D.cmp_A2" compare --label "$D repeat A2 vs A (run-to-run noise, not a test of resume)" \
-    --ref "$R/log_A/metrics.jsonl" --run "$R/log_A2/metrics.jsonl" --steps 1-$NS --ckpt "$R/A/$F" "$R/A2/$F" --info
+    --ref "$R/log_A/metrics.jsonl" --run "$R/log_A2/metrics.jsonl" --steps 1-$NS --ckpt "$R/A/$F" "$R/A2/$F" --info \
+    --ignore-state run_id
   [ -d "$R/R/$F" ] && py "$D.cmp_R" compare --label "$D resume from A's step $HALF (R) vs straight (A)" \
     --ref "$R/log_A/metrics.jsonl" --run "$R/log_R/metrics.jsonl" --steps $((HALF + 1))-$NS --count $((NS - HALF)) \
     "${NZ[@]}" "${NC[@]}" --ckpt "$R/A/$F" "$R/R/$F"
   [ -d "$R/S/$F" ] && py "$D.cmp_S" compare --label "$D stop at $HALF + resume=auto (S) vs straight (A)" \
     --ref "$R/log_A/metrics.jsonl" --run "$R/log_S/metrics.jsonl" --steps 1-$NS --count $NS \
-    "${NZ[@]}" "${NC[@]}" --ckpt "$R/A/$H" "$R/S/$H" --ckpt "$R/A/$F" "$R/S/$F" --ignore-state steps_total
+    "${NZ[@]}" "${NC[@]}" --ckpt "$R/A/$H" "$R/S/$H" --ckpt "$R/A/$F" "$R/S/$F" \
+    --ignore-state steps_total,run_id,best_val_loss,best_step,evals_since_best
 
   # (2) export the trained checkpoint and score it in moetrain and in transformers
   [ -f "$WK/eval.bin" ] || continue
