@@ -3,10 +3,10 @@
 #   make            build/moetrain (CUDA backend included when nvcc is found; SM=90a default)
 #   make run        deps if missing, build, train L0_sanity with mpirun -np 2 (EP=2), plot it
 #   make test       the CPU test suite (what CI runs); ends with "N passed, N failed"
-#   make test-gpu   the GPU tests (needs a GPU)
+#   make test-gpu   the GPU tests (needs a GPU; PREBUILT=1: run what is in build/, build nothing)
 #   make gpu-tests  build the GPU tests without running them (CI does, so they keep compiling)
 #   make dev        build dev/: experiments and timings, never linked into moetrain (dev/README.md)
-#   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers)
+#   make bench      the benchmark against Hugging Face (needs a GPU, torch, transformers; PREBUILT=1 as above)
 #   make fuzz       the fuzz targets, FUZZ_SECONDS each
 #   make bench-crc  checksum throughput on this CPU (zlib crc32 vs CRC-32C; FILES=... also times reading them)
 #   make install    PREFIX=/usr/local: bin/moetrain + share/moetrain/{configs,data,scripts}
@@ -53,6 +53,10 @@ else
   OBJ += $(BUILD)/cuda/stub/nocuda.o
 endif
 LIB := $(BUILD)/libmoetrain.a
+# PREBUILT=1: `make test-gpu` and `make bench` run the binaries already in $(BUILD) and build
+# nothing (built on another machine and copied in: a GPU machine without the build dependencies).
+# Default: 1 when $(BUILD)/moetrain is there without $(BUILD)/libmoetrain.a (binaries alone), else 0.
+PREBUILT ?= $(if $(and $(wildcard $(BUILD)/moetrain),$(if $(wildcard $(LIB)),,1)),1,0)
 
 # The user's scripts beside the binary (make install): tokenizing data, plotting metrics, mpirun with signals forwarded.
 USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
@@ -120,7 +124,7 @@ run: $(BUILD)/moetrain
 test: $(BUILD)/moetrain $(TESTS)
 	@scripts/run_tests.sh $(TESTS)
 
-test-gpu: $(BUILD)/moetrain $(GPU_TESTS)
+test-gpu: $(if $(filter 1,$(PREBUILT)),,$(BUILD)/moetrain $(GPU_TESTS))
 	@scripts/run_tests.sh $(GPU_TESTS)
 
 gpu-tests: $(GPU_TESTS)
@@ -147,8 +151,8 @@ $(BUILD)/dev/racecheck_probe: dev/racecheck_probe.cu | check-deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $<
 
-bench: $(BUILD)/moetrain
-	scripts/bench.sh
+bench: $(if $(filter 1,$(PREBUILT)),,$(BUILD)/moetrain)
+	MOETRAIN=$(BUILD)/moetrain scripts/bench.sh
 
 # checksum throughput on this CPU (zlib crc32 vs CRC-32C); FILES= also times reading those files
 bench-crc: $(BUILD)/tests/bench_crc32c
