@@ -362,7 +362,7 @@ def cmd_hf(a):
         want, rtol = float(want), float(rtol)
         if d not in cache:
             try:
-                model, info = MixtralForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager",
+                model, info = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
                                                                  output_loading_info=True)
             except Exception as ex:
                 check(False, f"hf: {short(d)}: from_pretrained failed: {type(ex).__name__}: {ex}")

@@ -49,7 +49,7 @@ def theirs(hf, dtype, max_new):
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     td = torch.float32 if dtype == "fp32" else torch.bfloat16
-    m = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=td).to(dev).eval()
+    m = AutoModelForCausalLM.from_pretrained(hf, dtype=td).to(dev).eval()
     m.generation_config.eos_token_id = None
     res = []
     for p in PROMPTS:

@@ -12,7 +12,7 @@ input_ids). That test also checks moetrain's own logits on those weights against
 (rel L2 <= 1e-5), so passing here closes the loop moetrain -> export -> transformers.
 
 What it checks (exit 1 on any failure):
-  - MixtralForCausalLM.from_pretrained(EXPORT_DIR, torch_dtype=float32, attn_implementation=
+  - MixtralForCausalLM.from_pretrained(EXPORT_DIR, dtype=float32, attn_implementation=
     "eager", output_loading_info=True): no missing, unexpected or mismatched keys, no errors;
     every parameter fp32; the loaded config has the fixture's model config;
   - the loaded weights equal the fixture's bit for bit (published names mapped to the
@@ -139,7 +139,7 @@ def main(argv):
     else:
         print(f"note: no {tok_path}; using the fixture's input_ids")
 
-    model, info = MixtralForCausalLM.from_pretrained(export_dir, torch_dtype=torch.float32, attn_implementation="eager",
+    model, info = MixtralForCausalLM.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager",
                                                      output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     print("loading info:", {k: (sorted(map(str, v)) if isinstance(v, (list, set, tuple)) else v) for k, v in info.items()})

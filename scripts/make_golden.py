@@ -127,7 +127,7 @@ def main():
     cfg = MixtralConfig(**CFG)
     cfg.save_pretrained(d)
     save_file({k: v for k, v in W.items()}, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-    model = MixtralForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager")
+    model = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
     model.train()
     say("internal parameters:")
     for n, p in model.named_parameters():
@@ -321,7 +321,7 @@ def export_check(say, model, d, W, x):
     """What a published-name directory loads as, and what transformers itself writes on save."""
     from safetensors import safe_open
     c = {}
-    m2, info = MixtralForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager",
+    m2, info = MixtralForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
                                                   output_loading_info=True)
     c["load_info"] = {k: sorted(map(str, v)) for k, v in info.items() if isinstance(v, (list, set, tuple))}
     say("from_pretrained(published names) loading info:", c["load_info"])
@@ -336,7 +336,7 @@ def export_check(say, model, d, W, x):
     c["save_pretrained_writes_published_names"] = sorted(keys) == sorted(W)
     say("save_pretrained writes", files, len(keys), "tensors; published names:",
         c["save_pretrained_writes_published_names"], "; sample:", sorted(keys)[:6])
-    m3 = MixtralForCausalLM.from_pretrained(d2, torch_dtype=torch.float32, attn_implementation="eager")
+    m3 = MixtralForCausalLM.from_pretrained(d2, dtype=torch.float32, attn_implementation="eager")
     m2.eval(), m3.eval()
     with torch.no_grad():
         l2, l3 = m2(input_ids=x).logits, m3(input_ids=x).logits
