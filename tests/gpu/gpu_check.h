@@ -81,6 +81,15 @@ static inline float* act_in(const Mode* m, const float* x, size_t n) {
     return y;
 }
 
+// n draws of randn / randu, rounded to bf16 in place when the mode is bf16 (act_in without the copy)
+static inline float* round_act(const Mode* m, float* x, size_t n) {
+    if (m->bf16)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    return x;
+}
+static inline float* randn_act(const Mode* m, size_t n, float scale) { return round_act(m, randn(n, scale), n); }
+static inline float* randu_act(const Mode* m, size_t n, float lo, float hi) { return round_act(m, randu(n, lo, hi), n); }
+
 // ---- device buffers ------------------------------------------------------------------------
 
 // Every device buffer a test makes is listed here and freed by dev_free_all() at its end.

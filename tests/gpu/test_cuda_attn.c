@@ -28,9 +28,9 @@ static void attention_cases(const char* path) {
         if (!(ac->where & CASE_GPU) && !(g_long && (ac->where & CASE_GPU_LONG))) continue;
         const int B = ac->B, T = ac->T, Hq = ac->Hq, Hkv = ac->Hkv, D = ac->D;
         const size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
-        float* q = act_in(m, randn(nq, ac->scale), nq);  // the scale on q alone (k stays N(0, 1))
-        float* k = act_in(m, randn(nk, 1.f), nk);
-        float* v = act_in(m, randn(nk, 1.f), nk);
+        float* q = randn_act(m, nq, ac->scale);  // the scale on q alone (k stays N(0, 1))
+        float* k = randn_act(m, nk, 1.f);
+        float* v = randn_act(m, nk, 1.f);
         float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);
         g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D, NULL);
         void *dq_ = up_act(be, q, nq), *dk_ = up_act(be, k, nk), *dv_ = up_act(be, v, nk);
@@ -47,7 +47,7 @@ static void attention_cases(const char* path) {
         cmp(m, lab, got_l, l, nl, TOL(TOL_F32, TOL_FP32_OUT));
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it)
         float* orr = act_in(m, o, nq);
-        float* g = act_in(m, randn(nq, 1.f), nq);
+        float* g = randn_act(m, nq, 1.f);
         float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
         g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D, NULL, 0, NULL);
         void *gq = poison_act(be, nq), *gk = poison_act(be, nk), *gv = poison_act(be, nk);

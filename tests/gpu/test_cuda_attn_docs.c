@@ -89,9 +89,9 @@ static void attention_docs(int wg) {
         const char* path = fwd_path(m, D, wg, 1);
         int32_t* doc = xmalloc(sizeof(int32_t) * (size_t)B * T);
         for (int b = 0; b < B; b++) layout(doc + (size_t)b * T, T, lay, b);
-        float* q = act_in(m, randn(nq, cs[c].qs), nq);
-        float* k = act_in(m, randn(nk, 1.f), nk);
-        float* v = act_in(m, randn(nk, 1.f), nk);
+        float* q = randn_act(m, nq, cs[c].qs);
+        float* k = randn_act(m, nk, 1.f);
+        float* v = randn_act(m, nk, 1.f);
         float *o = xmalloc(4 * nq), *l = xmalloc(4 * nl);
         g_cpu->attn_fwd(g_cpu, o, l, q, k, v, B, T, Hq, Hkv, D, doc);
         void *dq_ = up_act(be, q, nq), *dk_ = up_act(be, k, nk), *dv_ = up_act(be, v, nk);
@@ -125,7 +125,7 @@ static void attention_docs(int wg) {
         // backward from the CPU's forward (out rounded to the act dtype: both sides see it); with a
         // workspace for every pair's dS, for 1.5 pairs (forced: chunks of one pair), and none
         float* orr = act_in(m, o, nq);
-        float* g = act_in(m, randn(nq, 1.f), nq);
+        float* g = randn_act(m, nq, 1.f);
         float *rq = xmalloc(4 * nq), *rk = xmalloc(4 * nk), *rv = xmalloc(4 * nk);
         g_cpu->attn_bwd(g_cpu, rq, rk, rv, g, orr, l, q, k, v, B, T, Hq, Hkv, D, NULL, 0, doc);
         void *d_g = up_act(be, g, nq), *d_o = up_act(be, orr, nq);
@@ -177,8 +177,8 @@ static void test_rope_positions(void) {
         for (size_t r = 0; r < rows; r++) pos[r] = (int32_t)(r % T) - doc[r];
         int32_t* dpos = up_i32(be, pos, rows);
         for (int inv = 0; inv < 2; inv++) {
-            float* pk = act_in(m, randn(n, 1.f), n);
-            float *q = act_in(m, randn(nq, 1.f), nq), *k = act_in(m, randn(nk, 1.f), nk), *v = act_in(m, randn(nk, 1.f), nk);
+            float* pk = randn_act(m, n, 1.f);
+            float *q = randn_act(m, nq, 1.f), *k = randn_act(m, nk, 1.f), *v = randn_act(m, nk, 1.f);
             void *dpk = up_act(be, pk, n), *dq = up_act(be, q, nq), *dk = up_act(be, k, nk), *dv = up_act(be, v, nk);
             if (inv) dpk = poison_act(be, n);
             else dq = poison_act(be, nq), dk = poison_act(be, nk), dv = poison_act(be, nk);

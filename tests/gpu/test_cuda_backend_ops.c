@@ -58,7 +58,7 @@ static void test_casts(void) {
         be->act_to_f32(be, back, up_act(be, xr, n), n);
         cmp(m, "act_to_f32", down_f32(be, back, n), xr, n, 0);
 
-        float* y = act_in(m, randn(n, 1.f), n);
+        float* y = randn_act(m, n, 1.f);
         void* dy = up_act(be, y, n);
         be->add_act(be, dy, up_act(be, xr, n), n);
         for (size_t i = 0; i < n; i++) y[i] += xr[i];

@@ -20,7 +20,7 @@ static void test_decode_ops(void) {
                      nk = rows * Hkv * D, ncache = (size_t)B * Hkv * Tmax * D;
         int32_t* dpos = up_i32(be, k->pos, B);
         // rope_qkv_at
-        float* qkv = act_in(m, randn(nqkv, 1.f), nqkv);
+        float* qkv = randn_act(m, nqkv, 1.f);
         float *q = xmalloc(sizeof(float) * nq), *kk = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nk);
         void *dq = poison_act(be, nq), *dk = poison_act(be, nk), *dv = poison_act(be, nk);
         g_cpu->rope_qkv_at(g_cpu, qkv, q, kk, v, k->pos, B, n, Hq, Hkv, D, 1e6f);
@@ -29,10 +29,10 @@ static void test_decode_ops(void) {
         cmp(m, "rope_qkv_at k", down_act(be, dk, nk), kk, nk, TOL(TOL_F32, TOL_BF16_OUT));
         cmp(m, "rope_qkv_at v (copied)", down_act(be, dv, nk), v, nk, 0);
         // kv_append over random caches (rows past Tmax dropped)
-        float* kc = act_in(m, randn(ncache, 1.f), ncache);
-        float* vc = act_in(m, randn(ncache, 1.f), ncache);
-        float* knew = act_in(m, randn(nk, 1.f), nk);
-        float* vnew = act_in(m, randn(nk, 1.f), nk);
+        float* kc = randn_act(m, ncache, 1.f);
+        float* vc = randn_act(m, ncache, 1.f);
+        float* knew = randn_act(m, nk, 1.f);
+        float* vnew = randn_act(m, nk, 1.f);
         void *dkc = up_act(be, kc, ncache), *dvc = up_act(be, vc, ncache);
         g_cpu->kv_append(g_cpu, kc, vc, knew, vnew, k->pos, B, n, Hkv, D, Tmax);
         be->kv_append(be, dkc, dvc, up_act(be, knew, nk), up_act(be, vnew, nk), dpos, B, n, Hkv, D, Tmax);
@@ -42,7 +42,7 @@ static void test_decode_ops(void) {
         int32_t pos2[3];
         for (int b = 0; b < B; b++) pos2[b] = k->pos[b] + n <= Tmax ? k->pos[b] : Tmax - n;
         int32_t* dpos2 = up_i32(be, pos2, B);
-        float* qq = act_in(m, randn(nq, 1.f), nq);
+        float* qq = randn_act(m, nq, 1.f);
         float* out = xmalloc(sizeof(float) * nq);
         void* dout = poison_act(be, nq);
         g_cpu->attn_decode(g_cpu, out, qq, kc, vc, pos2, B, n, Hq, Hkv, D, Tmax);

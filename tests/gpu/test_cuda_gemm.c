@@ -89,8 +89,8 @@ static void test_gemm(void) {
         const int lda = g.lda ? g.lda : ac, ldb = g.ldb ? g.ldb : bc, ldc = g.ldc ? g.ldc : g.N;
         const size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, ncc = (size_t)g.M * ldc;
         const int cf = g.c_f32 || !m->bf16;  // C is fp32
-        float* A = act_in(m, randn(na, 1.f), na);
-        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* A = randn_act(m, na, 1.f);
+        float* B = randn_act(m, nb, 1.f);
         float* C0 = randn(ncc, 1.f);
         if (!cf) {
             float* t = act_in(m, C0, ncc);
@@ -125,8 +125,8 @@ static void test_gemm_grouped(void) {
         const int* off = offs[c];
         const int R = off[G];
         const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
-        float* A = act_in(m, randn(na, 1.f), na);
-        float* B = act_in(m, randn(nb, 1.f), nb);
+        float* A = randn_act(m, na, 1.f);
+        float* B = randn_act(m, nb, 1.f);
         float* C = xmalloc(4 * ncc);
         GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .beta = 0};
         GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
@@ -137,7 +137,7 @@ static void test_gemm_grouped(void) {
             TOL(TOL_F32, TOL_BF16_SUM));
 
         // weight gradient: dB_g[N, K] += dY_gᵀ X_g
-        float* dY = act_in(m, randn(ncc, 1.f), ncc);
+        float* dY = randn_act(m, ncc, 1.f);
         float* dB = randn(nb, 1.f);
         float* ddB = up_f32(be, dB, nb);
         g_cpu->gemm_grouped_wgrad(g_cpu, &gd, N, K, dY, A, dB, 1.f);
@@ -182,9 +182,9 @@ static void test_gemm_rows_round(void) {
                "the case's groups keyed at %d and %d, want 512 and 1120", cuda_gemm_plan_dim(be, 300),
                cuda_gemm_plan_dim(be, 1100));
         const size_t na = (size_t)R * K, nb = (size_t)G * N * K, ncc = (size_t)R * N;
-        float* A = act_in(m, randn(na, 1.f), na);
-        float* B = act_in(m, randn(nb, 1.f), nb);
-        float* dY = act_in(m, randn(ncc, 1.f), ncc);
+        float* A = randn_act(m, na, 1.f);
+        float* B = randn_act(m, nb, 1.f);
+        float* dY = randn_act(m, ncc, 1.f);
         GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K};
         void *dA = up_act(be, A, na), *dB = up_act(be, B, nb), *ddY = up_act(be, dY, ncc);
         for (int tb = 0; tb < 2; tb++) {  // C [R, N] = A · B_gᵀ; or dX [R, K] = dY · B_g

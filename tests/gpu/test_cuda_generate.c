@@ -2,8 +2,8 @@
 // the same small GQA Mixtral (tests/gen_util.h), three prompts of different lengths batched,
 // prefill then 40 one-token steps fed the CPU's greedy tokens on both (teacher forcing, so one
 // near-tie cannot derail the rest). fp32: every step's logits within TOL_GEN of the CPU's, and the
-// GPU's own greedy choice equal to the CPU's at every step. bf16: the logits' error is printed
-// (a measurement, not asserted). Needs a GPU.
+// GPU's own greedy choice equal to the CPU's at every step. bf16: the logits' error is printed (a
+// measurement) and held only to TOL_GEN_BF16, which catches garbage, not bf16 rounding. Needs a GPU.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +18,10 @@
 // error grows through the layers and the cache: 1e-4 relative L2 leaves room without hiding a
 // wrong position or a wrong cache row (those give O(1) errors).
 #define TOL_GEN 1e-4
+// bf16 weights and activations against the fp32 CPU: ~1e-2 from rounding, more at a step where a
+// near-tie sends a token to another expert; logits unrelated to the CPU's give ~1.4 (√2), a
+// zeroed or NaN output 1 or more. 0.5 keeps the measurement from passing on garbage.
+#define TOL_GEN_BF16 0.5
 
 enum { B = 3, PMAX = 9, STEPS = 40 };
 
@@ -80,6 +84,8 @@ static void run_pair(Backend* gpu, Comm* comm, int assert_it, const char* name) 
     if (assert_it) {
         EXPECT(worst <= TOL_GEN, "%s: logits rel L2 %.3g > %.3g", name, worst, TOL_GEN);
         EXPECT(agree == total, "%s: greedy choices differ at %d of %d steps", name, total - agree, total);
+    } else {
+        EXPECT(worst <= TOL_GEN_BF16, "%s: logits rel L2 %.3g > %.3g: not bf16 rounding", name, worst, TOL_GEN_BF16);
     }
     gen_free(&gc), gen_free(&gg);
     model_free(&mc), model_free(&mg);

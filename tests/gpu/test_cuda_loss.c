@@ -25,7 +25,7 @@ static void test_cross_entropy(void) {
         tg[1] = -1;
         tg[n - 1] = -1;  // ignored rows
         if (n > 200) tg[133] = tg[200] = -1;
-        float* lg = act_in(m, randn(nv, 3.f), nv);
+        float* lg = randn_act(m, nv, 3.f);
         int32_t* dt = up_i32(be, tg, n);
         for (int grad = 0; grad < 2; grad++) {
             const float gs = grad ? 1.0f / (n - 2) : 0.f;

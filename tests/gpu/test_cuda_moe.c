@@ -19,7 +19,7 @@ static void test_swiglu(void) {
         if (!(SWIGLU_CASES[c].where & CASE_GPU)) continue;
         const int n = SWIGLU_CASES[c].n, F = SWIGLU_CASES[c].F;
         const size_t nf = (size_t)n * F;
-        float* gu = act_in(m, randn(2 * nf, 2.f), 2 * nf);
+        float* gu = randn_act(m, 2 * nf, 2.f);
         float* sc = randu(n, 0.1f, 1.f);
         void* dgu = up_act(be, gu, 2 * nf);
         float* dsc = up_f32(be, sc, n);
@@ -31,7 +31,7 @@ static void test_swiglu(void) {
             cmp(m, use ? "swiglu_fwd scaled" : "swiglu_fwd", down_act(be, dh, nf), h, nf, TOL(TOL_F32, TOL_BF16_OUT));
             free(h);
         }
-        float* g = act_in(m, randn(nf, 1.f), nf);
+        float* g = randn_act(m, nf, 1.f);
         void* dg = up_act(be, g, nf);
         float *rgu = xmalloc(8 * nf), *rds = xmalloc(4 * n);
         g_cpu->swiglu_bwd(g_cpu, rgu, rds, g, gu, sc, n, F);
@@ -98,8 +98,8 @@ static void test_permute(void) {
         int32_t *cnt = xmalloc(4 * E), *dest = xmalloc(4 * nk);
         g_cpu->moe_index(g_cpu, cnt, dest, t, N, k, E);
         int32_t* dd = up_i32(be, dest, nk);
-        float* x = act_in(m, randn(nh, 1.f), nh);
-        float* xp = act_in(m, randn(nkh, 1.f), nkh);
+        float* x = randn_act(m, nh, 1.f);
+        float* xp = randn_act(m, nkh, 1.f);
         void *d_x = up_act(be, x, nh), *d_xp = up_act(be, xp, nkh);
         float *r_nkh = xmalloc(4 * nkh), *r_nh = xmalloc(4 * nh);
 
@@ -114,7 +114,7 @@ static void test_permute(void) {
         cmp(m, "permute_bwd", down_act(be, o, nh), r_nh, nh, TOL(TOL_F32, TOL_BF16_SUM));
 
         for (int acc = 0; acc < 3; acc++) {  // no add, add = out (+=), a separate add (the residual)
-            float* base = act_in(m, randn(nh, 1.f), nh);
+            float* base = randn_act(m, nh, 1.f);
             memcpy(r_nh, base, 4 * nh);
             g_cpu->unpermute_fwd(g_cpu, r_nh, xp, dest, N, k, H, acc ? r_nh : NULL);
             o = acc == 1 ? up_act(be, base, nh) : poison_act(be, nh);

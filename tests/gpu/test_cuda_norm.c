@@ -21,7 +21,7 @@ static void test_embed(void) {
         int32_t* tok = xmalloc(sizeof(int32_t) * N);
         for (int n = 0; n < N; n++) tok[n] = (int)(rng_u64(&g_rng) % V);
         tok[N - 1] = tok[0];  // a repeat for the backward
-        float* table = act_in(m, randn((size_t)V * H, 1.f), (size_t)V * H);
+        float* table = randn_act(m, (size_t)V * H, 1.f);
         float* ref = xmalloc(sizeof(float) * N * H);
         g_cpu->embed_fwd(g_cpu, ref, table, tok, N, H);
         int32_t* dtok = up_i32(be, tok, N);
@@ -123,7 +123,7 @@ static void test_embed_bwd(void) {
         const int N = make_tokens(tok, cs[c].pattern, V, cs[c].N);
         const size_t nd = (size_t)N * H, nt = (size_t)V * H;
         const int od = cs[c].dout_off, ot = cs[c].dt_off;  // element offsets of the device pointers
-        float* dout = act_in(m, randn(nd + od, 1.f), nd + od);
+        float* dout = randn_act(m, nd + od, 1.f);
         float* dt = randn(nt + ot, 0.1f);
         char* ddout = (char*)up_act(be, dout, nd + od) + (size_t)od * dtype_size(be->act_dtype);
         float* ddt = up_f32(be, dt, nt + ot) + ot;
@@ -145,8 +145,8 @@ static void test_rmsnorm(void) {
         const int N = RMSNORM_CASES[c].N, H = RMSNORM_CASES[c].H;
         const size_t nh = (size_t)N * H;
         const float eps = 1e-5f;
-        float* x = act_in(m, randn(nh, 2.f), nh);
-        float* w = act_in(m, randu(H, 0.5f, 1.5f), H);
+        float* x = randn_act(m, nh, 2.f);
+        float* w = randu_act(m, H, 0.5f, 1.5f);
         float *y = xmalloc(4 * nh), *rs = xmalloc(4 * N);
         g_cpu->rmsnorm_fwd(g_cpu, y, rs, x, w, N, H, eps);
         void *dx_ = up_act(be, x, nh), *dw_ = up_act(be, w, H);
@@ -157,11 +157,11 @@ static void test_rmsnorm(void) {
         cmp(m, "rmsnorm_fwd rstd", down_f32(be, drs, N), rs, N, TOL(TOL_F32, TOL_FP32_OUT));
 
         // backward from the CPU's rstd (fp32 on both sides)
-        float* g = act_in(m, randn(nh, 1.f), nh);
+        float* g = randn_act(m, nh, 1.f);
         void* dg = up_act(be, g, nh);
         float* drs_ref = up_f32(be, rs, N);
         for (int acc = 0; acc < 2; acc++) {
-            float* dxr = acc ? act_in(m, randn(nh, 1.f), nh) : xmalloc(4 * nh);
+            float* dxr = acc ? randn_act(m, nh, 1.f) : xmalloc(4 * nh);
             float* dwr = randn(H, 0.5f);
             void* ddx = acc ? up_act(be, dxr, nh) : poison_act(be, nh);
             float* ddw = up_f32(be, dwr, H);

@@ -20,9 +20,9 @@ static void test_rope(void) {
         const size_t rows = (size_t)B * T, nq = rows * Hq * D, nk = rows * Hkv * D, n = nq + 2 * nk;
         for (int inv = 0; inv < 2; inv++) {
             // the side read, rounded to the act dtype; the side written poisoned on the device
-            float* pk = act_in(m, randn(n, 1.f), n);
-            float *q = act_in(m, randn(nq, 1.f), nq), *k = nk ? act_in(m, randn(nk, 1.f), nk) : NULL;
-            float* v = nk ? act_in(m, randn(nk, 1.f), nk) : NULL;
+            float* pk = randn_act(m, n, 1.f);
+            float *q = randn_act(m, nq, 1.f), *k = nk ? randn_act(m, nk, 1.f) : NULL;
+            float* v = nk ? randn_act(m, nk, 1.f) : NULL;
             void* dpk = inv ? poison_act(be, n) : up_act(be, pk, n);
             void* dq = inv ? up_act(be, q, nq) : poison_act(be, nq);
             void* dk = nk ? (inv ? up_act(be, k, nk) : poison_act(be, nk)) : NULL;
