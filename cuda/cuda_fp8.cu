@@ -24,13 +24,17 @@
 // CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER (device fp32). Facts used here, with their sources:
 //  * Hopper only, introduced in cuBLAS 12.9 (NVIDIA's answer in NVIDIA/CUDALibrarySamples#310);
 //    FP8 on Hopper is TN only: cuBLASLt's A with CUBLAS_OP_T, B with CUBLAS_OP_N, both K-major.
-//  * Pairs: VEC128 × VEC128, VEC128 × BLK128x128 and BLK128x128 × VEC128; not BLK × BLK
-//    (Transformer Engine, transformer_engine/common/gemm/cublaslt_gemm.cu: "Only 1D by 1D, 1D by
-//    2D, and 2D by 1D block scaling supported"); fast accumulation must stay off (PyTorch
-//    ScaledBlas: "doesn't support fast accum with 1x128 blockwise scaling").
-//  * Scale layouts (Transformer Engine's "GEMM-ready" format, docs/features/low_precision_training/
-//    fp8_blockwise_scaling, passed to cuBLASLt as they are; its tests compare cuBLASLt with an
-//    emulation on shapes such as 320×256×336):
+//  * Pairs: VEC128 × VEC128, VEC128 × BLK128x128 and BLK128x128 × VEC128; not BLK × BLK (the
+//    cuBLAS documentation's table in "128-element 1D and 128x128 2D Block Scaling For FP8 Data
+//    Types"; Transformer Engine's cublaslt_gemm.cu: "Only 1D by 1D, 1D by 2D, and 2D by 1D block
+//    scaling supported"); D only 16F, 16BF or 32F (same section); fast accumulation must stay off
+//    (PyTorch ScaledBlas: "doesn't support fast accum with 1x128 blockwise scaling").
+//  * Scale layouts: the cuBLAS documentation, same section, "Scaling factors layouts": VEC128 scales
+//    M-major for A (shape M × L, L = ⌈K/128⌉) and N-major for B (N × L), M and N multiples of 4;
+//    BLK128x128 scales K-major with the stride between columns a multiple of 4 (L4 × ⌈M/128⌉, L4 = L
+//    rounded up to 4); scale start addresses 16-byte aligned. The same as Transformer Engine's
+//    "GEMM-ready" format (docs/features/low_precision_training/fp8_blockwise_scaling, passed to
+//    cuBLASLt as they are; its tests compare cuBLASLt with an emulation on shapes such as 320×256×336):
 //      VEC128 for an operand stored [R, K] (R outer, K inner): scale (r, t) at t · pad4(R) + r,
 //        i.e. [⌈K/128⌉, pad4(R)] row-major, the outer index contiguous;
 //      BLK128x128 for [R, K]: scale (r/128, t) at (r/128) · pad4(⌈K/128⌉) + t, i.e.

@@ -225,9 +225,8 @@ void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int tran
 }
 
 // ---- hooks for the tests ---------------------------------------------------------------------------
-// The quantisers alone, with the spec's plain layouts (fp8.h): row-wise s [R, ⌈C/128⌉] is asked for
-// as scale map "rows = the quantised rows, K tiles" through a chunk of 1 (t · 1 + r becomes...):
-// the tests pass the cuBLASLt layout and convert.
+// The quantisers alone. Their scales come out in the GEMMs' (cuBLASLt's) layouts, not in fp8.h's
+// plain [R, ⌈C/128⌉]: the tests map each (row, tile) to its place in these layouts.
 
 // x [R, C] act (row stride ldx) → q [R, ldq], s in the VEC128 layout [Kt, R] (rows [0, split) of
 // chunk rows, the rest at s1: the same map the GEMMs use).
