@@ -536,7 +536,7 @@ static void run_grouped(const Mode* m, const int* off, int G, int N, int K, int 
 }
 
 static void test_grouped_fp8(void) {
-    const int offs[][5] = {{0, 13, 13, 120, 200}, {0, 0, 64, 64, 136}};  // empty groups, rows % 8 ≠ 0
+    const int offs[][5] = {{0, 13, 13, 120, 203}, {0, 0, 64, 64, 136}};  // empty groups, rows % 8 ≠ 0 (the last group too: a tail)
     FOR_MODES for (int c = 0; c < 2; c++) for (int tb = 0; tb < 2; tb++) for (int path = 0; path <= 2; path += 2) {
         run_grouped(m, offs[c], 4, 256, 640, tb, FP8_WEIGHT, 0, path, tb ? "gemm_grouped W fwd" : "gemm_grouped W dgrad",
                     0.02f);
@@ -634,16 +634,26 @@ static void test_chunked(void) {
 // Mixtral-8x7B's six expert GEMMs (H 4,096, F 14,336) on two experts of 1,000 and 1,037 rows, in
 // bf16, through the auto path (cuBLASLt on Hopper; the fallback for the 5 rows past a multiple of 8);
 // 4 spread and the last 4 rows of each output checked
+// On Hopper these must run on cuBLASLt (the fallback kernel taking them all would pass the checks).
+static void expect_lt(const Mode* m, const char* what, size_t lt0) {
+    size_t lt, fb;
+    cuda_fp8_counts(m->gpu, &lt, &fb);
+    EXPECT(!g_hopper || lt > lt0, "%s [%s]: cuBLASLt never ran (the fallback kernel took every product)", what, m->name);
+}
+
 static void test_mixtral_shapes(void) {
     const Mode* m = &g_modes[1];
     const int H = 4096, F = 14336, off[] = {0, 1000, 2037};
+    size_t lt, fb;
     g_spread = 4, g_tail = 4;
-    run_grouped(m, off, 2, 2 * F, H, 1, FP8_WEIGHT, 1, 0, "w13 fwd (swiglu) 8x7B", 0.02f);
-    run_grouped(m, off, 2, H, F, 1, FP8_WEIGHT, 0, 0, "w2 fwd 8x7B", 0.02f);
-    run_grouped(m, off, 2, H, 2 * F, 0, FP8_WEIGHT, 0, 0, "w13 dgrad 8x7B", 0.02f);
-    run_grouped(m, off, 2, F, H, 0, FP8_WEIGHT, 0, 0, "w2 dgrad 8x7B", 0.02f);
-    run_wgrad(m, off, 2, 2 * F, H, 1.f, 0, 0, "w13 wgrad 8x7B");
-    run_wgrad(m, off, 2, H, F, 1.f, 0, 0, "w2 wgrad 8x7B");
+#define MIXTRAL(what, call) (cuda_fp8_counts(m->gpu, &lt, &fb), call, expect_lt(m, what, lt))
+    MIXTRAL("w13 fwd", run_grouped(m, off, 2, 2 * F, H, 1, FP8_WEIGHT, 1, 0, "w13 fwd (swiglu) 8x7B", 0.02f));
+    MIXTRAL("w2 fwd", run_grouped(m, off, 2, H, F, 1, FP8_WEIGHT, 0, 0, "w2 fwd 8x7B", 0.02f));
+    MIXTRAL("w13 dgrad", run_grouped(m, off, 2, H, 2 * F, 0, FP8_WEIGHT, 0, 0, "w13 dgrad 8x7B", 0.02f));
+    MIXTRAL("w2 dgrad", run_grouped(m, off, 2, F, H, 0, FP8_WEIGHT, 0, 0, "w2 dgrad 8x7B", 0.02f));
+    MIXTRAL("w13 wgrad", run_wgrad(m, off, 2, 2 * F, H, 1.f, 0, 0, "w13 wgrad 8x7B"));
+    MIXTRAL("w2 wgrad", run_wgrad(m, off, 2, H, F, 1.f, 0, 0, "w2 wgrad 8x7B"));
+#undef MIXTRAL
     g_spread = 48, g_tail = 8;
 }
 
