@@ -93,9 +93,12 @@ gpu_tests() {  # the GPU test binaries, whatever they are named (those in ONLY, 
   command -v compute-sanitizer; uname -a; git log --oneline -1 2>/dev/null; } >"$OUT/machine.log" 2>&1
 head -1 "$OUT/machine.log"
 
-if [ ! -x "$BUILD/moetrain" ] || [ -z "$(gpu_tests)" ]; then
+if [ ! -x "$BUILD/moetrain" ] || [ -z "$(ONLY='' gpu_tests)" ]; then
   echo "gpu_check: building $BUILD/moetrain and the GPU tests"
   check build make -j"$(nproc)" BUILD="$BUILD" all gpu-tests || { cat "$SUM"; exit 1; }
+fi
+if [ -n "${ONLY:-}" ] && [ -z "$(gpu_tests)" ]; then
+  echo "gpu_check: ONLY='$ONLY' names no binary in $BUILD/tests/gpu" | tee -a "$SUM"; fail=1
 fi
 
 step_tests() {
