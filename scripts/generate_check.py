@@ -9,7 +9,7 @@ Without --hf it makes two fp32 exports of L0_sanity (GQA, 4 experts, top-2, byte
 --device: trained for --steps steps, and untrained with wide weights (model.init_std=0.5, so the
 greedy tokens vary). Then, for three prompts of different
 lengths batched in one moetrain run (--prompt-ids, --print-ids, no EOS), it compares the new
-tokens with transformers' greedy generation of each prompt alone:
+tokens with transformers' greedy generation of each prompt alone (its experts on the "eager" loop):
   fp32: every token must match (exit 1 otherwise);
   bf16 (moetrain --dtype bf16 against transformers in bf16): the agreement is reported (the
         length of the matching prefix per prompt), not required.
@@ -50,6 +50,11 @@ def theirs(hf, dtype, max_new):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     td = torch.float32 if dtype == "fp32" else torch.bfloat16
     m = AutoModelForCausalLM.from_pretrained(hf, dtype=td).to(dev).eval()
+    # the reference per-expert loop: transformers 5.x loads with grouped_mm and, on a GPU, switches
+    # generate()'s decode steps to batched_mm (other kernels, other summation orders) only from
+    # grouped_mm, so eager keeps both prefill and decode on one plain implementation
+    if hasattr(m, "set_experts_implementation"):
+        m.set_experts_implementation("eager")
     m.generation_config.eos_token_id = None
     res = []
     for p in PROMPTS:

@@ -66,6 +66,8 @@ def main():
     bad = {k: v for k, v in info.items() if v}
     check(not bad, "the model loads with no missing/unexpected/mismatched weights %s" % (bad or ""))
     model.to(args.device).eval()
+    if hasattr(model, "set_experts_implementation"):  # the reference loop, in any dtype on any device
+        model.set_experts_implementation("eager")
     with torch.no_grad():
         out = model.generate(ids.to(args.device), attention_mask=torch.ones_like(ids).to(args.device),
                              max_new_tokens=args.new_tokens, do_sample=False,
