@@ -37,7 +37,7 @@
 # and exports, removed at the end unless KEEP_WORK=1; default $TMPDIR/moetrain_gpu_check).
 # Missing binaries are built with make first. Output: $OUT/NAME.log per command, $OUT/summary.txt
 # (one PASS / FAIL / SKIP row each, also printed at the end) and $OUT/logs.tgz (all of $OUT's logs
-# in one file). Exit status: 0 when every command passed.
+# in one file, renewed after every command). Exit status: 0 when every command passed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -56,9 +56,15 @@ SUM=$OUT/summary.txt
 : >"$SUM"
 fail=0
 
+# $OUT/logs.tgz: every log so far, renewed after each command (a run killed from outside keeps them)
+pack_logs() {
+  local tgz
+  tgz=$(mktemp) && tar czf "$tgz" -C "$OUT" --exclude=./logs.tgz . && mv "$tgz" "$OUT/logs.tgz"
+}
+
 # check NAME CMD...: runs CMD with the step timeout (CMD and every process it starts: limit.sh),
-# its output in $OUT/NAME.log, one summary row: PASS, FAIL, or SKIP (exit 0 with nothing passed
-# and something skipped); a "N skipped" count stays in the row. After a Ctrl-C or SIGTERM to this
+# its output in $OUT/NAME.log, one summary row: PASS, FAIL, or SKIP (exit 0, nothing passed and
+# something skipped); a count of skips stays in the row. After a Ctrl-C or SIGTERM to this
 # script nothing more runs.
 check() {
   local name=$1; shift
@@ -72,11 +78,17 @@ check() {
   what="$what${what:+${extra:+; }}$extra"
   { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && what="timed out after ${STEP_TIMEOUT}s (STEP_TIMEOUT)"
   [ "$RUN_LIMITED_STOP" = 1 ] && what="interrupted"
+  # a test's "skip..." lines (run_tests.sh counts them; a binary run directly, as under the
+  # sanitizers, does not)
+  local nskip
+  nskip=$(grep -ciE '^[[:space:]]*skip(ped)?[: ]' "$OUT/$name.log")
+  [ "$nskip" -gt 0 ] && [[ $what != *skipped* ]] && what="$what ($nskip skip lines)"
   local verdict=PASS
   if [ $rc -ne 0 ]; then verdict=FAIL; fail=1
-  elif [[ $what =~ ^0\ passed,\ 0\ failed,\ [1-9][0-9]*\ skipped ]]; then verdict=SKIP
+  elif [ "$nskip" -gt 0 ] && [[ $what == "0 passed, 0 failed"* ]]; then verdict=SKIP
   fi
   printf '%-36s %-4s rc=%-3s %5ss  %s\n' "$name" "$verdict" "$rc" "$((SECONDS - t0))" "$what" | tee -a "$SUM"
+  pack_logs
   return $rc
 }
 
@@ -206,10 +218,11 @@ for s in $STEPS; do
     tests | san | ckpt | l0 | comm | generate | fp8 | timings) "step_$s" ;;
     *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, fp8, timings)" | tee -a "$SUM"; fail=1 ;;
   esac
+  pack_logs
 done
 
 [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
-tgz=$(mktemp) && tar czf "$tgz" -C "$OUT" --exclude=./logs.tgz . && mv "$tgz" "$OUT/logs.tgz"
+pack_logs
 echo "== summary ($OUT; every log in logs.tgz)"
 cat "$SUM"
 exit $fail
