@@ -536,7 +536,7 @@ static void run_grouped(const Mode* m, const int* off, int G, int N, int K, int 
 }
 
 static void test_grouped_fp8(void) {
-    const int offs[][5] = {{0, 13, 13, 120, 203}, {0, 0, 64, 64, 136}};  // empty groups, rows % 8 ≠ 0 (the last group too: a tail)
+    const int offs[][5] = {{0, 13, 13, 120, 203}, {0, 0, 64, 64, 136}};  // empty groups; rows % 8 ≠ 0, the last too
     FOR_MODES for (int c = 0; c < 2; c++) for (int tb = 0; tb < 2; tb++) for (int path = 0; path <= 2; path += 2) {
         run_grouped(m, offs[c], 4, 256, 640, tb, FP8_WEIGHT, 0, path, tb ? "gemm_grouped W fwd" : "gemm_grouped W dgrad",
                     0.02f);
