@@ -15,7 +15,8 @@
 
 enum { FA_BR = 64, FA_BC = 64, FA_WARPS = 4, FA_THREADS = 32 * FA_WARPS };
 
-template <int D>
+// DOCS: doc is given (packed documents); DOCS = false compiles to plain causal attention's code.
+template <int D, bool DOCS>
 __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* lse, const bf16* q, const bf16* k,
                                                              const bf16* v, int T, int Hq, int Hkv, float sl2,
                                                              const int32_t* doc) {
@@ -45,10 +46,10 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
     const int row0 = q0 + w * 16 + g;  // this thread's rows: row0, row0 + 8
     const int kt_end = (min(q0 + FA_BR, T) + FA_BC - 1) / FA_BC;
     // packed documents: the rows' starts (0 without), the warp's last row's, the first key tile
-    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
-    const int dsr[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
-    const int dlast = docb ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
-    const int kt0 = docb ? (int)docb[q0] / FA_BC : 0;
+    const int32_t* docb = DOCS ? doc + (size_t)b * T : nullptr;
+    const int dsr[2] = {DOCS ? (int)docb[min(row0, T - 1)] : 0, DOCS ? (int)docb[min(row0 + 8, T - 1)] : 0};
+    const int dlast = DOCS ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
+    const int kt0 = DOCS ? (int)docb[q0] / FA_BC : 0;
 
     // K/V tiles are double-buffered: tile kt + 1 is in flight (cp.async) while tile kt computes
     // (buffer (kt − kt0) & 1).
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
             }
 
         // scale to log2 units, mask (causal and the tail past T), row max
-        const bool need_mask = k0 + FA_BC - 1 > q0 + w * 16 || k0 + FA_BC > T || k0 < dlast;
+        const bool need_mask = k0 + FA_BC - 1 > q0 + w * 16 || k0 + FA_BC > T || (DOCS && k0 < dlast);
         float mx[2] = {mr[0], mr[1]};
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
                 float x = s[i][e] * sl2;
                 if (need_mask) {
                     const int key = k0 + i * 8 + 2 * c4 + (e & 1), row = row0 + (e >> 1) * 8;
-                    if (key > row || key >= T || key < dsr[e >> 1]) x = -INFINITY;
+                    if (key > row || key >= T || (DOCS && key < dsr[e >> 1])) x = -INFINITY;
                 }
                 s[i][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mu[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // −inf only before the row's document
+            mu[r] = DOCS && mx[r] == -INFINITY ? 0.f : mx[r];  // −inf only before the row's document
             corr[r] = fast_exp2(mr[r] - mu[r]);
             mr[r] = mx[r];
             lr[r] *= corr[r];
@@ -164,12 +165,15 @@ static void launch_fwd_tc(CudaImpl* c, bf16* out, float* lse, const bf16* q, con
     const size_t smem = (size_t)(FA_BR + 4 * FA_BC) * (D + ATTN_PAD) * sizeof(bf16);
     static bool attr = false;  // per instantiation
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_tc<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_tc<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
     const dim3 grid((T + FA_BR - 1) / FA_BR, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
-    k_attn_fwd_tc<D><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv, sl2, doc);
+    if (doc) k_attn_fwd_tc<D, true><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv, sl2, doc);
+    else k_attn_fwd_tc<D, false><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, Hq, Hkv, sl2, doc);
     LAUNCH_CK(c);
 }
 

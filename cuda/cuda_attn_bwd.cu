@@ -43,7 +43,9 @@ void attn_delta(Backend* be, float* delta, const void* dout, const void* out, in
 
 // ---- tensor-core dq --------------------------------------------------------------------------
 
-template <int D>
+// DOCS (both kernels): doc is given (packed documents); DOCS = false compiles to plain causal
+// attention's code.
+template <int D, bool DOCS>
 __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16* dout, const float* lse,
                                                             const float* delta, const bf16* q, const bf16* k,
                                                             const bf16* v, int T, int Hq, int Hkv, float sl2,
@@ -76,10 +78,10 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
 #pragma unroll
     for (int i = 0; i < DT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const int kt_end = (min(q0 + DQ_BR, T) + DQ_BC - 1) / DQ_BC;
-    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
-    const int dsr[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
-    const int dlast = docb ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
-    const int kt0 = docb ? (int)docb[q0] / DQ_BC : 0;
+    const int32_t* docb = DOCS ? doc + (size_t)b * T : nullptr;
+    const int dsr[2] = {DOCS ? (int)docb[min(row0, T - 1)] : 0, DOCS ? (int)docb[min(row0 + 8, T - 1)] : 0};
+    const int dlast = DOCS ? (int)docb[min(q0 + w * 16 + 15, T - 1)] : 0;
+    const int kt0 = DOCS ? (int)docb[q0] / DQ_BC : 0;
 
     load_tile_async<DQ_BC, D, BW_THREADS>(Kb, kb, ks, kt0 * DQ_BC, T);
     load_tile_async<DQ_BC, D, BW_THREADS>(Vb, vb, ks, kt0 * DQ_BC, T);
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
                 mma_bf16(dp[2 * np + 1], ao, bf + 2);
             }
         }
-        const bool need_mask = k0 + DQ_BC - 1 > q0 + w * 16 || k0 + DQ_BC > T || k0 < dlast;
+        const bool need_mask = k0 + DQ_BC - 1 > q0 + w * 16 || k0 + DQ_BC > T || (DOCS && k0 < dlast);
 #pragma unroll
         for (int i = 0; i < NT; i++)
 #pragma unroll
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
                 float p = fast_exp2(s[i][e] * sl2 - ll[r]);
                 if (need_mask) {
                     const int key = k0 + i * 8 + 2 * c4 + (e & 1);
-                    if (key > row0 + r * 8 || key >= T || key < dsr[r]) p = 0.f;
+                    if (key > row0 + r * 8 || key >= T || (DOCS && key < dsr[r])) p = 0.f;
                 }
                 s[i][e] = p * (dp[i][e] - dl[r]);  // dS
             }
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dq_tc(bf16* dq, const bf16*
 
 // ---- tensor-core dk, dv ----------------------------------------------------------------------
 
-template <int D>
+template <int D, bool DOCS>
 __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const float* lse,
                                                               const float* delta, const bf16* q, const bf16* k,
                                                               const bf16* v, int T, int Hq, int Hkv, float sl2,
@@ -188,9 +190,9 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
     for (int i = 0; i < DT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
-    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    const int32_t* docb = DOCS ? doc + (size_t)b * T : nullptr;
     // query tiles qt0..: up to the one holding the end of the document of the tile's last key
-    const int nqt = docb ? (attn_doc_end(docb, T, min(k0 + KV_BC - 1, T - 1)) + KV_BQ - 1) / KV_BQ
+    const int nqt = DOCS ? (attn_doc_end(docb, T, min(k0 + KV_BC - 1, T - 1)) + KV_BQ - 1) / KV_BQ
                          : (T + KV_BQ - 1) / KV_BQ;
     const int qt0 = k0 / KV_BQ, per_h = nqt - qt0, n_it = grp * per_h;
 
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
             const int t = qq0 + i;
             lb[nb * KV_BQ + i] = t < T ? lse[lrow + t] * LOG2E : INFINITY;
             db[nb * KV_BQ + i] = t < T ? delta[lrow + t] : 0.f;
-            if (docb) sb[nb * KV_BQ + i] = t < T ? (int)docb[t] : T;
+            if (DOCS) sb[nb * KV_BQ + i] = t < T ? (int)docb[t] : T;
         }
     };
     issue(0);
@@ -246,14 +248,14 @@ __global__ void __launch_bounds__(BW_THREADS) k_attn_dkdv_tc(bf16* dk, bf16* dv,
                     mma_bf16(dpt[2 * np + 1], av, bf + 2);
                 }
             }
-            const bool need_mask = qq0 < k0 + KV_BC || qq0 + KV_BQ > T || (docb && qs_[KV_BQ - 1] > k0);
+            const bool need_mask = qq0 < k0 + KV_BC || qq0 + KV_BQ > T || (DOCS && qs_[KV_BQ - 1] > k0);
 #pragma unroll
             for (int i = 0; i < NQ; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = i * 8 + 2 * c4 + (e & 1);
                     float p = fast_exp2(st[i][e] * sl2 - ls[qi]);  // 0 past T (ls = +inf)
-                    if (need_mask && (qq0 + qi < key0 + (e >> 1) * 8 || (docb && key0 + (e >> 1) * 8 < qs_[qi]))) p = 0.f;
+                    if (need_mask && (qq0 + qi < key0 + (e >> 1) * 8 || (DOCS && key0 + (e >> 1) * 8 < qs_[qi]))) p = 0.f;
                     st[i][e] = p;
                     dpt[i][e] = p * (dpt[i][e] - ds_[qi]);  // dSᵀ
                 }
@@ -300,19 +302,35 @@ static void launch_bwd_tc(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, const bf16*
                           const float* delta, const bf16* q, const bf16* k, const bf16* v, int B, int T, int Hq,
                           int Hkv, const int32_t* doc) {
     const size_t sm_dq = (size_t)(2 * DQ_BR + 4 * DQ_BC) * (D + ATTN_PAD) * sizeof(bf16);
-    const size_t sm_kv = (size_t)(2 * KV_BC + 4 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 6 * KV_BQ * sizeof(float);
+    // dk/dv: K, V, two stages of Q and dO, two of lse and Δ (and with documents their starts)
+    const size_t sm_kv_max =
+        (size_t)(2 * KV_BC + 4 * KV_BQ) * (D + ATTN_PAD) * sizeof(bf16) + 6 * KV_BQ * sizeof(float);
+    const size_t sm_kv = sm_kv_max - (doc ? 0 : 2 * KV_BQ * sizeof(float));
     static bool attr = false;  // per instantiation
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_tc<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_tc<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_tc<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sm_kv_max));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_tc<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sm_kv_max));
         attr = true;
     }
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * LOG2E;
-    k_attn_dq_tc<D><<<dim3((T + DQ_BR - 1) / DQ_BR, Hq, B), BW_THREADS, sm_dq, c->stream>>>(
-        dq, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale, doc);
+    const dim3 gq((T + DQ_BR - 1) / DQ_BR, Hq, B), gk((T + KV_BC - 1) / KV_BC, Hkv, B);
+    if (doc)
+        k_attn_dq_tc<D, true><<<gq, BW_THREADS, sm_dq, c->stream>>>(dq, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2,
+                                                                    scale, doc);
+    else
+        k_attn_dq_tc<D, false><<<gq, BW_THREADS, sm_dq, c->stream>>>(dq, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2,
+                                                                     scale, doc);
     LAUNCH_CK(c);
-    k_attn_dkdv_tc<D><<<dim3((T + KV_BC - 1) / KV_BC, Hkv, B), BW_THREADS, sm_kv, c->stream>>>(
-        dk, dv, dout, lse, delta, q, k, v, T, Hq, Hkv, sl2, scale, doc);
+    if (doc)
+        k_attn_dkdv_tc<D, true><<<gk, BW_THREADS, sm_kv, c->stream>>>(dk, dv, dout, lse, delta, q, k, v, T, Hq, Hkv,
+                                                                      sl2, scale, doc);
+    else
+        k_attn_dkdv_tc<D, false><<<gk, BW_THREADS, sm_kv, c->stream>>>(dk, dv, dout, lse, delta, q, k, v, T, Hq, Hkv,
+                                                                       sl2, scale, doc);
     LAUNCH_CK(c);
 }
 

@@ -28,8 +28,8 @@
 // before the query's document start (the stage holds the tile's 64 starts after lse and Δ). The
 // dSᵀ tiles written are exactly those dq reads (k_attn_dq_ws starts at the key tile holding its
 // first row's document start); the others are never read.
-// Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ, document starts (768 B),
-// 4 dSᵀ buffers (32 KB), mbarriers: 162 KB at WK_NS = 2.
+// Shared memory: K, V 64 KB, WK_NS stages of Q, dO (32 KB) and lse, Δ (512 B; 768 B with the
+// document starts), 4 dSᵀ buffers (32 KB), mbarriers: 162 KB at WK_NS = 2.
 //
 // dq (k_attn_dq_ws): k_attn_dq_ds's work — a CTA owns 64 query rows of one query head and adds
 // dS·K over the key tiles up to the diagonal, in key order (deterministic) — with a producer warp
@@ -41,9 +41,12 @@
 enum { WK_THREADS = 384, WK_NS = 2, WK_R = 64, WK_DS = 64 * 64 };
 #define WK_KV (128u * 128u * 2u)   // bytes of the [128][128] K (or V) tile
 #define WK_QT (64u * 128u * 2u)    // bytes of a [64][128] Q (or dO) tile
-#define WK_L (3u * 64u * 4u)       // bytes of a stage's lse[64], Δ[64], then the document starts [64]
+// bytes of a stage's lse[64], Δ[64], then (with documents) the document starts [64]
+#define WK_L(DOCS) ((DOCS ? 3u : 2u) * 64u * 4u)
 #define WK_SD (64u * 64u * 2u)     // bytes of a dSᵀ image
 
+// DOCS: doc is given (packed documents); DOCS = false compiles to plain causal attention's code.
+template <bool DOCS>
 __global__ void __launch_bounds__(WK_THREADS, 1)
     k_attn_dkdv_ws(bf16* dk, bf16* dv, bf16* ds, const float* lse, const float* delta,
                    const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mo,
@@ -53,17 +56,17 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw), base = (raw + 1023u) & ~1023u;
     const uint32_t Ks = base, Vs = base + WK_KV, Qb = base + 2 * WK_KV;  // Q stage s: Qb + s·WK_QT
     const uint32_t Ob = Qb + WK_NS * WK_QT, Sdb = Ob + WK_NS * WK_QT;     // dO stage s; dSᵀ buffer i: Sdb + i·WK_SD
-    const uint32_t Lb = Sdb + 4 * WK_SD, bars = Lb + WK_NS * WK_L;        // lse/Δ stage s: Lb + s·WK_L
+    const uint32_t Lb = Sdb + 4 * WK_SD, bars = Lb + WK_NS * WK_L(DOCS);  // lse/Δ stage s: Lb + s·WK_L
     const float* lsh = (const float*)(smem_raw + (Lb - raw));
     // mbarriers: K+V once; full[s], empty[s]
     const uint32_t fullKV = bars, full0 = bars + 8, empty0 = bars + 8 + 8 * WK_NS;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     const int kb = blockIdx.x, pair = p0 + blockIdx.y, kh = pair % Hkv, b = pair / Hkv, grp = Hq / Hkv;
-    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
+    const int32_t* docb = DOCS ? doc + (size_t)b * T : nullptr;
     // query tiles 2kb..qlast: up to the end of the document holding the CTA's last key
     const int nqt = (T + WK_R - 1) / WK_R;
-    const int qlast = docb ? (attn_doc_end(docb, T, min(kb * 128 + 127, T - 1)) - 1) / WK_R : nqt - 1;
+    const int qlast = DOCS ? (attn_doc_end(docb, T, min(kb * 128 + 127, T - 1)) - 1) / WK_R : nqt - 1;
     const int per_h = qlast + 1 - 2 * kb, n_it = grp * per_h;
 
     if (tid == 0) {
@@ -88,14 +91,16 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 if (it >= WK_NS) mbar_wait(empty0 + 8 * s, (u + 1) & 1);  // use u − 1 released
                 const int h = kh * grp + it / per_h, q0 = (2 * kb + it % per_h) * WK_R, t = q0 + 2 * lane;
                 const size_t li = ((size_t)b * Hq + h) * T + t;
-                float* ls = (float*)lsh + s * (WK_L / 4);
+                float* ls = (float*)lsh + s * (WK_L(DOCS) / 4);
                 ls[2 * lane] = t < T ? lse[li] : 0.f;
                 ls[2 * lane + 1] = t + 1 < T ? lse[li + 1] : 0.f;
                 ls[64 + 2 * lane] = t < T ? delta[li] : 0.f;
                 ls[64 + 2 * lane + 1] = t + 1 < T ? delta[li + 1] : 0.f;
-                int* dst = (int*)ls + 128;  // document starts (rows ≥ T: T, masked anyway)
-                dst[2 * lane] = docb && t < T ? (int)docb[t] : (docb ? T : 0);
-                dst[2 * lane + 1] = docb && t + 1 < T ? (int)docb[t + 1] : (docb ? T : 0);
+                if (DOCS) {
+                    int* dst = (int*)ls + 128;  // document starts (rows ≥ T: T, masked anyway)
+                    dst[2 * lane] = t < T ? (int)docb[t] : T;
+                    dst[2 * lane + 1] = t + 1 < T ? (int)docb[t + 1] : T;
+                }
                 const uint32_t full = full0 + 8 * s;
                 if (lane == 0) {
                     mbar_expect_tx(full, 2 * WK_QT);
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
         const int key0 = kw0 + w * 16 + g;              // this thread's keys: key0, key0 + 8
         const size_t ntri = (size_t)nqt * (nqt + 1) / 2;
         // (warpgroup-uniform) the first query past the document of this warpgroup's last key
-        const int qend_w = docb ? attn_doc_end(docb, T, min(kw0 + WK_R - 1, T - 1)) : T;
+        const int qend_w = DOCS ? attn_doc_end(docb, T, min(kw0 + WK_R - 1, T - 1)) : T;
         float dka[64], dva[64];  // dK / scale, dV; the first products overwrite them
         int started = 0, par = 0;
         mbar_wait(fullKV, 0);
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
             const int hh = it / per_h, qt = 2 * kb + it % per_h, qq0 = qt * WK_R;
             // (warpgroup-uniform) some query of the tile sees some key of ours; a warpgroup that
             // skips the item still takes its turns
-            const bool act = qt >= ktw && qq0 < qend_w;
+            const bool act = qt >= ktw && (!DOCS || qq0 < qend_w);
             mbar_wait(full0 + 8 * s, u & 1);
             const uint32_t Qs = Qb + s * WK_QT, Os = Ob + s * WK_QT;
             uint32_t ap[4][4], as[4][4];  // Pᵀ and dSᵀ as bf16 A fragments
@@ -150,9 +155,10 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
                 wg_reg_fence<32>(dpT);
 
                 // Pᵀ (query < key and query ≥ T masked), dSᵀ = Pᵀ ∘ (dPᵀ − Δ)
-                const float* ls = lsh + s * (WK_L / 4);
-                const bool need_mask = qq0 < kw0 + WK_R || qq0 + WK_R > T || (docb && ((const int*)ls)[128 + 63] > kw0);
-                attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask, docb ? (const int*)ls + 128 : nullptr);
+                const float* ls = lsh + s * (WK_L(DOCS) / 4);
+                const bool need_mask =
+                    qq0 < kw0 + WK_R || qq0 + WK_R > T || (DOCS && ((const int*)ls)[128 + 63] > kw0);
+                attn_pds_tile(sT, dpT, ls, qq0, key0, c4, T, sl2, need_mask, DOCS ? (const int*)ls + 128 : nullptr);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
                     wg_pack_a(ap[kk], sT, kk);
@@ -233,6 +239,7 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 #endif
 }
 
+template <bool DOCS>
 __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16* ds, const __grid_constant__ CUtensorMap mk,
                                                           int T, int Hq, int Hkv, int p0, float scale,
                                                           const int32_t* doc) {
@@ -244,7 +251,7 @@ __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16*
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, grp = Hq / Hkv;  // heavy (late) query tiles first
     const int pair = p0 + blockIdx.y / grp, kh = pair % Hkv, b = pair / Hkv, h = kh * grp + blockIdx.y % grp;
     // key tiles k0t..qt: from the one holding the first row's document start (the tiles dk/dv wrote)
-    const int k0t = doc ? doc[(size_t)b * T + qt * WK_R] / WK_R : 0, n_kt = qt + 1 - k0t;
+    const int k0t = DOCS ? doc[(size_t)b * T + qt * WK_R] / WK_R : 0, n_kt = qt + 1 - k0t;
     const bf16* dsr = ds + ((size_t)blockIdx.y * ((size_t)nqt * (nqt + 1) / 2) + (size_t)qt * (qt + 1) / 2) * WK_DS;
 
     if (tid == 0) {
@@ -315,23 +322,36 @@ int attn_bwd_ws(CudaImpl* c, bf16* dq, bf16* dk, bf16* dv, bf16* ds, const bf16*
         !tma_map_bthd(&mk, k, B, T, Hkv, 128) || !tma_map_bthd(&mv, v, B, T, Hkv, 128) ||
         !tma_map_bthd(&mk64, k, B, T, Hkv, WK_R))
         return 0;
-    const size_t sm_kv = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
+    const size_t sm_kv_max = 2 * WK_KV + WK_NS * (2 * WK_QT + WK_L(true)) + 4 * WK_SD + 8 * (1 + 2 * WK_NS) + 1024;
+    const size_t sm_kv = sm_kv_max - (doc ? 0 : WK_NS * (WK_L(true) - WK_L(false)));
     const size_t sm_dq = WQ_NS * (size_t)WQ_ST + 16 * WQ_NS + 1024;
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv));
-        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sm_kv_max));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dkdv_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sm_kv_max));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_dq_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_dq));
         attr = true;
     }
     const float scale = 1.0f / sqrtf(128.f), sl2 = scale * LOG2E;
     const int pairs = B * Hkv;
     for (int p0 = 0; p0 < pairs; p0 += chunk) {
         const int np = pairs - p0 < chunk ? pairs - p0 : chunk;
-        k_attn_dkdv_ws<<<dim3((unsigned)((T + 127) / 128), (unsigned)np), WK_THREADS, sm_kv, c->stream>>>(
-            dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq, Hkv, p0, sl2, scale, doc);
+        const dim3 gkn((unsigned)((T + 127) / 128), (unsigned)np);
+        const dim3 gqn((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv)));
+        if (doc)
+            k_attn_dkdv_ws<true><<<gkn, WK_THREADS, sm_kv, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq,
+                                                                        Hkv, p0, sl2, scale, doc);
+        else
+            k_attn_dkdv_ws<false><<<gkn, WK_THREADS, sm_kv, c->stream>>>(dk, dv, ds, lse, delta, mq, mo, mk, mv, T, Hq,
+                                                                         Hkv, p0, sl2, scale, doc);
         LAUNCH_CK(c);
-        k_attn_dq_ws<<<dim3((unsigned)((T + WK_R - 1) / WK_R), (unsigned)(np * (Hq / Hkv))), WQ_THREADS, sm_dq,
-                       c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale, doc);
+        if (doc)
+            k_attn_dq_ws<true><<<gqn, WQ_THREADS, sm_dq, c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale, doc);
+        else
+            k_attn_dq_ws<false><<<gqn, WQ_THREADS, sm_dq, c->stream>>>(dq, ds, mk64, T, Hq, Hkv, p0, scale, doc);
         LAUNCH_CK(c);
     }
     return 1;

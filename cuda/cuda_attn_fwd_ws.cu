@@ -38,18 +38,19 @@ enum { WS_M = 128, WS_N = 128, WS_D = 128, WS_THREADS = 384 };
 // documents) are masked where the tile reaches past wrow0 (the warp's first row) or before dlast
 // (the document start of the warp's last row); the running max mr and row sums lr are updated,
 // corr is O's correction, and sacc becomes P (fp32, in place: no register of an unfinished P·V is
-// written).
+// written). DOCS = false (no documents) compiles to plain causal attention's code.
+template <bool DOCS>
 __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], float (&lr)[2], float (&corr)[2], int k0,
                                            int wrow0, int row0, int c4, int T, float sl2, const int (&ds)[2],
                                            int dlast) {
-    const bool need_mask = k0 + WS_N - 1 > wrow0 || k0 + WS_N > T || k0 < dlast;
+    const bool need_mask = k0 + WS_N - 1 > wrow0 || k0 + WS_N > T || (DOCS && k0 < dlast);
     float mx[2] = {-INFINITY, -INFINITY}, mu[2];
 #pragma unroll
     for (int i = 0; i < 64; i++) {
         float x = sacc[i];
         if (need_mask) {
             const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-            if (key > row || key >= T || key < ds[(i >> 1) & 1]) x = -INFINITY;
+            if (key > row || key >= T || (DOCS && key < ds[(i >> 1) & 1])) x = -INFINITY;
         }
         mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
     }
@@ -58,7 +59,7 @@ __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], fl
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m2 = fmaxf(mr[r], mx[r] * sl2);  // −inf only while the row's document is not reached
-        mu[r] = m2 == -INFINITY ? 0.f : m2;
+        mu[r] = DOCS && m2 == -INFINITY ? 0.f : m2;
         corr[r] = fast_exp2(mr[r] - mu[r]);
         mr[r] = m2;
         lr[r] *= corr[r];
@@ -69,7 +70,7 @@ __device__ __forceinline__ void ws_softmax(float (&sacc)[64], float (&mr)[2], fl
         float x = sacc[i];
         if (need_mask) {
             const int key = k0 + (i >> 2) * 8 + 2 * c4 + (i & 1), row = row0 + r * 8;
-            if (key > row || key >= T || key < ds[r]) x = -INFINITY;
+            if (key > row || key >= T || (DOCS && key < ds[r])) x = -INFINITY;
         }
         sacc[i] = fast_exp2(fmaf(x, sl2, -mu[r]));
         lr[r] += sacc[i];
@@ -82,6 +83,7 @@ __device__ __forceinline__ void ws_pack_p(uint32_t (&p)[8][4], const float (&sac
     for (int i = 0; i < 64; i += 2) p[i >> 3][(i >> 1) & 3] = pack_bf16(sacc[i], sacc[i + 1]);
 }
 
+template <bool DOCS>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_attn_fwd_ws(bf16* out, float* lse, const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                   const __grid_constant__ CUtensorMap mv, int T, int Hq, int Hkv, float sl2, const int32_t* doc) {
@@ -94,8 +96,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform, visibly to the compiler
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (Hq / Hkv);
     const int q0 = qt * WS_M;
-    const int32_t* docb = doc ? doc + (size_t)b * T : nullptr;
-    const int j0 = docb ? docb[q0] / WS_N : 0;                  // the first key tile the rows see
+    const int32_t* docb = DOCS ? doc + (size_t)b * T : nullptr;
+    const int j0 = DOCS ? docb[q0] / WS_N : 0;                  // the first key tile the rows see
     const int n = (min(q0 + WS_M, T) + WS_N - 1) / WS_N - j0;  // key tiles j0..j0+n-1 (the last one diagonal)
 
     if (tid == 0) {
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int r0w = wg * 64;
         const int row0 = q0 + r0w + w * 16 + g;  // this thread's rows: row0, row0 + 8
         // document starts of the thread's rows and of the warp's last row (0 without documents)
-        const int ds[2] = {docb ? (int)docb[min(row0, T - 1)] : 0, docb ? (int)docb[min(row0 + 8, T - 1)] : 0};
-        const int dlast = docb ? (int)docb[min(q0 + r0w + w * 16 + 15, T - 1)] : 0;
+        const int ds[2] = {DOCS ? (int)docb[min(row0, T - 1)] : 0, DOCS ? (int)docb[min(row0 + 8, T - 1)] : 0};
+        const int dlast = DOCS ? (int)docb[min(q0 + r0w + w * 16 + 15, T - 1)] : 0;
         float o[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) o[i] = 0.f;
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(emptyK);
             float corr[2];  // O is still zero: nothing to rescale
-            ws_softmax(sacc, mr, lr, corr, j0 * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
+            ws_softmax<DOCS>(sacc, mr, lr, corr, j0 * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
             ws_pack_p(a, sacc);
         }
         for (int j = 1; j < n; j++) {
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             if (lane == 0) mbar_arrive(emptyK + 8 * s);  // this warp is done reading K_j
             // P_j in sacc: the tensor cores may still be reading P_{j-1} from a and adding into O
             float corr[2];
-            ws_softmax(sacc, mr, lr, corr, (j0 + j) * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
+            ws_softmax<DOCS>(sacc, mr, lr, corr, (j0 + j) * WS_N, q0 + r0w + w * 16, row0, c4, T, sl2, ds, dlast);
             {  // P_{j-1}·V_{j-1} done: V_{j-1} is free, O and a may change
                 wg_wait<0>();
                 wg_reg_fence<64>(o);
@@ -259,12 +261,14 @@ int attn_fwd_ws(CudaImpl* c, bf16* out, float* lse, const bf16* q, const bf16* k
     const size_t smem = 5 * (size_t)WS_TILE + 128 + 1024;  // tiles, mbarriers, room to align to 1024
     static bool attr = false;
     if (!attr) {
-        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CK(cudaFuncSetAttribute(k_attn_fwd_ws<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
     const dim3 grid((T + WS_M - 1) / WS_M, Hq, B);
     const float sl2 = LOG2E / sqrtf((float)D);
-    k_attn_fwd_ws<<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2, doc);
+    if (doc) k_attn_fwd_ws<true><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2, doc);
+    else k_attn_fwd_ws<false><<<grid, WS_THREADS, smem, c->stream>>>(out, lse, mq, mk, mv, T, Hq, Hkv, sl2, doc);
     LAUNCH_CK(c);
     return 1;
 }
