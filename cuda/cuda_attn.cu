@@ -104,8 +104,10 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mu[r] = DOCS && mx[r] == -INFINITY ? 0.f : mx[r];  // −inf only before the row's document
-            corr[r] = fast_exp2(mr[r] - mu[r]);
+            // mu: what the exponentials go against, 0 while the row has seen only keys before its
+            // document (mx = −inf); without documents mx itself, spelt as plain causal attention has it
+            mu[r] = DOCS && mx[r] == -INFINITY ? 0.f : mx[r];
+            corr[r] = fast_exp2(mr[r] - (DOCS ? mu[r] : mx[r]));
             mr[r] = mx[r];
             lr[r] *= corr[r];
         }
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_attn_fwd_tc(bf16* out, float* ls
         for (int i = 0; i < NT; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = fast_exp2(s[i][e] - mu[e >> 1]);
+                const float p = fast_exp2(s[i][e] - (DOCS ? mu[e >> 1] : mr[e >> 1]));
                 s[i][e] = p;
                 lr[e >> 1] += p;
             }
