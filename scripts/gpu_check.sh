@@ -159,7 +159,7 @@ step_ckpt() {
   # rows) rather than being killed mid-check
   check ckpt env MOETRAIN="$BUILD/moetrain" CKPT_WORK="$WORK/ckpt" \
     CKPT_DL="${CKPT_DL:-$((STEP_TIMEOUT > 60 ? STEP_TIMEOUT - 15 : STEP_TIMEOUT))}" scripts/ckpt_check.sh "$OUT/ckpt"
-  grep -a '^ckpt: FAIL' "$OUT/ckpt.log"
+  grep -aE '^ckpt: (FAIL|SKIP)' "$OUT/ckpt.log" | sed 's/^/  /' | tee -a "$SUM"
 }
 
 step_l0() {
@@ -195,7 +195,7 @@ step_l0() {
 # ---- parallel.comm=mpi: EP=2 with both ranks on one GPU ----------------------------------------
 step_comm() {
   check comm env OUT="$OUT" CK="$WORK/comm" scripts/gpu_comm_mpi.sh "$BUILD"
-  cat "$OUT/comm_mpi/summary.txt" 2>/dev/null
+  sed 's/^/  /' "$OUT/comm_mpi/summary.txt" 2>/dev/null | tee -a "$SUM"  # its rows in the summary too
 }
 
 step_generate() {
@@ -211,7 +211,7 @@ step_generate() {
 
 step_fp8() {
   check fp8.parity env MOETRAIN="$BUILD/moetrain" scripts/fp8_parity.sh "$OUT/fp8_parity" train.device=cuda
-  cat "$OUT/fp8_parity/summary.txt" 2>/dev/null
+  sed 's/^/  /' "$OUT/fp8_parity/summary.txt" 2>/dev/null | tee -a "$SUM"  # its rows in the summary too
 }
 
 step_timings() {
