@@ -135,7 +135,7 @@ static void attention_docs(int wg) {
             {"ds", pair * B * Hkv, 0}, {"ds-chunked", pair + pair / 2, 1}, {"no-ws", 0, 0}};
         for (int w = 0; w < 3; w++) {
             const char* bp = bwd_path(m, D, wg, wv[w].bytes);
-            void* ws = wv[w].bytes ? dev_alloc(be, wv[w].bytes) : NULL;
+            void* ws = wv[w].bytes ? poison(be, wv[w].bytes) : NULL;
             const int was = cuda_attn_ds_force(be, wv[w].force);
             void *gq = poison_act(be, nq), *gk = poison_act(be, nk), *gv = poison_act(be, nk);
             be->attn_bwd(be, gq, gk, gv, d_g, d_o, d_l, dq_, dk_, dv_, B, T, Hq, Hkv, D, ws, wv[w].bytes, ddoc);
