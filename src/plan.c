@@ -185,9 +185,27 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
 
 static double gib(double b) { return b / (double)(1ull << 30); }
 
-int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
-    PlanMemory m;
-    if (plan_memory(c, world, &m, e)) return -1;
+// Small models in MiB, others in GiB (the runtime's fixed rows not counted in that choice).
+static const char* report_unit(const PlanMemory* m, double* scale) {
+    const int mib = gib(m->total - m->cuda_context - m->lib_workspace - m->nccl) < 1;
+    *scale = mib ? 1024 : 1;
+    return mib ? "MiB" : "GiB";
+}
+
+// The FP8 row's note: the mode, and where the workspace went when the scratch held some of it.
+static void report_fp8_note(const Config* c, const PlanMemory* m, double scale, const char* unit, FILE* f) {
+    fprintf(f, "   (precision.fp8=%s%s", fp8_mode_name(c->precision.fp8), c->train.device != DEVICE_CPU ? ", estimate" : "");
+    if (m->fp8_extra == 0)
+        fprintf(f, ": %.2f %s, held by the activation scratch's room for the attention backward", gib(m->fp8_ws) * scale,
+                unit);
+    else if (m->fp8_extra < m->fp8_ws)
+        fprintf(f, ": %.2f %s, %.2f %s of it in the activation scratch", gib(m->fp8_ws) * scale, unit,
+                gib(m->fp8_ws - m->fp8_extra) * scale, unit);
+    fprintf(f, ")");
+}
+
+// The model, its FLOPs and the layout (plan_report's first lines).
+static void report_model(const Config* c, const PlanMemory* m, FILE* f) {
     const ModelConfig* mc = &c->model;
     const ParamCounts pc = params_count(mc);
     char tot[32], act[32], den[32], ex[32], emb[32], loc[32], tok[32];
@@ -196,11 +214,9 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
     plan_thousands(pc.dense, den, sizeof den);
     plan_thousands(pc.expert, ex, sizeof ex);
     plan_thousands(pc.embed, emb, sizeof emb);
-    plan_thousands(m.dense + m.expert, loc, sizeof loc);
+    plan_thousands(m->dense + m->expert, loc, sizeof loc);
     plan_thousands((int64_t)c->train.global_batch * c->train.seq_len, tok, sizeof tok);
     const double flops = params_train_flops_per_token(mc, c->train.seq_len);
-    const int a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
-
     fprintf(f, "config: %s\n", c->source[0] ? c->source : "(defaults)");
     fprintf(f, "model: %d layers, hidden %d, ffn %d, heads %d (kv %d), %d experts top-%d, vocab %d\n", mc->layers,
             mc->hidden, mc->ffn, mc->heads, mc->kv_heads, mc->experts, mc->top_k, mc->vocab_size);
@@ -211,70 +227,83 @@ int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
     fprintf(f, "step: %s tokens = global_batch %d × seq_len %d; %.3g FLOPs per step\n", tok, c->train.global_batch,
             c->train.seq_len, flops * (double)c->train.global_batch * c->train.seq_len);
     fprintf(f, "\nlayout: world %d = ep %d x edp %d; %d of %d experts per rank; micro_batch %d x seq_len %d, "
-            "gradient accumulation %d\n", m.world, m.ep, m.edp, m.e_local, mc->experts, c->train.micro_batch,
-            c->train.seq_len, m.grad_accum);
+            "gradient accumulation %d\n", m->world, m->ep, m->edp, m->e_local, mc->experts, c->train.micro_batch,
+            c->train.seq_len, m->grad_accum);
     fprintf(f, "memory per rank (%s parameters held: dense replicated + local experts; ZeRO-1 %s):\n", loc,
             c->parallel.zero1 ? "on" : "off");
+}
+
+// The per-rank memory table, one row per PlanMemory field (the FP8 row with fp8 on, the CUDA rows on GPUs).
+static void report_memory_rows(const Config* c, const PlanMemory* m, FILE* f) {
+    const int a = c->precision.dtype == DTYPE_BF16 && c->train.device != DEVICE_CPU ? 2 : 4;
     struct { const char* what; double bytes; } rows[] = {
-        {a == 2 ? "weights (bf16 compute copy)" : "weights (fp32 compute copy)", m.weights},
-        {m.split_master ? "fp32 masters: 16-bit remainders" : "fp32 master weights", m.master},
-        {"gradients (fp32)", m.grads},
-        {"Adam m + v (fp32)", m.adam},
-        {"activations saved for backward", m.act_saved},
-        {"activation scratch (one layer)", m.act_scratch},
-        {"lm_head logits chunk", m.logits},
-        {"FP8 GEMM workspace", m.fp8_extra},
-        {"CUDA context + kernels (estimate)", m.cuda_context},
-        {"cuBLASLt workspace + op scratch", m.lib_workspace},
-        {"NCCL buffers (estimate)", m.nccl},
+        {a == 2 ? "weights (bf16 compute copy)" : "weights (fp32 compute copy)", m->weights},
+        {m->split_master ? "fp32 masters: 16-bit remainders" : "fp32 master weights", m->master},
+        {"gradients (fp32)", m->grads},
+        {"Adam m + v (fp32)", m->adam},
+        {"activations saved for backward", m->act_saved},
+        {"activation scratch (one layer)", m->act_scratch},
+        {"lm_head logits chunk", m->logits},
+        {"FP8 GEMM workspace", m->fp8_extra},
+        {"CUDA context + kernels (estimate)", m->cuda_context},
+        {"cuBLASLt workspace + op scratch", m->lib_workspace},
+        {"NCCL buffers (estimate)", m->nccl},
     };
-    const int mib = gib(m.total - m.cuda_context - m.lib_workspace - m.nccl) < 1;  // small models in MiB
-    const double scale = mib ? 1024 : 1;
-    const char* unit = mib ? "MiB" : "GiB";
+    double scale;
+    const char* unit = report_unit(m, &scale);
     const int on_gpu = c->train.device != DEVICE_CPU;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        if (i == 7 && m.fp8_ws == 0) continue;  // precision.fp8=none
+        if (i == 7 && m->fp8_ws == 0) continue;  // precision.fp8=none
         if (i >= 8 && !on_gpu) break;  // the CUDA rows: GPU runs only
-        if (i == 10 && m.nccl == 0) continue;
+        if (i == 10 && m->nccl == 0) continue;
         fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
-        if (i == 7) fprintf(f, "   (precision.fp8=%s%s", fp8_mode_name(c->precision.fp8), on_gpu ? ", estimate" : "");
-        if (i == 7 && m.fp8_extra == 0)
-            fprintf(f, ": %.2f %s, held by the activation scratch's room for the attention backward", gib(m.fp8_ws) * scale,
-                    unit);
-        else if (i == 7 && m.fp8_extra < m.fp8_ws)
-            fprintf(f, ": %.2f %s, %.2f %s of it in the activation scratch", gib(m.fp8_ws) * scale, unit,
-                    gib(m.fp8_ws - m.fp8_extra) * scale, unit);
-        if (i == 7) fprintf(f, ")");
-        if (i == 10) fprintf(f, "   (%d communicator%s of > 1 rank)", m.nccl_comms, m.nccl_comms == 1 ? "" : "s");
+        if (i == 7) report_fp8_note(c, m, scale, unit, f);
+        if (i == 10) fprintf(f, "   (%d communicator%s of > 1 rank)", m->nccl_comms, m->nccl_comms == 1 ? "" : "s");
         fprintf(f, "\n");
     }
+}
+
+// What the table leaves out, the total, inference, and the verdict against the GPU's memory.
+static void report_memory_total(const Config* c, const PlanMemory* m, int world, double gpu_gib, FILE* f) {
+    const ModelConfig* mc = &c->model;
+    double scale;
+    const char* unit = report_unit(m, &scale);
+    const int on_gpu = c->train.device != DEVICE_CPU;
     if (on_gpu && c->parallel.comm == COMM_MPI)
         fprintf(f, "  %-34s %9s       (parallel.comm=mpi: staging in page-locked host memory, the largest message)\n",
                 "NCCL buffers", "none");
     if (on_gpu && c->checkpoint.async)
         fprintf(f, "  (checkpoint.async: plus %.2f GiB of page-locked host memory per rank for the snapshot)\n",
                 gib(4.0 * (c->checkpoint.save_optimizer ? 3 : 1) *
-                    ((c->parallel.zero1 && world > 1 ? (double)m.dense / world : (double)m.dense) +
-                     (c->parallel.zero1 && m.edp > 1 ? (double)m.expert / m.edp : (double)m.expert))));
+                    ((c->parallel.zero1 && world > 1 ? (double)m->dense / world : (double)m->dense) +
+                     (c->parallel.zero1 && m->edp > 1 ? (double)m->expert / m->edp : (double)m->expert))));
     if (on_gpu)
-        fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m.total) * scale, unit, gpu_gib,
-                m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
+        fprintf(f, "  %-34s %9.2f %s   (GPU: %.1f GiB%s)\n", "total", gib(m->total) * scale, unit, gpu_gib,
+                m->ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
     else
-        fprintf(f, "  %-34s %9.2f %s   (host memory of one rank on the CPU backend%s)\n", "total", gib(m.total) * scale,
-                unit, m.ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
+        fprintf(f, "  %-34s %9.2f %s   (host memory of one rank on the CPU backend%s)\n", "total", gib(m->total) * scale,
+                unit, m->ep > 1 ? "; not counted: routing imbalance beyond 25%" : "");
     fprintf(f, "  %-34s %9.2f %s   (weights, one layer's forward buffers at micro_batch x seq_len; no masters, "
             "gradients or Adam state; generate adds its KV cache)\n", "inference (eval/generate)",
-            gib(m.infer_total) * scale, unit);
-    if (m.kept_swiglu > 0)
+            gib(m->infer_total) * scale, unit);
+    if (m->kept_swiglu > 0)
         fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
-                "layer)\n", gib(m.kept_swiglu) * scale, unit, gib(m.kept_swiglu / mc->layers) * scale, unit);
+                "layer)\n", gib(m->kept_swiglu) * scale, unit, gib(m->kept_swiglu / mc->layers) * scale, unit);
     if (!on_gpu)
         fprintf(f, "host memory (train.device=cpu): %.2f %s per rank, %.2f %s for the %d ranks together\n",
-                gib(m.total) * scale, unit, gib(m.total) * scale * world, unit, world);
-    else if (gib(m.total) > gpu_gib)
+                gib(m->total) * scale, unit, gib(m->total) * scale * world, unit, world);
+    else if (gib(m->total) > gpu_gib)
         fprintf(f, "WARNING: %.1f GiB per rank exceeds the %.1f GiB GPU: raise parallel.ep or the world size (--world), "
-                "or lower train.micro_batch or train.seq_len\n", gib(m.total), gpu_gib);
+                "or lower train.micro_batch or train.seq_len\n", gib(m->total), gpu_gib);
     else
-        fprintf(f, "fits: %.2f GiB of %.1f GiB (%.1f GiB to spare)\n", gib(m.total), gpu_gib, gpu_gib - gib(m.total));
+        fprintf(f, "fits: %.2f GiB of %.1f GiB (%.1f GiB to spare)\n", gib(m->total), gpu_gib, gpu_gib - gib(m->total));
+}
+
+int plan_report(const Config* c, int world, double gpu_gib, FILE* f, Err* e) {
+    PlanMemory m;
+    if (plan_memory(c, world, &m, e)) return -1;
+    report_model(c, &m, f);
+    report_memory_rows(c, &m, f);
+    report_memory_total(c, &m, world, gpu_gib, f);
     return 0;
 }
