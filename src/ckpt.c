@@ -226,47 +226,50 @@ static void save_free(CkptSave* s) {
     free(s);
 }
 
-// Stages 1 and 2a of the protocol (ckpt.h). with_data: the tensors carry their values (ckpt_save).
-static int save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
-                      int with_data, const char* trainer_state_yaml, int keep, Err* e) {
-    *out = NULL;
+// A save of step into dir, not begun: this rank and the world, and the directories:
+// checkpoint.dir/step_N and the temporary it is written in first (.tmp_step_N.RUNID, or
+// .tmp_step_N without a run id).
+static CkptSave* save_new(Comm* comm, const char* dir, int64_t step, int keep) {
     CkptSave* s = xcalloc(1, sizeof *s);
     s->comm = comm;
     s->rank = comm->rank[GROUP_WORLD];
     s->W = comm->size[GROUP_WORLD];
     s->step = step;
     s->keep = keep;
-    const int rank = s->rank, W = s->W;
-    Report me;
-    memset(&me, 0, sizeof me);
-    Err le = {{0}};
-    char tn[160], rn[64], path[CKPT_PATH];
+    char tn[160];
     ckpt_copy(s->dir, sizeof s->dir, dir ? dir : "");
     ckpt_step_name(s->step_name, sizeof s->step_name, step);
     if (ckpt_run_id()[0]) snprintf(tn, sizeof tn, ".tmp_%s.%.40s", s->step_name, ckpt_run_id());
     else snprintf(tn, sizeof tn, ".tmp_%s", s->step_name);
     ckpt_join(s->tmp, dir ? dir : "", tn);
     ckpt_join(s->fin, dir ? dir : "", s->step_name);
+    return s;
+}
 
-    // Stage 1: every rank checks its tensors; rank 0 prepares the temporary directory.
-    StWriter* w = s->w = st_writer_new();
-    if (!dir || !dir[0]) err_set(&le, "checkpoint directory is empty (set checkpoint.dir)");
-    else if (strlen(dir) > CKPT_PATH - 128) err_set(&le, "checkpoint directory path is too long");
-    else if (step < 0) err_set(&le, "negative step %lld", (long long)step);
-    else if (rank == 0 && !trainer_state_yaml) err_set(&le, "rank 0 passed no trainer state");
-    for (int i = 0; i < n && !le.msg[0]; i++) {
+// Stage 1 on this rank: the arguments checked and the tensors added to the writer (with their
+// values when with_data, else to be appended). The first problem goes to le.
+static void save_check_tensors(StWriter* w, const char* dir, int64_t step, int rank, const CkptTensor* t, int n,
+                               int with_data, const char* trainer_state_yaml, Err* le) {
+    if (!dir || !dir[0]) err_set(le, "checkpoint directory is empty (set checkpoint.dir)");
+    else if (strlen(dir) > CKPT_PATH - 128) err_set(le, "checkpoint directory path is too long");
+    else if (step < 0) err_set(le, "negative step %lld", (long long)step);
+    else if (rank == 0 && !trainer_state_yaml) err_set(le, "rank 0 passed no trainer state");
+    for (int i = 0; i < n && !le->msg[0]; i++) {
         if (t[i].ndim < 0 || t[i].ndim > 4) {
-            err_set(&le, "tensor '%s': %d dimensions (0..4 supported)", t[i].name ? t[i].name : "?", t[i].ndim);
+            err_set(le, "tensor '%s': %d dimensions (0..4 supported)", t[i].name ? t[i].name : "?", t[i].ndim);
             break;
         }
         if (!t[i].name ||
-            (with_data ? st_writer_add(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, t[i].data, &le)
-                       : st_writer_add_later(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, &le))) {
-            if (!t[i].name) err_set(&le, "tensor %d has no name", i);
+            (with_data ? st_writer_add(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, t[i].data, le)
+                       : st_writer_add_later(w, t[i].name, ST_F32, t[i].ndim, t[i].shape, le))) {
+            if (!t[i].name) err_set(le, "tensor %d has no name", i);
             break;
         }
     }
-    if (rank == 0 && trainer_state_yaml) s->state = xstrdup(trainer_state_yaml);
+}
+
+// The rank file's metadata: format pt, the step, this rank and the world size.
+static void save_meta(StWriter* w, int64_t step, int rank, int W) {
     char v[32];
     st_writer_meta(w, "format", "pt");
     snprintf(v, sizeof v, "%lld", (long long)step);
@@ -275,6 +278,24 @@ static int save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step,
     st_writer_meta(w, "moetrain.rank", v);
     snprintf(v, sizeof v, "%d", W);
     st_writer_meta(w, "moetrain.world", v);
+}
+
+// Stages 1 and 2a of the protocol (ckpt.h). with_data: the tensors carry their values (ckpt_save).
+static int save_begin(CkptSave** out, Comm* comm, const char* dir, int64_t step, const CkptTensor* t, int n,
+                      int with_data, const char* trainer_state_yaml, int keep, Err* e) {
+    *out = NULL;
+    CkptSave* s = save_new(comm, dir, step, keep);
+    const int rank = s->rank, W = s->W;
+    Report me;
+    memset(&me, 0, sizeof me);
+    Err le = {{0}};
+    char rn[64], path[CKPT_PATH];
+
+    // Stage 1: every rank checks its tensors; rank 0 prepares the temporary directory.
+    StWriter* w = s->w = st_writer_new();
+    save_check_tensors(w, dir, step, rank, t, n, with_data, trainer_state_yaml, &le);
+    if (rank == 0 && trainer_state_yaml) s->state = xstrdup(trainer_state_yaml);
+    save_meta(w, step, rank, W);
     int prepared = 0;
     if (!le.msg[0] && rank == 0) prepared = prepare(dir, s->tmp, &le) == 0;
     if (le.msg[0]) report_fail(&me, &le);

@@ -194,74 +194,101 @@ static int fastq_start(SeqParser* s, uint8_t b, int want, Err* e) {
                    (unsigned long long)s->rec_line, isprint(b) ? b : '?');
 }
 
+// The steps of seqp_feed, one per state: each reads from p[0, n) (n >= 1) and returns the bytes it
+// consumed, or (size_t)-1 on an error (message in e).
+
+// FASTA / text: sequence bytes up to the end of the line; the '\n' ends a text record.
+static size_t step_seq(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
+    size_t m = seq_bytes(s, p, n, 0, e);
+    if (m == (size_t)-1 || m == n) return m;
+    s->line++;  // at the '\n'
+    s->state = S_START;
+    if (s->fmt == DATA_TEXT) corpus_end_record(s->c);
+    return m + 1;
+}
+
+// FASTA / text, at the start of a line: a blank line (it ends a text record), a FASTA header or
+// comment, else sequence.
+static size_t step_line_start(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
+    const uint8_t b = p[0];
+    if (b == '\n') {
+        s->line++;
+        if (s->fmt == DATA_TEXT) corpus_end_record(s->c);
+        return 1;
+    }
+    if (s->fmt == DATA_FASTA && (b == '>' || b == ';')) {  // a header ends a record, a comment does not
+        if (b == '>') {
+            corpus_end_record(s->c);
+            s->seen_header = 1;
+        }
+        s->state = S_HEADER;
+        return 1;
+    }
+    s->state = S_SEQ;
+    return step_seq(s, p, n, e);
+}
+
+// A line read past (FASTA header, FASTQ '@' and '+' lines); its '\n' moves to the next state.
+static size_t step_skip_line(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
+    size_t m = skip_line(s, p, n, e);
+    if (m == (size_t)-1 || m == n) return m;
+    s->line++;
+    s->state = s->state == S_HEADER ? S_START : s->state == Q_HDR ? Q_SEQ : Q_QUAL;
+    return m + 1;
+}
+
+// FASTQ, between records: blank lines, then the '@' that starts the next one.
+static size_t step_fastq_record(SeqParser* s, const uint8_t* p, Err* e) {
+    if (p[0] == '\n') { s->line++; return 1; }  // blank lines between records
+    if (fastq_start(s, p[0], '@', e)) return (size_t)-1;
+    s->rec_line = s->line;
+    s->seq_len = s->qual_len = 0;
+    s->state = Q_HDR;
+    return 1;
+}
+
+// FASTQ: the sequence line.
+static size_t step_fastq_seq(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
+    size_t m = seq_bytes(s, p, n, 0, e);
+    if (m == (size_t)-1 || m == n) return m;
+    s->line++;
+    s->state = Q_PLUS_START;
+    return m + 1;
+}
+
+// FASTQ: the '+' that starts the line after the sequence.
+static size_t step_fastq_plus(SeqParser* s, const uint8_t* p, Err* e) {
+    if (fastq_start(s, p[0], '+', e)) return (size_t)-1;
+    s->state = Q_PLUS;
+    return 1;
+}
+
+// FASTQ: the quality line, counted; its '\n' ends the record.
+static size_t step_fastq_qual(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
+    size_t m = seq_bytes(s, p, n, 1, e);
+    if (m == (size_t)-1 || m == n) return m;
+    if (fastq_qual_done(s, e)) return (size_t)-1;
+    s->line++;
+    return m + 1;
+}
+
 int seqp_feed(SeqParser* s, const uint8_t* p, size_t n, Err* e) {
     size_t i = 0;
     while (i < n) {
-        uint8_t b = p[i];
-        size_t m;
+        size_t m = 0;
         switch (s->state) {
-        case S_START:
-            if (b == '\n') { s->line++; i++; if (s->fmt == DATA_TEXT) corpus_end_record(s->c); break; }
-            if (s->fmt == DATA_FASTA && (b == '>' || b == ';')) {  // a header ends a record, a comment does not
-                if (b == '>') {
-                    corpus_end_record(s->c);
-                    s->seen_header = 1;
-                }
-                s->state = S_HEADER;
-                i++;
-                break;
-            }
-            s->state = S_SEQ;
-            // fall through
-        case S_SEQ:
-            if ((m = seq_bytes(s, p + i, n - i, 0, e)) == (size_t)-1) return -1;
-            i += m;
-            if (i < n) {  // at the '\n'
-                s->line++;
-                i++;
-                s->state = S_START;
-                if (s->fmt == DATA_TEXT) corpus_end_record(s->c);
-            }
-            break;
+        case S_START: m = step_line_start(s, p + i, n - i, e); break;
+        case S_SEQ: m = step_seq(s, p + i, n - i, e); break;
         case S_HEADER:
         case Q_HDR:
-        case Q_PLUS:
-            if ((m = skip_line(s, p + i, n - i, e)) == (size_t)-1) return -1;
-            i += m;
-            if (i < n) {
-                s->line++;
-                i++;
-                s->state = s->state == S_HEADER ? S_START : s->state == Q_HDR ? Q_SEQ : Q_QUAL;
-            }
-            break;
-        case Q_HDR_START:
-            if (b == '\n') { s->line++; i++; break; }  // blank lines between records
-            if (fastq_start(s, b, '@', e)) return -1;
-            s->rec_line = s->line;
-            s->seq_len = s->qual_len = 0;
-            s->state = Q_HDR;
-            i++;
-            break;
-        case Q_SEQ:
-            if ((m = seq_bytes(s, p + i, n - i, 0, e)) == (size_t)-1) return -1;
-            i += m;
-            if (i < n) { s->line++; i++; s->state = Q_PLUS_START; }
-            break;
-        case Q_PLUS_START:
-            if (fastq_start(s, b, '+', e)) return -1;
-            s->state = Q_PLUS;
-            i++;
-            break;
-        case Q_QUAL:
-            if ((m = seq_bytes(s, p + i, n - i, 1, e)) == (size_t)-1) return -1;
-            i += m;
-            if (i < n) {
-                if (fastq_qual_done(s, e)) return -1;
-                s->line++;
-                i++;
-            }
-            break;
+        case Q_PLUS: m = step_skip_line(s, p + i, n - i, e); break;
+        case Q_HDR_START: m = step_fastq_record(s, p + i, e); break;
+        case Q_SEQ: m = step_fastq_seq(s, p + i, n - i, e); break;
+        case Q_PLUS_START: m = step_fastq_plus(s, p + i, e); break;
+        case Q_QUAL: m = step_fastq_qual(s, p + i, n - i, e); break;
         }
+        if (m == (size_t)-1) return -1;
+        i += m;
     }
     return 0;
 }

@@ -176,39 +176,44 @@ typedef struct Entry {
 
 static int cmp_entry(const void* a, const void* b) { return strcmp(((const Entry*)a)->name, ((const Entry*)b)->name); }
 
-int hf_export_ex(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DType dtype, uint64_t max_shard_bytes,
-                 Err* e) {
-    HfTensorSpec* spec;
-    const int n = hf_tensor_list(m, &spec);
-    const StDtype sd = dtype == DTYPE_BF16 ? ST_BF16 : ST_F32;
-    const uint64_t es = st_dtype_size(sd);
-    int* shard = xcalloc((size_t)n, sizeof(int));
-    int nshards = 0, rc = 0;
-    uint64_t total = 0, cur = 0;
-    // Everything the export needs is in the checkpoint, with the shapes of the config.
+// The checkpoint holds spec's tensor, with the shape of the config.
+static int check_tensor(const Ckpt* ck, const HfTensorSpec* spec, Err* e) {
+    int nd;
+    int64_t sh[8];
+    if (ckpt_tensor_shape(ck, spec->name, &nd, sh))
+        return err_set(e, "%s: no tensor '%s': the checkpoint does not hold the model of this config", ckpt_dir(ck),
+                       spec->name);
+    if (nd != spec->ndim || sh[0] != spec->shape[0] || (nd > 1 && sh[1] != spec->shape[1])) {
+        char a[128], b[128];
+        st_shape_str(a, sizeof a, nd, sh);
+        st_shape_str(b, sizeof b, spec->ndim, spec->shape);
+        return err_set(e, "%s: shape %s in the checkpoint, %s in the config", spec->name, a, b);
+    }
+    return 0;
+}
+
+// Every tensor checked against the checkpoint and given its shard (shard[i]): in order, a new
+// shard where the current one would pass max_shard_bytes. *nshards shards, *total bytes in all.
+static int plan_shards(const Ckpt* ck, const HfTensorSpec* spec, int n, uint64_t es, uint64_t max_shard_bytes,
+                       int* shard, int* nshards, uint64_t* total, Err* e) {
+    int rc = 0;
+    uint64_t cur = 0;
     for (int i = 0; i < n && !rc; i++) {
-        int nd;
-        int64_t sh[8];
-        if (ckpt_tensor_shape(ck, spec[i].name, &nd, sh))
-            rc = err_set(e, "%s: no tensor '%s': the checkpoint does not hold the model of this config", ckpt_dir(ck), spec[i].name);
-        else if (nd != spec[i].ndim || sh[0] != spec[i].shape[0] || (nd > 1 && sh[1] != spec[i].shape[1])) {
-            char a[128], b[128];
-            st_shape_str(a, sizeof a, nd, sh);
-            st_shape_str(b, sizeof b, spec[i].ndim, spec[i].shape);
-            rc = err_set(e, "%s: shape %s in the checkpoint, %s in the config", spec[i].name, a, b);
-        }
+        rc = check_tensor(ck, &spec[i], e);
         uint64_t bytes = (uint64_t)spec[i].shape[0] * (uint64_t)(spec[i].ndim > 1 ? spec[i].shape[1] : 1) * es;
-        if (nshards == 0 || (cur > 0 && cur + bytes > max_shard_bytes)) nshards++, cur = 0;
-        shard[i] = nshards - 1;
+        if (*nshards == 0 || (cur > 0 && cur + bytes > max_shard_bytes)) ++*nshards, cur = 0;
+        shard[i] = *nshards - 1;
         cur += bytes;
-        total += bytes;
+        *total += bytes;
     }
-    if (!rc) rc = mkdirs(out_dir, e);
-    if (!rc) {
-        remove_old_shards(out_dir);
-        rc = hf_write_config(m, out_dir, dtype, e);
-    }
-    char** fname = xcalloc((size_t)nshards, sizeof(char*));
+    return rc;
+}
+
+// The shard files model-0000K-of-0000N.safetensors (their names into fname[nshards]), each
+// tensor read from the checkpoint and converted to sd as it is written.
+static int write_shards(const Ckpt* ck, const HfTensorSpec* spec, const int* shard, int n, int nshards, StDtype sd,
+                        const char* out_dir, char** fname, Err* e) {
+    int rc = 0;
     Src src = {ck, spec};
     for (int s = 0, i = 0; s < nshards && !rc; s++) {
         fname[s] = xmalloc(64);
@@ -222,24 +227,50 @@ int hf_export_ex(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DTyp
         if (!rc) rc = st_writer_write(w, p, NULL, e);
         st_writer_free(w);
     }
-    if (!rc) {  // the index, keys sorted as transformers writes them
-        Sb b = {0};
-        sb_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n", (unsigned long long)total);
-        Entry* en = xmalloc(sizeof(Entry) * (size_t)n);
-        for (int i = 0; i < n; i++) en[i] = (Entry){spec[i].name, shard[i]};
-        qsort(en, (size_t)n, sizeof *en, cmp_entry);
-        for (int i = 0; i < n; i++) {
-            sb_printf(&b, "    ");
-            sb_json_str(&b, en[i].name);
-            sb_printf(&b, ": \"%s\"%s\n", fname[en[i].shard], i + 1 < n ? "," : "");
-        }
-        free(en);
-        sb_printf(&b, "  }\n}\n");
-        char p[CKPT_PATH];
-        ckpt_join(p, out_dir, "model.safetensors.index.json");
-        rc = ckpt_write_file(p, b.s, b.len, NULL, e);
-        sb_free(&b);
+    return rc;
+}
+
+// model.safetensors.index.json: the total size and every tensor's shard file, the keys sorted as
+// transformers writes them.
+static int write_index(const HfTensorSpec* spec, const int* shard, int n, char* const* fname, uint64_t total,
+                       const char* out_dir, Err* e) {
+    Sb b = {0};
+    sb_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n", (unsigned long long)total);
+    Entry* en = xmalloc(sizeof(Entry) * (size_t)n);
+    for (int i = 0; i < n; i++) en[i] = (Entry){spec[i].name, shard[i]};
+    qsort(en, (size_t)n, sizeof *en, cmp_entry);
+    for (int i = 0; i < n; i++) {
+        sb_printf(&b, "    ");
+        sb_json_str(&b, en[i].name);
+        sb_printf(&b, ": \"%s\"%s\n", fname[en[i].shard], i + 1 < n ? "," : "");
     }
+    free(en);
+    sb_printf(&b, "  }\n}\n");
+    char p[CKPT_PATH];
+    ckpt_join(p, out_dir, "model.safetensors.index.json");
+    int rc = ckpt_write_file(p, b.s, b.len, NULL, e);
+    sb_free(&b);
+    return rc;
+}
+
+int hf_export_ex(const Ckpt* ck, const ModelConfig* m, const char* out_dir, DType dtype, uint64_t max_shard_bytes,
+                 Err* e) {
+    HfTensorSpec* spec;
+    const int n = hf_tensor_list(m, &spec);
+    const StDtype sd = dtype == DTYPE_BF16 ? ST_BF16 : ST_F32;
+    int* shard = xcalloc((size_t)n, sizeof(int));
+    int nshards = 0;
+    uint64_t total = 0;
+    // Everything the export needs is in the checkpoint, with the shapes of the config.
+    int rc = plan_shards(ck, spec, n, st_dtype_size(sd), max_shard_bytes, shard, &nshards, &total, e);
+    if (!rc) rc = mkdirs(out_dir, e);
+    if (!rc) {
+        remove_old_shards(out_dir);
+        rc = hf_write_config(m, out_dir, dtype, e);
+    }
+    char** fname = xcalloc((size_t)nshards, sizeof(char*));
+    if (!rc) rc = write_shards(ck, spec, shard, n, nshards, sd, out_dir, fname, e);
+    if (!rc) rc = write_index(spec, shard, n, fname, total, out_dir, e);
     if (!rc) rc = ckpt_fsync_dir(out_dir, e);
     for (int s = 0; s < nshards; s++) free(fname[s]);
     free(fname);

@@ -468,64 +468,71 @@ void sp_close(SpModel* s) {
     free(s);
 }
 
-int sp_open(SpModel** out, const char* spec, Err* e) {
-    TokFiles tf;
-    *out = NULL;
-    if (find_tokenizer(spec, &tf, e)) return -1;
-    if (!tf.model[0]) return err_set(e, "%s: generate reads SentencePiece models (tokenizer.model); this is a tokenizer.json", spec);
-    SpInfo info;
-    if (sp_read(tf.model, &info, e)) return -1;
-    char* text;
-    size_t n;
-    if (read_all(tf.model, &text, &n, e)) return -1;
+// An empty model for info's pieces, with SentencePiece's defaults until the file says otherwise.
+static SpModel* sp_new(const SpInfo* info) {
     SpModel* s = xcalloc(1, sizeof *s);
-    s->piece = xcalloc((size_t)info.n, sizeof(char*));
-    s->score = xcalloc((size_t)info.n, sizeof(float));
-    s->type = xcalloc((size_t)info.n, 1);
-    s->bos = info.bos, s->eos = info.eos, s->unk = info.unk;
+    s->piece = xcalloc((size_t)info->n, sizeof(char*));
+    s->score = xcalloc((size_t)info->n, sizeof(float));
+    s->type = xcalloc((size_t)info->n, 1);
+    s->bos = info->bos, s->eos = info->eos, s->unk = info->unk;
     s->dummy_prefix = 1, s->collapse_ws = 1, s->bpe = 0;
     for (int i = 0; i < 256; i++) s->byte_id[i] = -1;
-    Pb b = {(const uint8_t*)text, n, 0};
-    int f, wt;
-    uint64_t v;
-    const uint8_t* sub = NULL;
-    size_t sl = 0;
-    while (pb_next(&b, &f, &wt, &v, &sub, &sl) == 1) {
-        if (wt != 2) continue;
-        Pb t = {sub, sl, 0};
-        int g, wt2;
-        uint64_t u = 0;
-        const uint8_t* s2 = NULL;
-        size_t l2 = 0;
-        if (f == 1) {
-            const int id = s->n++;
-            s->type[id] = SP_NORMAL;
-            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
-                if (g == 1 && wt2 == 2) {
-                    s->piece[id] = xmalloc(l2 + 1);
-                    memcpy(s->piece[id], s2, l2);
-                    s->piece[id][l2] = 0;
-                } else if (g == 2 && wt2 == 5) {
-                    uint32_t bits = (uint32_t)u;
-                    memcpy(&s->score[id], &bits, 4);
-                } else if (g == 3 && wt2 == 0) {
-                    s->type[id] = (uint8_t)u;
-                }
-            }
-            if (!s->piece[id]) s->piece[id] = xstrdup("");
-        } else if (f == 2) {  // trainer_spec
-            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
-                if (g == 3 && wt2 == 0) s->bpe = u == 2;
-                if (g == 35 && wt2 == 0) s->byte_fallback = u != 0;
-            }
-        } else if (f == 3) {  // normalizer_spec
-            while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
-                if (g == 3 && wt2 == 0) s->dummy_prefix = u != 0;
-                if (g == 4 && wt2 == 0) s->collapse_ws = u != 0;
-            }
+    return s;
+}
+
+// ModelProto.pieces (field 1): the next piece's text, score and type.
+static void sp_add_piece(SpModel* s, const uint8_t* sub, size_t sl) {
+    Pb t = {sub, sl, 0};
+    int g, wt2;
+    uint64_t u = 0;
+    const uint8_t* s2 = NULL;
+    size_t l2 = 0;
+    const int id = s->n++;
+    s->type[id] = SP_NORMAL;
+    while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+        if (g == 1 && wt2 == 2) {
+            s->piece[id] = xmalloc(l2 + 1);
+            memcpy(s->piece[id], s2, l2);
+            s->piece[id][l2] = 0;
+        } else if (g == 2 && wt2 == 5) {
+            uint32_t bits = (uint32_t)u;
+            memcpy(&s->score[id], &bits, 4);
+        } else if (g == 3 && wt2 == 0) {
+            s->type[id] = (uint8_t)u;
         }
     }
-    free(text);
+    if (!s->piece[id]) s->piece[id] = xstrdup("");
+}
+
+// ModelProto.trainer_spec (field 2): BPE or unigram, byte fallback.
+static void sp_read_trainer_spec(SpModel* s, const uint8_t* sub, size_t sl) {
+    Pb t = {sub, sl, 0};
+    int g, wt2;
+    uint64_t u = 0;
+    const uint8_t* s2 = NULL;
+    size_t l2 = 0;
+    while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+        if (g == 3 && wt2 == 0) s->bpe = u == 2;
+        if (g == 35 && wt2 == 0) s->byte_fallback = u != 0;
+    }
+}
+
+// ModelProto.normalizer_spec (field 3): the dummy prefix, whitespace collapsing.
+static void sp_read_normalizer_spec(SpModel* s, const uint8_t* sub, size_t sl) {
+    Pb t = {sub, sl, 0};
+    int g, wt2;
+    uint64_t u = 0;
+    const uint8_t* s2 = NULL;
+    size_t l2 = 0;
+    while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
+        if (g == 3 && wt2 == 0) s->dummy_prefix = u != 0;
+        if (g == 4 && wt2 == 0) s->collapse_ws = u != 0;
+    }
+}
+
+// What encoding looks up: piece → id of the pieces text may match, the <0xNN> piece of each byte,
+// the longest piece.
+static void sp_index(SpModel* s) {
     strmap_init(&s->map);
     for (int i = 0; i < s->n; i++) {
         const char* p = s->piece[i];
@@ -538,6 +545,32 @@ int sp_open(SpModel** out, const char* spec, Err* e) {
             if (len > s->maxlen) s->maxlen = len;
         }
     }
+}
+
+int sp_open(SpModel** out, const char* spec, Err* e) {
+    TokFiles tf;
+    *out = NULL;
+    if (find_tokenizer(spec, &tf, e)) return -1;
+    if (!tf.model[0]) return err_set(e, "%s: generate reads SentencePiece models (tokenizer.model); this is a tokenizer.json", spec);
+    SpInfo info;
+    if (sp_read(tf.model, &info, e)) return -1;
+    char* text;
+    size_t n;
+    if (read_all(tf.model, &text, &n, e)) return -1;
+    SpModel* s = sp_new(&info);
+    Pb b = {(const uint8_t*)text, n, 0};
+    int f, wt;
+    uint64_t v;
+    const uint8_t* sub = NULL;
+    size_t sl = 0;
+    while (pb_next(&b, &f, &wt, &v, &sub, &sl) == 1) {
+        if (wt != 2) continue;
+        if (f == 1) sp_add_piece(s, sub, sl);
+        else if (f == 2) sp_read_trainer_spec(s, sub, sl);
+        else if (f == 3) sp_read_normalizer_spec(s, sub, sl);
+    }
+    free(text);
+    sp_index(s);
     *out = s;
     return 0;
 }
