@@ -104,7 +104,7 @@ $(BUILD)/tests/test_dist_fail: $(BUILD)/tests/helper_fail
 
 # Each fuzz target links only the sources it exercises.
 FUZZ_SRC_fuzz_config := src/config.c src/config_load.c src/util.c
-FUZZ_SRC_fuzz_seqfile := $(wildcard src/data*.c) src/util.c
+FUZZ_SRC_fuzz_seqfile := $(wildcard src/data*.c) src/minijson.c src/util.c
 FUZZ_SRC_fuzz_safetensors := src/safetensors.c src/minijson.c src/strmap.c src/util.c
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(SRC)
 	@scripts/deps.sh --fuzz
