@@ -69,70 +69,100 @@ static int export_tokenizer(const Config* c, const char* tok, const char* out, D
     return 0;
 }
 
-int cmd_export(int argc, char** argv) {
-    const char* usage = "moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer PATH|none]";
-    const char *ck_path = NULL, *out = NULL, *dt = "bf16", *tok = NULL;
+static const char export_usage[] =
+    "moetrain export --ckpt DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer PATH|none]";
+
+static void export_help(void) {
+    printf("%s\n  writes a Hugging Face directory (config.json, model-*.safetensors, index) that\n"
+           "  transformers loads as MixtralForCausalLM; the model config comes from the checkpoint's\n"
+           "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n"
+           "  --tokenizer PATH: a tokenizer.model, tokenizer.json, a directory holding them, or the shard\n"
+           "  directory / manifest.json of scripts/tokenize_data.py; copied beside config.json, with its\n"
+           "  BOS/EOS/PAD ids in config.json, so AutoTokenizer loads the directory. Default: the run's\n"
+           "  data.tokenizer, else the manifest.json beside its data.path shards; none = no tokenizer.\n",
+           export_usage);
+}
+
+typedef struct ExportArgs {
+    const char *ckpt, *out, *tok;
+    DType dtype;
+} ExportArgs;
+
+// Reads export's flags into a. Returns -1 to go on, else the command's exit code (0 after
+// --help, 2 after a usage error, which it has printed).
+static int export_args(int argc, char** argv, ExportArgs* a) {
+    const char* dt = "bf16";
+    *a = (ExportArgs){0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s\n  writes a Hugging Face directory (config.json, model-*.safetensors, index) that\n"
-                   "  transformers loads as MixtralForCausalLM; the model config comes from the checkpoint's\n"
-                   "  trainer_state.yaml; optimizer state is not exported. Default dtype bf16.\n"
-                   "  --tokenizer PATH: a tokenizer.model, tokenizer.json, a directory holding them, or the shard\n"
-                   "  directory / manifest.json of scripts/tokenize_data.py; copied beside config.json, with its\n"
-                   "  BOS/EOS/PAD ids in config.json, so AutoTokenizer loads the directory. Default: the run's\n"
-                   "  data.tokenizer, else the manifest.json beside its data.path shards; none = no tokenizer.\n", usage);
+            export_help();
             return 0;
         }
         int r = 0;
-        if ((r = flag(argc, argv, &i, "--ckpt", &ck_path)) || (r = flag(argc, argv, &i, "--out", &out)) ||
-            (r = flag(argc, argv, &i, "--dtype", &dt)) || (r = flag(argc, argv, &i, "--tokenizer", &tok))) {
-            if (r < 0) return usage_error(usage, "a flag lacks its value");
+        if ((r = flag(argc, argv, &i, "--ckpt", &a->ckpt)) || (r = flag(argc, argv, &i, "--out", &a->out)) ||
+            (r = flag(argc, argv, &i, "--dtype", &dt)) || (r = flag(argc, argv, &i, "--tokenizer", &a->tok))) {
+            if (r < 0) return usage_error(export_usage, "a flag lacks its value");
             continue;
         }
         char msg[300];
         snprintf(msg, sizeof msg, "unknown argument '%.200s'", argv[i]);
-        return usage_error(usage, msg);
+        return usage_error(export_usage, msg);
     }
-    if (!ck_path || !out) return usage_error(usage, "export needs --ckpt and --out");
-    DType dtype;
-    if (!strcmp(dt, "bf16") || !strcmp(dt, "bfloat16")) dtype = DTYPE_BF16;
-    else if (!strcmp(dt, "fp32") || !strcmp(dt, "f32") || !strcmp(dt, "float32")) dtype = DTYPE_F32;
-    else return usage_error(usage, "--dtype must be bf16 or fp32");
+    if (!a->ckpt || !a->out) return usage_error(export_usage, "export needs --ckpt and --out");
+    if (!strcmp(dt, "bf16") || !strcmp(dt, "bfloat16")) a->dtype = DTYPE_BF16;
+    else if (!strcmp(dt, "fp32") || !strcmp(dt, "f32") || !strcmp(dt, "float32")) a->dtype = DTYPE_F32;
+    else return usage_error(export_usage, "--dtype must be bf16 or fp32");
+    return -1;
+}
 
+// The run's config from the checkpoint's trainer_state.yaml (its config: section) into c, which
+// holds the defaults. Returns 0, or the exit code after printing the error.
+static int export_config(const Ckpt* ck, Config* c) {
     Err e = {{0}};
-    Ckpt* ck = NULL;
-    if (ckpt_open(&ck, ck_path, &e)) return user_error("export", &e);
     const char* text = ckpt_trainer_state(ck);
     size_t cn = strlen(text) + 1;
     char* cfg_text = xmalloc(cn);
     TrainerState ts;
-    int rc = 0;
-    Config* c = xcalloc(1, sizeof *c);
-    config_defaults(c);
     char name[4200];
     snprintf(name, sizeof name, "%.4000s/trainer_state.yaml (config:)", ckpt_dir(ck));
+    int rc = 0;
     if (trainer_state_parse(text, &ts, cfg_text, cn, &e)) rc = user_error(ckpt_dir(ck), &e);
     else if (!cfg_text[0]) {
         err_set(&e, "%s/trainer_state.yaml has no config: section, so the model shape is unknown", ckpt_dir(ck));
         rc = user_error("export", &e);
     } else if (config_load_string(c, cfg_text, strlen(cfg_text), name, &e)) {
         rc = user_error("export", &e);
-    } else if (hf_export(ck, &c->model, out, dtype, &e)) {
-        rc = user_error("export", &e);
-    } else if (export_tokenizer(c, tok, out, dtype, &e)) {
-        rc = user_error("export", &e);
-    } else {
-        HfTensorSpec* spec;
-        int n = hf_tensor_list(&c->model, &spec);
-        double bytes = 0;
-        for (int i = 0; i < n; i++) bytes += (double)spec[i].shape[0] * (double)(spec[i].ndim > 1 ? spec[i].shape[1] : 1);
-        bytes *= dtype == DTYPE_BF16 ? 2 : 4;
-        free(spec);
-        printf("exported step %lld: %d tensors, %.2f %s %s, to %s\n", (long long)ckpt_step(ck), n,
-               bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6, bytes >= 1e9 ? "GB" : "MB", dtype == DTYPE_BF16 ? "bf16" : "fp32", out);
     }
-    free(c);
     free(cfg_text);
+    return rc;
+}
+
+// "exported step S: N tensors, X MB bf16, to DIR".
+static void export_summary(const Ckpt* ck, const ModelConfig* m, DType dtype, const char* out) {
+    HfTensorSpec* spec;
+    int n = hf_tensor_list(m, &spec);
+    double bytes = 0;
+    for (int i = 0; i < n; i++) bytes += (double)spec[i].shape[0] * (double)(spec[i].ndim > 1 ? spec[i].shape[1] : 1);
+    bytes *= dtype == DTYPE_BF16 ? 2 : 4;
+    free(spec);
+    printf("exported step %lld: %d tensors, %.2f %s %s, to %s\n", (long long)ckpt_step(ck), n,
+           bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6, bytes >= 1e9 ? "GB" : "MB", dtype == DTYPE_BF16 ? "bf16" : "fp32", out);
+}
+
+int cmd_export(int argc, char** argv) {
+    ExportArgs a;
+    int rc = export_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    Err e = {{0}};
+    Ckpt* ck = NULL;
+    if (ckpt_open(&ck, a.ckpt, &e)) return user_error("export", &e);
+    Config* c = xcalloc(1, sizeof *c);
+    config_defaults(c);
+    rc = export_config(ck, c);
+    if (!rc && (hf_export(ck, &c->model, a.out, a.dtype, &e) || export_tokenizer(c, a.tok, a.out, a.dtype, &e)))
+        rc = user_error("export", &e);
+    if (!rc) export_summary(ck, &c->model, a.dtype, a.out);
+    free(c);
     ckpt_close(ck);
     return rc;
 }

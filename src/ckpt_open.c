@@ -182,72 +182,108 @@ int ckpt_find_resume(const char* root, char* step_dir, size_t n, char* note, siz
     return ckpt_find_resume_cb(root, step_dir, n, note, note_n, NULL, NULL, e);
 }
 
-int ckpt_find_resume_cb(const char* root, char* step_dir, size_t n, char* note, size_t note_n, CkptVerifyFn fn,
-                        void* ctx, Err* e) {
-    const Verifier vf = {fn ? fn : verify_local, ctx};
-    if (note_n) note[0] = 0;
+// root, when it exists, must be a directory: 1 it is one, 0 it does not exist, -1 otherwise.
+static int resume_root(const char* root, Err* e) {
     struct stat st;
     if (stat(root, &st)) {
         if (errno == ENOENT) return 0;
         return err_set(e, "%s: %s", root, strerror(errno));
     }
     if (!S_ISDIR(st.st_mode)) return err_set(e, "%s: not a directory (checkpoint.dir must be one)", root);
-    Sb nb = {0};
-    char latest[64] = "", why[1024];
+    return 1;
+}
+
+// The step named by root's `latest` file into latest[n] and *lr (ckpt_read_latest's result).
+// Returns 1 when that step verifies; otherwise why not goes into nb.
+static int try_latest(const Verifier* v, const char* root, char* latest, size_t n, int* lr, Sb* nb) {
+    char why[1024];
     Err le = {{0}};
-    int lr = ckpt_read_latest(root, latest, sizeof latest, &le), found = 0, any = lr != 0;
-    if (lr < 0) sb_printf(&nb, "%s (ignored); ", le.msg);
-    else if (lr > 0 && verifies(&vf, root, latest, why, sizeof why)) found = 1;
-    else if (lr > 0) sb_printf(&nb, "skipped %s named by latest: %s; ", latest, why);
+    *lr = ckpt_read_latest(root, latest, n, &le);
+    if (*lr < 0) sb_printf(nb, "%s (ignored); ", le.msg);
+    else if (*lr > 0 && verifies(v, root, latest, why, sizeof why)) return 1;
+    else if (*lr > 0) sb_printf(nb, "skipped %s named by latest: %s; ", latest, why);
+    return 0;
+}
+
+// Resuming from a verified latest while a newer complete step exists (sd newest first): a save
+// stopped between its last file and `latest`. Said in nb.
+static void note_newer_than_latest(Sb* nb, const StepDir* sd, int ns, const char* latest) {
+    int64_t ls = ckpt_parse_step_name(latest);
+    for (int i = 0; i < ns; i++)
+        if (sd[i].step > ls && sd[i].complete) {
+            sb_printf(nb, "%s (not verified) is newer than latest (%s): a save was interrupted before latest was updated; "
+                          "resuming from latest; ", sd[i].name, latest);
+            return;
+        }
+}
+
+// The first of sd (newest first) that belongs to this run and verifies, skipping tried (the step
+// `latest` named, or NULL): its name into chosen[cn], 1 returned. What was skipped, and why, goes
+// into nb.
+static int newest_verified(const Verifier* v, const char* root, const StepDir* sd, int ns, const char* tried,
+                           char* chosen, size_t cn, Sb* nb) {
+    char why[1024];
+    for (int i = 0; i < ns; i++) {
+        if (tried && strcmp(sd[i].name, tried) == 0) continue;
+        if (!ckpt_step_is_mine(root, sd[i].name)) {
+            sb_printf(nb, "skipped %s: it belongs to another run; ", sd[i].name);
+            continue;
+        }
+        if (verifies(v, root, sd[i].name, why, sizeof why)) {
+            ckpt_copy(chosen, cn, sd[i].name);
+            sb_printf(nb, "resuming from %s, the newest complete checkpoint", sd[i].name);
+            return 1;
+        }
+        sb_printf(nb, "skipped %s: %s; ", sd[i].name, why);
+    }
+    return 0;
+}
+
+// ckpt_find_resume's result from what the search found: chosen (NULL = nothing verified), any
+// (checkpoints exist) and the note nb (its trailing "; " cut here).
+static int resume_result(const char* root, const char* chosen, int any, Sb* nb, char* step_dir, size_t n, char* note,
+                         size_t note_n, Err* e) {
+    if (nb->len >= 2 && nb->s[nb->len - 2] == ';') nb->s[nb->len -= 2] = 0;
+    const char* text = nb->s ? nb->s : "";
+    if (chosen) {
+        char p[CKPT_PATH];
+        ckpt_join(p, root, chosen);
+        ckpt_copy(step_dir, n, p);
+        if (note_n) ckpt_copy(note, note_n, text);
+        return 1;
+    }
+    if (!any) return 0;
+    int rc = err_set(e, "%s: no complete checkpoint to resume from: %s", root, text);
+    if (note_n) ckpt_copy(note, note_n, text);
+    return rc;
+}
+
+int ckpt_find_resume_cb(const char* root, char* step_dir, size_t n, char* note, size_t note_n, CkptVerifyFn fn,
+                        void* ctx, Err* e) {
+    const Verifier vf = {fn ? fn : verify_local, ctx};
+    if (note_n) note[0] = 0;
+    int r = resume_root(root, e);
+    if (r <= 0) return r;
+    Sb nb = {0};
+    char latest[64] = "", chosen[64] = "";
+    int lr;
+    int found = try_latest(&vf, root, latest, sizeof latest, &lr, &nb);
     StepDir* sd = NULL;
     int ns = 0;
+    Err le = {{0}};
     if (ckpt_list_steps(root, &sd, &ns, &le)) {
         sb_free(&nb);
         return err_set(e, "%s", le.msg);
     }
-    any |= ns > 0;
-    char chosen[64] = "";
     if (found) {
         ckpt_copy(chosen, sizeof chosen, latest);
-        int64_t ls = ckpt_parse_step_name(latest);
-        for (int i = 0; i < ns; i++)
-            if (sd[i].step > ls && sd[i].complete) {
-                sb_printf(&nb, "%s (not verified) is newer than latest (%s): a save was interrupted before latest was updated; "
-                               "resuming from latest; ", sd[i].name, latest);
-                break;
-            }
+        note_newer_than_latest(&nb, sd, ns, latest);
     } else {
         if (lr == 0 && ns > 0) sb_printf(&nb, "%s/%s is missing; ", root, CKPT_LATEST);
-        for (int i = 0; i < ns && !found; i++) {
-            if (lr > 0 && strcmp(sd[i].name, latest) == 0) continue;  // already tried
-            if (!ckpt_step_is_mine(root, sd[i].name)) {
-                sb_printf(&nb, "skipped %s: it belongs to another run; ", sd[i].name);
-                continue;
-            }
-            if (verifies(&vf, root, sd[i].name, why, sizeof why)) {
-                found = 1;
-                ckpt_copy(chosen, sizeof chosen, sd[i].name);
-                sb_printf(&nb, "resuming from %s, the newest complete checkpoint", sd[i].name);
-            } else {
-                sb_printf(&nb, "skipped %s: %s; ", sd[i].name, why);
-            }
-        }
+        found = newest_verified(&vf, root, sd, ns, lr > 0 ? latest : NULL, chosen, sizeof chosen, &nb);
     }
     free(sd);
-    if (nb.len >= 2 && nb.s[nb.len - 2] == ';') nb.s[nb.len -= 2] = 0;
-    int rc;
-    if (found) {
-        char p[CKPT_PATH];
-        ckpt_join(p, root, chosen);
-        ckpt_copy(step_dir, n, p);
-        if (note_n) ckpt_copy(note, note_n, nb.s ? nb.s : "");
-        rc = 1;
-    } else if (any) {
-        rc = err_set(e, "%s: no complete checkpoint to resume from: %s", root, nb.s ? nb.s : "");
-        if (note_n) ckpt_copy(note, note_n, nb.s ? nb.s : "");
-    } else {
-        rc = 0;
-    }
+    int rc = resume_result(root, found ? chosen : NULL, lr != 0 || ns > 0, &nb, step_dir, n, note, note_n, e);
     sb_free(&nb);
     return rc;
 }

@@ -173,6 +173,78 @@ void cpu_attn_fwd(Backend* be, void* out_, float* lse, const void* q_, const voi
             }
 }
 
+// One cpu_attn_bwd call: its operands (dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D]; dout, out, q
+// [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T]) and shape.
+typedef struct AttnBwd {
+    float *dq, *dk, *dv;
+    const float *dout, *out, *lse, *q, *k, *v;
+    const int32_t* doc;
+    int T, Hq, Hkv, D, grp;
+    size_t qst, kst;  // row strides over t of the query-side and the key-side tensors
+    float scale;
+} AttnBwd;
+
+// P_ts = exp(q_t·k_s·scale − lse_t) of one visible pair, returned; dS_ts = P_ts (dO_t·v_s − D_t)
+// into *ds. qr = q_t, g = dO_t, l = lse_t, Di = D_t.
+static float attn_p_ds(const AttnBwd* a, const float* qr, const float* g, const float* ks, const float* vs, float l,
+                       float Di, float* ds) {
+    const float p = expf(dotf(qr, ks, a->D) * a->scale - l);
+    *ds = p * (dotf(g, vs, a->D) - Di);
+    return p;
+}
+
+// dq_t = scale Σ_{doc[t]≤s≤t} dS_ts k_s for query row t of head h in sequence b.
+static void attn_dq_row(const AttnBwd* a, int b, int h, int t) {
+    const int T = a->T, D = a->D;
+    const size_t kst = a->kst;
+    const size_t qi = ((size_t)b * T + t) * a->qst + (size_t)h * D;
+    const float *qr = a->q + qi, *g = a->dout + qi;
+    const float* kb = a->k + (size_t)b * T * kst + (size_t)(h / a->grp) * D;
+    const float* vb = a->v + (size_t)b * T * kst + (size_t)(h / a->grp) * D;
+    const float Di = dotf(g, a->out + qi, D), l = a->lse[((size_t)b * a->Hq + h) * T + t];
+    float acc[MAX_D];
+    for (int i = 0; i < D; i++) acc[i] = 0;
+    for (int s = a->doc ? a->doc[(size_t)b * T + t] : 0; s <= t; s++) {
+        float ds;
+        attn_p_ds(a, qr, g, kb + s * kst, vb + s * kst, l, Di, &ds);
+        axpyf(acc, ds, kb + s * kst, D);
+    }
+    for (int i = 0; i < D; i++) a->dq[qi + i] = acc[i] * a->scale;
+}
+
+// dk_s = scale Σ dS_ts q_t and dv_s = Σ P_ts dO_t for the keys s0 ≤ s < s1 of kv head kh in
+// sequence b, summed over the head's query heads h, then over the rows t ≥ s whose document
+// reaches s, in that order.
+static void attn_dkdv_block(const AttnBwd* a, int b, int kh, int s0, int s1) {
+    const int T = a->T, D = a->D;
+    const size_t kst = a->kst;
+    const float* kb = a->k + (size_t)b * T * kst + (size_t)kh * D;
+    const float* vb = a->v + (size_t)b * T * kst + (size_t)kh * D;
+    float* dkb = a->dk + (size_t)b * T * kst + (size_t)kh * D;
+    float* dvb = a->dv + (size_t)b * T * kst + (size_t)kh * D;
+    for (int s = s0; s < s1; s++) {
+        memset(dkb + s * kst, 0, sizeof(float) * (size_t)D);
+        memset(dvb + s * kst, 0, sizeof(float) * (size_t)D);
+    }
+    for (int h = kh * a->grp; h < (kh + 1) * a->grp; h++)
+        for (int t = s0; t < T; t++) {
+            const int d = a->doc ? a->doc[(size_t)b * T + t] : 0;
+            if (d >= s1) break;  // t's document starts after this block: so do all later ones
+            const size_t qi = ((size_t)b * T + t) * a->qst + (size_t)h * D;
+            const float *qr = a->q + qi, *g = a->dout + qi;
+            const float Di = dotf(g, a->out + qi, D), l = a->lse[((size_t)b * a->Hq + h) * T + t];
+            const int se = t + 1 < s1 ? t + 1 : s1;
+            for (int s = d > s0 ? d : s0; s < se; s++) {
+                float ds;
+                const float p = attn_p_ds(a, qr, g, kb + s * kst, vb + s * kst, l, Di, &ds);
+                axpyf(dvb + s * kst, p, g, D);
+                axpyf(dkb + s * kst, ds, qr, D);
+            }
+        }
+    for (int s = s0; s < s1; s++)
+        for (int i = 0; i < D; i++) dkb[s * kst + i] *= a->scale;
+}
+
 // With P_ts = exp(q_t·k_s·scale − lse_t), dP_ts = dO_t·v_s, D_t = dO_t·O_t, dS = P ∘ (dP − D):
 //   dq_t = scale Σ_s dS_ts k_s,  dk_s = scale Σ_{h in group, t≥s} dS_ts q_t,  dv_s = Σ P_ts dO_t,
 // over the visible pairs (doc[t] ≤ s ≤ t); every sum runs in the order a document run alone
@@ -183,69 +255,21 @@ void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout
                   const void* q_, const void* k_, const void* v_, int B, int T, int Hq, int Hkv, int D, void* ws,
                   size_t ws_bytes, const int32_t* doc) {
     (void)ws, (void)ws_bytes;  // the spec needs no workspace
-    float *dq = dq_, *dk = dk_, *dv = dv_;                // dq [B,T,Hq,D]; dk, dv [B,T,Hkv,D]
-    const float *dout = dout_, *out = out_;               // [B, T, Hq, D]; lse [B, Hq, T]
-    const float *q = q_, *k = k_, *v = v_;
     check_heads("attn_bwd", Hq, Hkv, D);
     check_doc("attn_bwd", doc, B, T);
-    const float scale = 1.0f / sqrtf((float)D);
-    const int grp = Hq / Hkv;
-    const size_t qst = (size_t)Hq * D, kst = (size_t)Hkv * D;  // row strides over t
-
-    // pass 1: dq
+    const AttnBwd a = {.dq = dq_, .dk = dk_, .dv = dv_, .dout = dout_, .out = out_, .lse = lse, .q = q_, .k = k_,
+                       .v = v_, .doc = doc, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D, .grp = Hq / Hkv,
+                       .qst = (size_t)Hq * D, .kst = (size_t)Hkv * D, .scale = 1.0f / sqrtf((float)D)};
 #pragma omp parallel for collapse(3) schedule(dynamic, 8)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
-            for (int t = 0; t < T; t++) {
-                const int kh = h / grp;
-                const size_t qi = ((size_t)b * T + t) * qst + (size_t)h * D;
-                const float *qr = q + qi, *g = dout + qi;
-                const float* kb = k + (size_t)b * T * kst + (size_t)kh * D;
-                const float* vb = v + (size_t)b * T * kst + (size_t)kh * D;
-                const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
-                float acc[MAX_D];
-                for (int i = 0; i < D; i++) acc[i] = 0;
-                for (int s = doc ? doc[(size_t)b * T + t] : 0; s <= t; s++) {
-                    const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
-                    const float ds = p * (dotf(g, vb + s * kst, D) - Di);
-                    axpyf(acc, ds, kb + s * kst, D);
-                }
-                for (int i = 0; i < D; i++) dq[qi + i] = acc[i] * scale;
-            }
+            for (int t = 0; t < T; t++) attn_dq_row(&a, b, h, t);
 
-    // pass 2: dk, dv
     const int nsb = (T + SB - 1) / SB;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int kh = 0; kh < Hkv; kh++)
-            for (int sb = 0; sb < nsb; sb++) {
-                const int s0 = sb * SB, s1 = s0 + SB < T ? s0 + SB : T;
-                const float* kb = k + (size_t)b * T * kst + (size_t)kh * D;
-                const float* vb = v + (size_t)b * T * kst + (size_t)kh * D;
-                float* dkb = dk + (size_t)b * T * kst + (size_t)kh * D;
-                float* dvb = dv + (size_t)b * T * kst + (size_t)kh * D;
-                for (int s = s0; s < s1; s++) {
-                    memset(dkb + s * kst, 0, sizeof(float) * (size_t)D);
-                    memset(dvb + s * kst, 0, sizeof(float) * (size_t)D);
-                }
-                for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                    for (int t = s0; t < T; t++) {
-                        const int d = doc ? doc[(size_t)b * T + t] : 0;
-                        if (d >= s1) break;  // t's document starts after this block: so do all later ones
-                        const size_t qi = ((size_t)b * T + t) * qst + (size_t)h * D;
-                        const float *qr = q + qi, *g = dout + qi;
-                        const float Di = dotf(g, out + qi, D), l = lse[((size_t)b * Hq + h) * T + t];
-                        const int se = t + 1 < s1 ? t + 1 : s1;
-                        for (int s = d > s0 ? d : s0; s < se; s++) {
-                            const float p = expf(dotf(qr, kb + s * kst, D) * scale - l);
-                            const float ds = p * (dotf(g, vb + s * kst, D) - Di);
-                            axpyf(dvb + s * kst, p, g, D);
-                            axpyf(dkb + s * kst, ds, qr, D);
-                        }
-                    }
-                for (int s = s0; s < s1; s++)
-                    for (int i = 0; i < D; i++) dkb[s * kst + i] *= scale;
-            }
+            for (int sb = 0; sb < nsb; sb++) attn_dkdv_block(&a, b, kh, sb * SB, sb * SB + SB < T ? sb * SB + SB : T);
 }
 
 // ---- decoding with a KV cache (backend.h) -----------------------------------------------------
