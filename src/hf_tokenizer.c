@@ -191,6 +191,19 @@ static int pb_next(Pb* b, int* field, int* wt, uint64_t* v, const uint8_t** sub,
     return -1;
 }
 
+// The varint field `field` of the message p[n] (its last occurrence, as protobuf reads a repeated
+// scalar; fields after a malformed one are not seen): 1 with its value in *v, 0 when absent.
+static int pb_varint_field(const uint8_t* p, size_t n, int field, uint64_t* v) {
+    Pb b = {p, n, 0};
+    int f, wt, found = 0;
+    uint64_t u = 0;
+    const uint8_t* sub = NULL;
+    size_t sl = 0;
+    while (pb_next(&b, &f, &wt, &u, &sub, &sl) == 1)
+        if (f == field && wt == 0) *v = u, found = 1;
+    return found;
+}
+
 typedef struct SpInfo {
     int n;              // pieces
     int bos, eos, pad, unk;
@@ -506,28 +519,16 @@ static void sp_add_piece(SpModel* s, const uint8_t* sub, size_t sl) {
 
 // ModelProto.trainer_spec (field 2): BPE or unigram, byte fallback.
 static void sp_read_trainer_spec(SpModel* s, const uint8_t* sub, size_t sl) {
-    Pb t = {sub, sl, 0};
-    int g, wt2;
-    uint64_t u = 0;
-    const uint8_t* s2 = NULL;
-    size_t l2 = 0;
-    while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
-        if (g == 3 && wt2 == 0) s->bpe = u == 2;
-        if (g == 35 && wt2 == 0) s->byte_fallback = u != 0;
-    }
+    uint64_t u;
+    if (pb_varint_field(sub, sl, 3, &u)) s->bpe = u == 2;
+    if (pb_varint_field(sub, sl, 35, &u)) s->byte_fallback = u != 0;
 }
 
 // ModelProto.normalizer_spec (field 3): the dummy prefix, whitespace collapsing.
 static void sp_read_normalizer_spec(SpModel* s, const uint8_t* sub, size_t sl) {
-    Pb t = {sub, sl, 0};
-    int g, wt2;
-    uint64_t u = 0;
-    const uint8_t* s2 = NULL;
-    size_t l2 = 0;
-    while (pb_next(&t, &g, &wt2, &u, &s2, &l2) == 1) {
-        if (g == 3 && wt2 == 0) s->dummy_prefix = u != 0;
-        if (g == 4 && wt2 == 0) s->collapse_ws = u != 0;
-    }
+    uint64_t u;
+    if (pb_varint_field(sub, sl, 3, &u)) s->dummy_prefix = u != 0;
+    if (pb_varint_field(sub, sl, 4, &u)) s->collapse_ws = u != 0;
 }
 
 // What encoding looks up: piece → id of the pieces text may match, the <0xNN> piece of each byte,
