@@ -162,6 +162,50 @@ static int get_float(const JsVal* root, const char* path, const char* key, float
     return 0;
 }
 
+// The model shape from config.json's object r into c (c->kv_heads defaults to the heads, as in
+// transformers; transformers 5 keeps rope_theta under rope_parameters).
+static int read_shape(const JsVal* r, const char* path, ModelConfig* c, Err* e) {
+    c->kv_heads = 0;
+    if (get_int(r, path, "vocab_size", 1, &c->vocab_size, e) || get_int(r, path, "hidden_size", 1, &c->hidden, e) ||
+        get_int(r, path, "intermediate_size", 1, &c->ffn, e) || get_int(r, path, "num_hidden_layers", 1, &c->layers, e) ||
+        get_int(r, path, "num_attention_heads", 1, &c->heads, e) ||
+        get_int(r, path, "num_key_value_heads", 0, &c->kv_heads, e) ||
+        get_int(r, path, "num_local_experts", 1, &c->experts, e) ||
+        get_int(r, path, "num_experts_per_tok", 1, &c->top_k, e) ||
+        get_int(r, path, "max_position_embeddings", 0, &c->max_seq, e) || get_float(r, path, "rope_theta", &c->rope_theta, e) ||
+        get_float(r, path, "rms_norm_eps", &c->rms_eps, e) || get_float(r, path, "initializer_range", &c->init_std, e) ||
+        get_float(r, path, "router_aux_loss_coef", &c->aux_coef, e))
+        return -1;
+    if (!c->kv_heads) c->kv_heads = c->heads;
+    const JsVal* rp = js_get(r, "rope_parameters");
+    if (rp && rp->type == JS_OBJ) {
+        const JsVal* ty = js_get(rp, "rope_type");
+        if (ty && ty->type == JS_STR && strcmp(ty->str, "default") != 0)
+            return err_set(e, "%s: rope_type '%s' is not supported (only default RoPE)", path, ty->str);
+        if (get_float(rp, path, "rope_theta", &c->rope_theta, e)) return -1;
+    }
+    return 0;
+}
+
+// What config.json may say that this trainer does not implement: tied embeddings, a sliding
+// window, another activation, a head_dim other than hidden / heads.
+static int check_supported(const JsVal* r, const char* path, const ModelConfig* c, Err* e) {
+    const JsVal* v = js_get(r, "tie_word_embeddings");
+    if (v && v->type == JS_BOOL && v->b) return err_set(e, "%s: tie_word_embeddings is true; Mixtral's lm_head is untied", path);
+    v = js_get(r, "sliding_window");
+    if (v && v->type == JS_NUM && v->num < c->max_seq)
+        return err_set(e, "%s: sliding_window %g is not supported (full causal attention only)", path, v->num);
+    v = js_get(r, "hidden_act");
+    if (v && v->type == JS_STR && strcmp(v->str, "silu") != 0) return err_set(e, "%s: hidden_act '%s' is not silu", path, v->str);
+    v = js_get(r, "head_dim");
+    if (c->hidden % c->heads)
+        return err_set(e, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path, c->hidden, c->heads);
+    if (v && v->type == JS_NUM && (!v->is_int || v->i != c->hidden / c->heads))
+        return err_set(e, "%s: head_dim %g differs from hidden_size / num_attention_heads = %d (not supported)", path,
+                       v->num, c->hidden / c->heads);
+    return 0;
+}
+
 int hf_read_config(const char* dir, ModelConfig* m, Err* e) {
     char path[CKPT_PATH];
     ckpt_join(path, dir, "config.json");
@@ -177,52 +221,16 @@ int hf_read_config(const char* dir, ModelConfig* m, Err* e) {
     }
     const JsVal* r = &doc.root;
     const JsVal* mt = js_get(r, "model_type");
-    if (r->type != JS_OBJ) { rc = err_set(e, "%s: not a JSON object", path); goto done; }
-    if (!mt || mt->type != JS_STR || strcmp(mt->str, "mixtral") != 0) {
+    if (r->type != JS_OBJ) rc = err_set(e, "%s: not a JSON object", path);
+    else if (!mt || mt->type != JS_STR || strcmp(mt->str, "mixtral") != 0)
         rc = err_set(e, "%s: model_type '%s' is not 'mixtral' (only MixtralForCausalLM is supported)", path,
                      mt && mt->type == JS_STR ? mt->str : "(none)");
-        goto done;
-    }
-    c.kv_heads = 0;
-    if (get_int(r, path, "vocab_size", 1, &c.vocab_size, e) || get_int(r, path, "hidden_size", 1, &c.hidden, e) ||
-        get_int(r, path, "intermediate_size", 1, &c.ffn, e) || get_int(r, path, "num_hidden_layers", 1, &c.layers, e) ||
-        get_int(r, path, "num_attention_heads", 1, &c.heads, e) ||
-        get_int(r, path, "num_key_value_heads", 0, &c.kv_heads, e) ||
-        get_int(r, path, "num_local_experts", 1, &c.experts, e) ||
-        get_int(r, path, "num_experts_per_tok", 1, &c.top_k, e) ||
-        get_int(r, path, "max_position_embeddings", 0, &c.max_seq, e) || get_float(r, path, "rope_theta", &c.rope_theta, e) ||
-        get_float(r, path, "rms_norm_eps", &c.rms_eps, e) || get_float(r, path, "initializer_range", &c.init_std, e) ||
-        get_float(r, path, "router_aux_loss_coef", &c.aux_coef, e)) {
+    else if (read_shape(r, path, &c, e) || check_supported(r, path, &c, e))
         rc = -1;
-        goto done;
+    if (rc == 0) {
+        c.tie_embeddings = 0;
+        *m = c;
     }
-    if (!c.kv_heads) c.kv_heads = c.heads;  // transformers' default
-    const JsVal* rp = js_get(r, "rope_parameters");  // transformers 5
-    if (rp && rp->type == JS_OBJ) {
-        const JsVal* ty = js_get(rp, "rope_type");
-        if (ty && ty->type == JS_STR && strcmp(ty->str, "default") != 0) {
-            rc = err_set(e, "%s: rope_type '%s' is not supported (only default RoPE)", path, ty->str);
-            goto done;
-        }
-        if (get_float(rp, path, "rope_theta", &c.rope_theta, e)) { rc = -1; goto done; }
-    }
-    const JsVal* v = js_get(r, "tie_word_embeddings");
-    if (v && v->type == JS_BOOL && v->b) { rc = err_set(e, "%s: tie_word_embeddings is true; Mixtral's lm_head is untied", path); goto done; }
-    v = js_get(r, "sliding_window");
-    if (v && v->type == JS_NUM && v->num < c.max_seq) {
-        rc = err_set(e, "%s: sliding_window %g is not supported (full causal attention only)", path, v->num);
-        goto done;
-    }
-    v = js_get(r, "hidden_act");
-    if (v && v->type == JS_STR && strcmp(v->str, "silu") != 0) { rc = err_set(e, "%s: hidden_act '%s' is not silu", path, v->str); goto done; }
-    v = js_get(r, "head_dim");
-    if (c.hidden % c.heads) { rc = err_set(e, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path, c.hidden, c.heads); goto done; }
-    if (v && v->type == JS_NUM && (!v->is_int || v->i != c.hidden / c.heads)) {
-        rc = err_set(e, "%s: head_dim %g differs from hidden_size / num_attention_heads = %d (not supported)", path, v->num, c.hidden / c.heads);
-        goto done;
-    }
-    c.tie_embeddings = 0;
-    *m = c;
 done:
     js_free(&doc);
     free(text);

@@ -388,48 +388,40 @@ static int write_json(Sb* b, const char* out_dir, const char* name, Err* e) {
     return rc;
 }
 
-int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, int max_seq, HfTokenIds* ids,
-                        char* desc, size_t dn, Err* e) {
-    TokFiles t;
-    Err fe = {{0}};
-    if (find_tokenizer(spec, &t, &fe)) return err_set(e, "--tokenizer: %s", fe.msg);
-    int n = 0;
-    char names[4][128];
-    memset(names, 0, sizeof names);
-    if (t.model[0]) {
+// The tokenizer's size *n and special tokens (ids, names) from t's tokenizer.model and/or
+// tokenizer.json (the model's when both are there: then the sizes must agree).
+static int read_special_tokens(const TokFiles* t, int* n, HfTokenIds* ids, char names[4][128], Err* e) {
+    if (t->model[0]) {
         SpInfo s;
-        if (sp_read(t.model, &s, e)) return -1;
-        n = s.n;
+        if (sp_read(t->model, &s, e)) return -1;
+        *n = s.n;
         ids->bos = s.bos, ids->eos = s.eos, ids->pad = s.pad, ids->unk = s.unk;
-        memcpy(names, s.names, sizeof names);
+        memcpy(names, s.names, sizeof s.names);
     }
-    if (t.json[0]) {
+    if (t->json[0]) {
         JsonInfo j;
-        if (json_read(&t, &j, e)) return -1;
-        if (!t.model[0]) {
-            n = j.n;
+        if (json_read(t, &j, e)) return -1;
+        if (!t->model[0]) {
+            *n = j.n;
             ids->bos = j.bos, ids->eos = j.eos, ids->pad = j.pad, ids->unk = j.unk;
-            memcpy(names, j.names, sizeof names);
-        } else if (j.n != n) {
-            return err_set(e, "%s has %d tokens but %s has %d: they are not the same tokenizer", t.json, j.n, t.model, n);
+            memcpy(names, j.names, sizeof j.names);
+        } else if (j.n != *n) {
+            return err_set(e, "%s has %d tokens but %s has %d: they are not the same tokenizer", t->json, j.n, t->model, *n);
         }
     }
-    if (n > vocab_size)
-        return err_set(e, "the tokenizer has %d tokens, the model's vocabulary only %d (model.vocab_size): it is "
-                       "not this model's tokenizer", n, vocab_size);
-    if (ids->eos < 0) return err_set(e, "the tokenizer (%s) has no end-of-sequence token", t.json[0] ? t.json : t.model);
-    for (int k = 0; k < 4; k++) {
-        int id = k == 0 ? ids->bos : k == 1 ? ids->eos : k == 2 ? ids->pad : ids->unk;
-        if (id < 0) names[k][0] = 0;
-    }
-    if (t.model[0] && copy_file(t.model, out_dir, "tokenizer.model", e)) return -1;
-    if (t.json[0] && copy_file(t.json, out_dir, "tokenizer.json", e)) return -1;
+    return 0;
+}
+
+// tokenizer_config.json (the source's when it sits beside a tokenizer.json, else written here),
+// special_tokens_map.json and generation_config.json into out_dir.
+static int write_tokenizer_configs(const TokFiles* t, const char* out_dir, const HfTokenIds* ids, char names[4][128],
+                                   int max_seq, Err* e) {
     Sb b = {0};
     int rc = 0;
-    if (t.config[0] && t.json[0]) {
-        rc = copy_file(t.config, out_dir, "tokenizer_config.json", e);
+    if (t->config[0] && t->json[0]) {
+        rc = copy_file(t->config, out_dir, "tokenizer_config.json", e);
     } else {
-        sb_printf(&b, "{\n  \"tokenizer_class\": \"%s\",\n", t.json[0] ? "PreTrainedTokenizerFast" : "LlamaTokenizer");
+        sb_printf(&b, "{\n  \"tokenizer_class\": \"%s\",\n", t->json[0] ? "PreTrainedTokenizerFast" : "LlamaTokenizer");
         kv_special_tokens(&b, names, 0);
         sb_printf(&b, "  \"add_bos_token\": %s,\n  \"add_eos_token\": false,\n  \"legacy\": true,\n"
                   "  \"clean_up_tokenization_spaces\": false,\n  \"spaces_between_special_tokens\": false,\n"
@@ -446,7 +438,29 @@ int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, i
     sb_printf(&b, ",\n  \"eos_token_id\": %d,\n  \"pad_token_id\": ", ids->eos);
     ids->pad >= 0 ? sb_printf(&b, "%d", ids->pad) : sb_printf(&b, "null");
     sb_printf(&b, "\n}\n");
-    if (write_json(&b, out_dir, "generation_config.json", e)) return -1;
+    return write_json(&b, out_dir, "generation_config.json", e) ? -1 : 0;
+}
+
+int hf_export_tokenizer(const char* spec, const char* out_dir, int vocab_size, int max_seq, HfTokenIds* ids,
+                        char* desc, size_t dn, Err* e) {
+    TokFiles t;
+    Err fe = {{0}};
+    if (find_tokenizer(spec, &t, &fe)) return err_set(e, "--tokenizer: %s", fe.msg);
+    int n = 0;
+    char names[4][128];
+    memset(names, 0, sizeof names);
+    if (read_special_tokens(&t, &n, ids, names, e)) return -1;
+    if (n > vocab_size)
+        return err_set(e, "the tokenizer has %d tokens, the model's vocabulary only %d (model.vocab_size): it is "
+                       "not this model's tokenizer", n, vocab_size);
+    if (ids->eos < 0) return err_set(e, "the tokenizer (%s) has no end-of-sequence token", t.json[0] ? t.json : t.model);
+    for (int k = 0; k < 4; k++) {
+        int id = k == 0 ? ids->bos : k == 1 ? ids->eos : k == 2 ? ids->pad : ids->unk;
+        if (id < 0) names[k][0] = 0;
+    }
+    if (t.model[0] && copy_file(t.model, out_dir, "tokenizer.model", e)) return -1;
+    if (t.json[0] && copy_file(t.json, out_dir, "tokenizer.json", e)) return -1;
+    if (write_tokenizer_configs(&t, out_dir, ids, names, max_seq, e)) return -1;
     snprintf(desc, dn, "%s%s%s (%d tokens; bos %d, eos %d, pad %d)", t.model[0] ? "tokenizer.model" : "",
              t.model[0] && t.json[0] ? " + " : "", t.json[0] ? "tokenizer.json" : "", n, ids->bos, ids->eos, ids->pad);
     return 0;
