@@ -153,13 +153,9 @@ void optim_load_from_staging(Optim* o, Model* m) {
     }
 }
 
-StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
-    Backend* be = m->be;
+// Sums each arena's gradients over its group: into this rank's shard (ZeRO-1) or everywhere.
+static void reduce_grads(Optim* o, Model* m) {
     Comm* cm = m->comm;
-    StepStats st = {0};
-    st.lr = optim_lr(&o->c, o->steps_total, step);
-
-    // 1. reduce gradients over each arena's group
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
         if (s->gsize == 1) continue;
@@ -168,8 +164,11 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
         else
             cm->all_reduce_sum(cm, s->group, m->grad[a], m->padded[a]);
     }
-    prof_mark("optim.reduce");
-    // 2. global norm, every element counted once
+}
+
+// The global gradient norm over all ranks, every element counted once.
+static double grad_norm(Optim* o, Model* m) {
+    Backend* be = m->be;
     be->zero(be, o->d_norm, sizeof(float));
     for (int a = 0; a < 2; a++) {
         OptShard* s = &o->sh[a];
@@ -180,32 +179,49 @@ StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
     float h = 0;
     be->to_host(be, &h, o->d_norm, sizeof(float));
     double sq = h;
-    cm->host_all_reduce_f64(cm, GROUP_WORLD, &sq, 1);
-    st.grad_norm = sqrt(sq);
+    m->comm->host_all_reduce_f64(m->comm, GROUP_WORLD, &sq, 1);
+    return sqrt(sq);
+}
+
+// AdamW over this rank's segments of both arenas (gradients scaled by clip), then, under ZeRO-1,
+// the updated shards gathered back into the full weights.
+static void adamw_update(Optim* o, Model* m, float lr, float clip, int adam_step) {
+    Backend* be = m->be;
+    Comm* cm = m->comm;
+    const size_t esz = dtype_size(be->act_dtype);
+    AdamWDesc d = {.lr = lr, .beta1 = o->c.beta1, .beta2 = o->c.beta2, .eps = o->c.eps, .grad_scale = clip,
+                   .step = adam_step};
+    for (int a = 0; a < 2; a++) {
+        OptShard* s = &o->sh[a];
+        d.grad_act = s->gact;
+        for (int i = 0; i < s->nseg; i++) {
+            const OptSeg* g = &s->seg[i];
+            void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
+            const void* grad = gshard_at(m, a, s, g->lo);
+            d.wd = g->wd;
+            if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
+                be->adamw_split(be, &d, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, g->n);
+            else
+                be->adamw(be, &d, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, g->n);
+        }
+        if (o->zero1 && s->gsize > 1)
+            cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);
+    }
+}
+
+StepStats optim_step(Optim* o, Model* m, int step, int adam_step) {
+    Backend* be = m->be;
+    StepStats st = {0};
+    st.lr = optim_lr(&o->c, o->steps_total, step);
+    reduce_grads(o, m);
+    prof_mark("optim.reduce");
+    st.grad_norm = grad_norm(o, m);
     prof_mark("optim.grad_norm");
     if (!isfinite(st.grad_norm)) {
         st.skipped = 1;
     } else {
         const float clip = (o->c.clip > 0 && st.grad_norm > o->c.clip) ? (float)(o->c.clip / (st.grad_norm + 1e-6)) : 1.0f;
-        const size_t esz = dtype_size(be->act_dtype);
-        AdamWDesc d = {.lr = st.lr, .beta1 = o->c.beta1, .beta2 = o->c.beta2, .eps = o->c.eps, .grad_scale = clip,
-                       .step = adam_step};
-        for (int a = 0; a < 2; a++) {
-            OptShard* s = &o->sh[a];
-            d.grad_act = s->gact;
-            for (int i = 0; i < s->nseg; i++) {
-                const OptSeg* g = &s->seg[i];
-                void* param = (char*)m->w[a] + (s->lo + g->lo) * esz;
-                const void* grad = gshard_at(m, a, s, g->lo);
-                d.wd = g->wd;
-                if (o->split)  // the master is (param, rem): bf16 bits, esz = 2
-                    be->adamw_split(be, &d, param, s->rem + g->lo, s->m + g->lo, s->v + g->lo, grad, g->n);
-                else
-                    be->adamw(be, &d, s->master + g->lo, param, s->m + g->lo, s->v + g->lo, grad, g->n);
-            }
-            if (o->zero1 && s->gsize > 1)
-                cm->all_gather(cm, s->group, m->w[a], (char*)m->w[a] + s->lo * esz, s->n * esz);
-        }
+        adamw_update(o, m, st.lr, clip, adam_step);
     }
     prof_mark("optim.adamw");
     if (o->zero_grads)

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static ParamInfo* add(ParamLayout* pl, int* cap, const char* name, ArenaId a, size_t off,
-                      int64_t d0, int64_t d1, int layer, int expert, int no_decay) {
+// Appends the tensor `name` [d0] or [d0, d1] at *off of arena a and moves *off past it.
+static void add(ParamLayout* pl, int* cap, const char* name, ArenaId a, size_t* off, int64_t d0, int64_t d1, int layer,
+                int expert, int no_decay) {
     if (pl->n == *cap) {
         *cap = *cap ? 2 * *cap : 64;
         pl->p = realloc(pl->p, sizeof(ParamInfo) * (size_t)*cap);
@@ -16,7 +17,7 @@ static ParamInfo* add(ParamLayout* pl, int* cap, const char* name, ArenaId a, si
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->arena = a;
-    p->offset = off;
+    p->offset = *off;
     p->ndim = d1 ? 2 : 1;
     p->shape[0] = d0;
     p->shape[1] = d1;
@@ -24,70 +25,58 @@ static ParamInfo* add(ParamLayout* pl, int* cap, const char* name, ArenaId a, si
     p->layer = layer;
     p->expert = expert;
     p->no_decay = no_decay;
-    return p;
+    *off += p->numel;
+}
+
+// Layer l's tensors in Hugging Face's order: the dense ones from *d, this rank's experts' from *x.
+static void add_layer(ParamLayout* pl, int* cap, const ModelConfig* m, int l, size_t* d, size_t* x) {
+    const int64_t H = m->hidden, F = m->ffn, E = m->experts;
+    const int64_t D = H / m->heads, Hq = m->heads, Hkv = m->kv_heads;
+    LayerOffsets* lo = &pl->layer[l];
+    char nm[96];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    lo->ln1 = *d;
+    add(pl, cap, NAME("model.layers.%d.input_layernorm.weight", l), ARENA_DENSE, d, H, 0, l, -1, 1);
+    lo->qkv = *d;
+    add(pl, cap, NAME("model.layers.%d.self_attn.q_proj.weight", l), ARENA_DENSE, d, Hq * D, H, l, -1, 0);
+    add(pl, cap, NAME("model.layers.%d.self_attn.k_proj.weight", l), ARENA_DENSE, d, Hkv * D, H, l, -1, 0);
+    add(pl, cap, NAME("model.layers.%d.self_attn.v_proj.weight", l), ARENA_DENSE, d, Hkv * D, H, l, -1, 0);
+    lo->o = *d;
+    add(pl, cap, NAME("model.layers.%d.self_attn.o_proj.weight", l), ARENA_DENSE, d, H, Hq * D, l, -1, 0);
+    lo->ln2 = *d;
+    add(pl, cap, NAME("model.layers.%d.post_attention_layernorm.weight", l), ARENA_DENSE, d, H, 0, l, -1, 1);
+    lo->gate = *d;
+    add(pl, cap, NAME("model.layers.%d.block_sparse_moe.gate.weight", l), ARENA_DENSE, d, E, H, l, -1, 0);
+    lo->w13 = *x;
+    for (int g = pl->expert_lo; g < pl->expert_hi; g++) {
+        add(pl, cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, g), ARENA_EXPERT, x, F, H, l, g, 0);
+        add(pl, cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, g), ARENA_EXPERT, x, F, H, l, g, 0);
+    }
+    lo->w2 = *x;
+    for (int g = pl->expert_lo; g < pl->expert_hi; g++)
+        add(pl, cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, g), ARENA_EXPERT, x, H, F, l, g, 0);
+#undef NAME
 }
 
 void params_build(ParamLayout* pl, const ModelConfig* m, int ep, int ep_rank) {
     memset(pl, 0, sizeof *pl);
     int cap = 0;
-    const int64_t H = m->hidden, F = m->ffn, V = m->vocab_size, E = m->experts;
-    const int64_t D = H / m->heads, Hq = m->heads, Hkv = m->kv_heads;
+    const int64_t H = m->hidden, V = m->vocab_size;
     const int el = m->experts / ep;
-    pl->head_dim = (int)D;
+    pl->head_dim = m->hidden / m->heads;
     pl->expert_lo = ep_rank * el;
     pl->expert_hi = pl->expert_lo + el;
     pl->layer = calloc((size_t)m->layers, sizeof(LayerOffsets));
     CHECK(pl->layer, "out of memory");
     size_t d = 0, x = 0;  // running offsets in the dense and expert arenas
-    char nm[96];
 
     pl->embed = d;
-    add(pl, &cap, "model.embed_tokens.weight", ARENA_DENSE, d, V, H, -1, -1, 0);
-    d += (size_t)(V * H);
-    for (int l = 0; l < m->layers; l++) {
-        LayerOffsets* lo = &pl->layer[l];
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-        lo->ln1 = d;
-        add(pl, &cap, NAME("model.layers.%d.input_layernorm.weight", l), ARENA_DENSE, d, H, 0, l, -1, 1);
-        d += (size_t)H;
-        lo->qkv = d;
-        add(pl, &cap, NAME("model.layers.%d.self_attn.q_proj.weight", l), ARENA_DENSE, d, Hq * D, H, l, -1, 0);
-        d += (size_t)(Hq * D * H);
-        add(pl, &cap, NAME("model.layers.%d.self_attn.k_proj.weight", l), ARENA_DENSE, d, Hkv * D, H, l, -1, 0);
-        d += (size_t)(Hkv * D * H);
-        add(pl, &cap, NAME("model.layers.%d.self_attn.v_proj.weight", l), ARENA_DENSE, d, Hkv * D, H, l, -1, 0);
-        d += (size_t)(Hkv * D * H);
-        lo->o = d;
-        add(pl, &cap, NAME("model.layers.%d.self_attn.o_proj.weight", l), ARENA_DENSE, d, H, Hq * D, l, -1, 0);
-        d += (size_t)(H * Hq * D);
-        lo->ln2 = d;
-        add(pl, &cap, NAME("model.layers.%d.post_attention_layernorm.weight", l), ARENA_DENSE, d, H, 0, l, -1, 1);
-        d += (size_t)H;
-        lo->gate = d;
-        add(pl, &cap, NAME("model.layers.%d.block_sparse_moe.gate.weight", l), ARENA_DENSE, d, E, H, l, -1, 0);
-        d += (size_t)(E * H);
-        lo->w13 = x;
-        for (int e = 0; e < el; e++) {
-            int g = pl->expert_lo + e;
-            add(pl, &cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, g), ARENA_EXPERT, x, F, H, l, g, 0);
-            x += (size_t)(F * H);
-            add(pl, &cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, g), ARENA_EXPERT, x, F, H, l, g, 0);
-            x += (size_t)(F * H);
-        }
-        lo->w2 = x;
-        for (int e = 0; e < el; e++) {
-            int g = pl->expert_lo + e;
-            add(pl, &cap, NAME("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, g), ARENA_EXPERT, x, H, F, l, g, 0);
-            x += (size_t)(H * F);
-        }
-#undef NAME
-    }
+    add(pl, &cap, "model.embed_tokens.weight", ARENA_DENSE, &d, V, H, -1, -1, 0);
+    for (int l = 0; l < m->layers; l++) add_layer(pl, &cap, m, l, &d, &x);
     pl->final_norm = d;
-    add(pl, &cap, "model.norm.weight", ARENA_DENSE, d, H, 0, -1, -1, 1);
-    d += (size_t)H;
+    add(pl, &cap, "model.norm.weight", ARENA_DENSE, &d, H, 0, -1, -1, 1);
     pl->lm_head = d;
-    add(pl, &cap, "lm_head.weight", ARENA_DENSE, d, V, H, -1, -1, 0);
-    d += (size_t)(V * H);
+    add(pl, &cap, "lm_head.weight", ARENA_DENSE, &d, V, H, -1, -1, 0);
     pl->numel[ARENA_DENSE] = d;
     pl->numel[ARENA_EXPERT] = x;
 }

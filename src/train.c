@@ -251,6 +251,26 @@ static void job_token(Trainer* t, char token[17]) {
     t->comm->host_broadcast(t->comm, GROUP_WORLD, token, 17, 0);
 }
 
+// The model, its optimizer (training only) and the host buffers of one micro-batch.
+static void create_model(Trainer* t, const Config* cfg, int infer) {
+    const TrainConfig* tc = &cfg->train;
+    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu && !infer,
+                          .expert_grad_act = !infer && config_expert_grad_bf16(cfg, t->world),
+                          .fp8 = cfg->precision.fp8, .inference = infer};
+    model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
+    if (!infer) {
+        optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
+        t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
+    }
+    const int N = t->model.N;
+    t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
+    t->h_doc = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
+    t->best_val = INFINITY;  // until a validation, or the checkpoint's record
+}
+
 static int init_stages(Trainer* t, const Config* cfg, int infer, Err* e) {
     memset(t, 0, sizeof *t);
     t->infer = infer;
@@ -284,21 +304,7 @@ static int init_stages(Trainer* t, const Config* cfg, int infer, Err* e) {
     if (slow > 0) sleep((unsigned)slow);
 
     startup_stage("start-up: model", to);
-    const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu && !infer,
-                          .expert_grad_act = !infer && config_expert_grad_bf16(cfg, t->world),
-                          .fp8 = cfg->precision.fp8, .inference = infer};
-    model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
-    if (!infer) {
-        optim_create(&t->opt, &cfg->optim, cfg->parallel.zero1, cfg->precision.master, tc->steps, &t->model);
-        t->opt.zero_grads = 0;  // each step's first micro-batch overwrites the gradients (MicroArgs.fresh)
-    }
-    const int N = t->model.N;
-    t->h_tok = xmalloc(sizeof(int32_t) * (size_t)N);
-    t->h_tgt = xmalloc(sizeof(int32_t) * (size_t)N);
-    t->h_win = xmalloc(sizeof(int32_t) * (size_t)(tc->seq_len + 1));
-    t->h_doc = xmalloc(sizeof(int32_t) * (size_t)N);
-    t->h_pos = xmalloc(sizeof(int32_t) * (size_t)N);
-    t->best_val = INFINITY;  // until a validation, or the checkpoint's record
+    create_model(t, cfg, infer);
 
     if (infer) {  // writes nothing, owns nothing: the restore's allowance for a checkpoint with
                   // optimizer state (verified whole)
