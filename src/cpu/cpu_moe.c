@@ -133,12 +133,15 @@ void cpu_moe_index(Backend* be, int32_t* counts, int32_t* dest, const int32_t* t
     for (int e = E - 1; e > 0; e--) counts[e] -= counts[e - 1];   // → counts
 }
 
-void cpu_permute_fwd(Backend* be, void* xp_, const void* x_, const int32_t* dest, int N, int k, int H) {
-    float* xp = xp_;      // [N·k, H]
-    const float* x = x_;  // [N, H]
+// Copy i of row i / k of src [N, H] to row dest[i] of dst [N·k, H], for i < N·k.
+static void copy_to_slots(float* dst, const float* src, const int32_t* dest, int N, int k, int H) {
 #pragma omp parallel for schedule(static) if (N >= PAR_ROWS)
     for (int i = 0; i < N * k; i++)
-        memcpy(xp + (size_t)dest[i] * H, x + (size_t)(i / k) * H, sizeof(float) * (size_t)H);
+        memcpy(dst + (size_t)dest[i] * H, src + (size_t)(i / k) * H, sizeof(float) * (size_t)H);
+}
+
+void cpu_permute_fwd(Backend* be, void* xp, const void* x, const int32_t* dest, int N, int k, int H) {
+    copy_to_slots(xp, x, dest, N, k, H);
 }
 
 void cpu_permute_bwd(Backend* be, void* dx_, const void* dxp_, const int32_t* dest, int N, int k, int H) {
@@ -180,12 +183,9 @@ void cpu_unpermute_fwd(Backend* be, void* out_, const void* yp_, const int32_t* 
     }
 }
 
-void cpu_unpermute_bwd(Backend* be, void* dyp_, const void* dout_, const int32_t* dest, int N, int k, int H) {
-    float* dyp = dyp_;          // [N·k, H]
-    const float* dout = dout_;  // [N, H]
-#pragma omp parallel for schedule(static) if (N >= PAR_ROWS)
-    for (int i = 0; i < N * k; i++)
-        memcpy(dyp + (size_t)dest[i] * H, dout + (size_t)(i / k) * H, sizeof(float) * (size_t)H);
+// Unpermute sums each token's k slots, so each slot's gradient is the token's: permute's copy.
+void cpu_unpermute_bwd(Backend* be, void* dyp, const void* dout, const int32_t* dest, int N, int k, int H) {
+    copy_to_slots(dyp, dout, dest, N, k, H);
 }
 
 // silu(g) = g · sigmoid(g), written g / (1 + e^−g) as torch does
