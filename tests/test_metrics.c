@@ -296,15 +296,6 @@ static int argmin(const double* v, int n) {
     return b;
 }
 
-static void read_text(const char* path, char* out, size_t n) {
-    out[0] = 0;
-    FILE* f = fopen(path, "r");
-    if (!f) return;
-    size_t k = fread(out, 1, n - 1, f);
-    out[k] = 0;
-    fclose(f);
-}
-
 static void test_keep_best(void) {
     static char out[1 << 17];
     char ck[300], lg[300], p[400];
@@ -326,12 +317,12 @@ static void test_keep_best(void) {
     EXPECT(rose && st[b] < 40, "the validation loss rises after its lowest (step %d, %.6f)", st[b], val[b]);
     char best[64], latest[64];
     snprintf(p, sizeof p, "%s/best/latest", ck);
-    read_text(p, best, sizeof best);
+    t_read_text(p, best, sizeof best);
     char want[64];
     snprintf(want, sizeof want, "step_%08d\n", st[b]);
     EXPECT(!strcmp(best, want), "best/latest is '%s', want '%s'", best, want);
     snprintf(p, sizeof p, "%s/latest", ck);
-    read_text(p, latest, sizeof latest);
+    t_read_text(p, latest, sizeof latest);
     EXPECT(!strcmp(latest, "step_00000040\n"), "the rotation's latest is step 40 ('%s')", latest);
     snprintf(p, sizeof p, "%s/step_%08d", ck, st[b]);
     struct stat sb;
@@ -350,7 +341,7 @@ static void test_keep_best(void) {
     // the best is in the trainer state, so a resumed run keeps it
     char state[8192];
     snprintf(p, sizeof p, "%s/step_00000040/trainer_state.yaml", ck);
-    read_text(p, state, sizeof state);
+    t_read_text(p, state, sizeof state);
     char bs[64];
     snprintf(bs, sizeof bs, "best_step: %d\n", st[b]);
     EXPECT(strstr(state, bs) && strstr(state, "best_val_loss: "), "trainer_state.yaml records %s", bs);
@@ -363,7 +354,7 @@ static void test_keep_best(void) {
     EXPECT(n2 == 12, "12 validations after the resume (%d)", n2);
     int b2 = argmin(val, n2);
     snprintf(p, sizeof p, "%s/best/latest", ck);
-    read_text(p, best, sizeof best);
+    t_read_text(p, best, sizeof best);
     snprintf(want, sizeof want, "step_%08d\n", st[b2]);
     EXPECT(!strcmp(best, want), "after the resume best/latest is '%s', the lowest of the joined trace is '%s'", best, want);
     EXPECT((b2 == b) == (strstr(out, "saved the best") == NULL), "a best is saved after the resume only when a validation beats step %d",
@@ -390,7 +381,7 @@ static void test_keep_best_async(void) {
     int b = argmin(val, n);
     char best[64], want[64];
     snprintf(p, sizeof p, "%s/best/latest", ck);
-    read_text(p, best, sizeof best);
+    t_read_text(p, best, sizeof best);
     snprintf(want, sizeof want, "step_%08d\n", st[b]);
     EXPECT(!strcmp(best, want), "best/latest is '%s', want '%s'", best, want);
     static char ev[1 << 14];
@@ -401,7 +392,7 @@ static void test_keep_best_async(void) {
     snprintf(logged, sizeof logged, "%.6f", val[b]);
     EXPECT(rc == 0 && !strcmp(got, logged), "eval on best: %s, logged %s:\n%s", got, logged, ev);
     snprintf(p, sizeof p, "%s/latest", ck);
-    read_text(p, best, sizeof best);
+    t_read_text(p, best, sizeof best);
     EXPECT(!strcmp(best, "step_00000024\n"), "the rotation's latest: '%s'", best);
 }
 
