@@ -3,9 +3,11 @@
 // registered in main with RUN(fn).
 #pragma once
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static int t_passed = 0, t_failed = 0, t_cur_failed = 0;
 
@@ -16,6 +18,20 @@ static inline const char* t_join(const char* dir, const char* name) {
     k = (k + 1) % 8;
     snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
     return p[k];
+}
+
+// Runs a shell command (printf-style); returns its exit status, 128 + the signal when a signal
+// ended it, -1 when it could not run.
+static inline int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int sh(const char* fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    if (st == -1) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 // A file's text (at most n - 1 bytes) into out; "" when it cannot be read.

@@ -10,7 +10,6 @@
 // * the SentencePiece reader (hf.h sp_*): BPE and unigram models made by spm_train encode texts
 //   to spm_encode's ids, and the pieces decode to spm_decode's text.
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,17 +224,6 @@ static void test_sampling(void) {
         if (p[i] == 0) EXPECT(cnt[i] == 0, "token %d filtered out but drawn %d times", i, cnt[i]);
     }
     EXPECT(gen_sample(lg, V, 0.f, 0, 1.f, scratch, &r1) == 1, "temperature 0 is the argmax");
-}
-
-
-static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char* fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    return system(cmd);
 }
 
 static void test_sentencepiece(void) {

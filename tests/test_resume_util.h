@@ -6,12 +6,10 @@
 #define _GNU_SOURCE
 #endif
 #include <dirent.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt.h"
@@ -134,17 +132,6 @@ static inline int flip_byte(const char* path, long off) {
     fseek(f, -1, SEEK_CUR);
     fputc(c ^ 0x5A, f);
     return fclose(f);
-}
-
-static inline int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static inline int sh(const char* fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return rc == -1 ? -1 : WEXITSTATUS(rc);
 }
 
 // The "loss" of each line of metrics.jsonl (at most max). Returns the count, -1 without a file.

@@ -9,12 +9,10 @@
 // (as `make test` does); needs spm_train/spm_encode/spm_decode and python3-sentencepiece
 // (scripts/deps.sh installs them).
 #define _DEFAULT_SOURCE
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "data.h"
@@ -23,19 +21,6 @@
 static char g_dir[64];
 
 static const char* tpath(const char* name) { return t_join(g_dir, name); }
-
-// Runs a shell command; returns its exit status (128 + signal when killed), -1 if it could not run.
-static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char* fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st == -1) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 static void write_text(const char* name, const char* s, const char* mode) {
     FILE* f = fopen(tpath(name), mode);
