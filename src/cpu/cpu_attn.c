@@ -197,10 +197,11 @@ static float attn_p_ds(const AttnBwd* a, const float* qr, const float* g, const 
 static void attn_dq_row(const AttnBwd* a, int b, int h, int t) {
     const int T = a->T, D = a->D;
     const size_t kst = a->kst;
+    const int kh = h / a->grp;
     const size_t qi = ((size_t)b * T + t) * a->qst + (size_t)h * D;
     const float *qr = a->q + qi, *g = a->dout + qi;
-    const float* kb = a->k + (size_t)b * T * kst + (size_t)(h / a->grp) * D;
-    const float* vb = a->v + (size_t)b * T * kst + (size_t)(h / a->grp) * D;
+    const float* kb = a->k + (size_t)b * T * kst + (size_t)kh * D;
+    const float* vb = a->v + (size_t)b * T * kst + (size_t)kh * D;
     const float Di = dotf(g, a->out + qi, D), l = a->lse[((size_t)b * a->Hq + h) * T + t];
     float acc[MAX_D];
     for (int i = 0; i < D; i++) acc[i] = 0;
@@ -269,7 +270,10 @@ void cpu_attn_bwd(Backend* be, void* dq_, void* dk_, void* dv_, const void* dout
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int kh = 0; kh < Hkv; kh++)
-            for (int sb = 0; sb < nsb; sb++) attn_dkdv_block(&a, b, kh, sb * SB, sb * SB + SB < T ? sb * SB + SB : T);
+            for (int sb = 0; sb < nsb; sb++) {
+                const int s0 = sb * SB;
+                attn_dkdv_block(&a, b, kh, s0, s0 + SB < T ? s0 + SB : T);
+            }
 }
 
 // ---- decoding with a KV cache (backend.h) -----------------------------------------------------
