@@ -74,8 +74,8 @@ void hf_close(HfDir* h);
 // head_dim other than hidden/heads, activation other than silu).
 int hf_read_config(const char* dir, ModelConfig* m, Err* e);
 
-// A SentencePiece model (tokenizer.model) for `moetrain generate` (src/hf_tokenizer.c). spec as
-// for hf_export_tokenizer (a tokenizer.model, a directory or manifest leading to one).
+// A SentencePiece model (tokenizer.model) for `moetrain generate` (src/sp_model.c, src/sp_encode.c).
+// spec as for hf_export_tokenizer (a tokenizer.model, a directory or manifest leading to one).
 typedef struct SpModel SpModel;
 int sp_open(SpModel** out, const char* spec, Err* e);
 void sp_close(SpModel* s);
