@@ -19,10 +19,10 @@
 //                                                  ENOSPC once N bytes went through the handle
 //                                                  (a full disk; logfile.c)
 //   train.startup_sleep MOETRAIN_STARTUP_SLEEP     S: start-up sleeps S seconds after opening
-//                                                  the data (signals during start-up; train.c)
+//                                                  the data (signals during start-up; train_init.c)
 //   train.startup_stall MOETRAIN_STARTUP_STALL     R:WORD: rank R stops for good at the end of
 //                                                  the start-up stage whose name holds WORD (its
-//                                                  watchdog thread runs on; train.c)
+//                                                  watchdog thread runs on; train_init.c)
 //   preflight.free_bytes MOETRAIN_FREE_BYTES       N: the free space preflight sees in
 //                                                  checkpoint.dir (statvfs's answer replaced)
 //   preflight.write_rate MOETRAIN_WRITE_RATE       N: the write rate preflight measures in
