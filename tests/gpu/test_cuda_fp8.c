@@ -1,9 +1,5 @@
 // test_cuda_fp8.c — the CUDA backend's FP8 block-scaled GEMMs (cuda/cuda_fp8.cu) against the CPU
-// spec (src/fp8.h), in fp32 and bf16 modes:
-//   - the quantisers bit for bit (codes and scales) for bf16 and fp32 inputs: 1×128 row-wise, the
-//     cast-transpose (both layouts from one read), 128×128 blocks as stored and transposed; partial
-//     tiles, padded strides, NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32
-//     subnormals and values near FLT_MAX;
+// spec (src/fp8.h), in fp32 and bf16 modes (the quantisers, bit for bit: test_cuda_fp8_quant.c):
 //   - every FP8 op (gemm with FP8_WEIGHT and FP8_ACT in each transpose form, alpha, beta, c_in,
 //     fp32 outputs; gemm_grouped and gemm_grouped_swiglu with empty groups and rows that are not a
 //     multiple of 8; gemm_grouped_wgrad with beta 0 and 1, db_act, empty groups) against
@@ -35,11 +31,6 @@
 #include "fp8.h"
 #include "gpu_check.h"
 
-void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint8_t* q, int ldq, float* s0, float* s1,
-                         int split, int chunk);
-void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
-                         int ldq, float* s);
-void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
 void cuda_fp8_set_path(Backend* be, int path);
 int cuda_fp8_kernels_built(void);
 void cuda_fp8_set_row_chunk(Backend* be, int rows);
@@ -49,7 +40,6 @@ int cuda_compute_capability(Backend* be);
 static int g_hopper;         // cuBLASLt's block-scaled modes available (compute capability 9.0)
 static const char* g_tag = "";  // appended to the gemm labels (the chunked runs)
 
-static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
 
 // ---- data ---------------------------------------------------------------------------------------
@@ -65,166 +55,6 @@ static float* act_data(int R, int C, int ld, float scale) {
         }
     }
     return x;
-}
-
-// [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades, an
-// all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values near FLT_MAX, a row of
-// one value repeated (every element at the tile maximum: saturation at 448 after the division).
-static float* quant_data(int R, int C, int ld) {
-    float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
-    for (int r = 0; r < R; r++) {
-        const float s = exp2f((float)((int)(rng_u64(&g_rng) % 61) - 30));
-        for (int c = 0; c < ld; c++) x[(size_t)r * ld + c] = rng_normal(&g_rng) * s;
-    }
-    if (R > 1)
-        for (int c = 0; c < C && c < FP8_TILE; c++) x[(size_t)1 * ld + c] = 0.f;  // all-zero row tile
-    if (C > 3)
-        for (int r = 0; r < R && r < FP8_TILE; r++) x[(size_t)r * ld + 3] = 0.f;  // all-zero column tile
-    if (R > 2)
-        for (int c = 0; c < C; c++) x[(size_t)2 * ld + c] = 1e-39f * (c % 7 - 3);  // fp32 subnormals
-    if (R > 4)
-        for (int c = 0; c < C; c++) x[(size_t)4 * ld + c] = 3e38f * (rng_uniform(&g_rng) - 0.5f);
-    if (R > 5)
-        for (int c = 0; c < C; c++) x[(size_t)5 * ld + c] = (c & 1) ? -0.3f : 0.3f;  // all at the maximum
-    for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements
-        const size_t i = (size_t)(rng_u64(&g_rng) % R) * ld + rng_u64(&g_rng) % C;
-        x[i] = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
-    }
-    return x;
-}
-
-// the values the act dtype holds (bf16: rounded; the spec quantises those)
-static void to_act_vals(const Mode* m, float* x, size_t n) {
-    if (m->bf16)
-        for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-}
-
-static uint8_t* down_u8(Backend* be, const void* d, size_t n) {
-    uint8_t* h = xmalloc(n ? n : 1);
-    be->to_host(be, h, d, n);
-    return h;
-}
-
-// ---- quantisers, bit for bit ---------------------------------------------------------------------
-
-// The scale index of (row r, tile t) in the GEMMs' layout (cuda_fp8.cu SMap): rows [0, split) in
-// chunks of `chunk` ([Kt, chunk rows] each), the rest [Kt, R − split] at s1.
-static const float* smap_at(const float* s0, const float* s1, int split, int chunk, int R, int Kt, int r, int t) {
-    if (r < split) {
-        const int c = r / chunk, r0 = c * chunk, n = split - r0 < chunk ? split - r0 : chunk;
-        return s0 + (size_t)r0 * Kt + (size_t)t * n + (r - r0);
-    }
-    return s1 + (size_t)t * (R - split) + (r - split);
-}
-
-static void check_codes(const Mode* m, const char* label, const uint8_t* got, size_t ldg, const uint8_t* want, int R,
-                        int C) {
-    size_t bad = 0, first = (size_t)-1;
-    for (int r = 0; r < R; r++)
-        for (size_t c = 0; c < ldg; c++) {
-            const uint8_t w = c < (size_t)C ? want[(size_t)r * C + c] : 0;  // zero codes pad each row
-            if (got[(size_t)r * ldg + c] != w) {
-                if (!bad) first = (size_t)r * ldg + c;
-                bad++;
-            }
-        }
-    record(label, m->bf16, (double)bad, 0);
-    EXPECT(bad == 0, "%s [%s]: %zu codes differ (first at row %zu col %zu: got 0x%02x)", label, m->name, bad,
-           bad ? first / ldg : 0, bad ? first % ldg : 0, bad ? got[first] : 0);
-}
-
-static void check_scales(const Mode* m, const char* label, const float* got_at_rt[], const float* want, size_t n) {
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(got_at_rt[i], &want[i], 4)) {
-            if (!bad) first = i;
-            bad++;
-        }
-    record(label, m->bf16, (double)bad, 0);
-    EXPECT(bad == 0, "%s [%s]: %zu of %zu scales differ (first #%zu: got %.9g, want %.9g)", label, m->name, bad, n,
-           first, bad ? *got_at_rt[first] : 0.f, bad ? want[first] : 0.f);
-}
-
-static void test_quant(void) {
-    const struct { int R, C, ld; } sh[] = {{37, 300, 300}, {130, 256, 264}, {256, 1024, 1024}, {5, 129, 131}};
-    FOR_MODES for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
-        Backend* be = m->gpu;
-        const int R = sh[si].R, C = sh[si].C, ld = sh[si].ld, KtC = tiles(C), KtR = tiles(R);
-        float* x = quant_data(R, C, ld);
-        to_act_vals(m, x, (size_t)R * ld);
-        void* dx = up_act(be, x, (size_t)R * ld);
-        uint8_t *q = xmalloc((size_t)R * C), *qt = xmalloc((size_t)R * C);
-        float *s = xmalloc(4 * (size_t)R * KtC), *st = xmalloc(4 * (size_t)C * KtR);
-        fp8_quant_1x128(x, R, C, (size_t)ld, q, s, qt, st);
-        char lab[64];
-
-        // 1×128 row-wise, with the GEMMs' split/chunk scale map (rows past the split at s1)
-        {
-            const int ldq = (int)pad((size_t)C, 16), split = R / 8 * 8, chunk = 16;
-            uint8_t* dq = poison(be, (size_t)R * ldq);
-            float *ds0 = poison(be, 4 * (size_t)R * KtC), *ds1 = poison(be, 4 * (size_t)8 * KtC);
-            cuda_fp8_quant_rows(be, dx, R, C, ld, dq, ldq, ds0, ds1, split, chunk);
-            uint8_t* gq = down_u8(be, dq, (size_t)R * ldq);
-            float *g0 = down_f32(be, ds0, (size_t)R * KtC), *g1 = down_f32(be, ds1, (size_t)8 * KtC);
-            snprintf(lab, sizeof lab, "quant rows %dx%d codes", R, C);
-            check_codes(m, lab, gq, ldq, q, R, C);
-            const float** at = xmalloc(sizeof(float*) * (size_t)R * KtC);
-            for (int r = 0; r < R; r++)
-                for (int t = 0; t < KtC; t++) at[(size_t)r * KtC + t] = smap_at(g0, g1, split, chunk, R, KtC, r, t);
-            snprintf(lab, sizeof lab, "quant rows %dx%d scales", R, C);
-            check_scales(m, lab, at, s, (size_t)R * KtC);
-            free(at), free(gq), free(g0), free(g1);
-        }
-        // the cast-transpose, both layouts from one read
-        {
-            const int ldk = (int)pad((size_t)R, 16), ldq = (int)pad((size_t)C, 16);
-            uint8_t *dqt = poison(be, (size_t)C * ldk), *dq = poison(be, (size_t)R * ldq);
-            float *dst = poison(be, 4 * (size_t)KtR * C), *ds = poison(be, 4 * (size_t)KtC * R);
-            cuda_fp8_quant_cols(be, dx, R, C, ld, dqt, ldk, dst, dq, ldq, ds);
-            uint8_t *gqt = down_u8(be, dqt, (size_t)C * ldk), *gq = down_u8(be, dq, (size_t)R * ldq);
-            float *gst = down_f32(be, dst, (size_t)KtR * C), *gs = down_f32(be, ds, (size_t)KtC * R);
-            snprintf(lab, sizeof lab, "cast-transpose %dx%d qt", R, C);
-            check_codes(m, lab, gqt, ldk, qt, C, R);
-            snprintf(lab, sizeof lab, "cast-transpose %dx%d q", R, C);
-            check_codes(m, lab, gq, ldq, q, R, C);
-            const float** at = xmalloc(sizeof(float*) * ((size_t)C * KtR + (size_t)R * KtC));
-            for (int c = 0; c < C; c++)
-                for (int t = 0; t < KtR; t++) at[(size_t)c * KtR + t] = gst + (size_t)t * C + c;
-            snprintf(lab, sizeof lab, "cast-transpose %dx%d st", R, C);
-            check_scales(m, lab, at, st, (size_t)C * KtR);
-            for (int r = 0; r < R; r++)
-                for (int t = 0; t < KtC; t++) at[(size_t)r * KtC + t] = gs + (size_t)t * R + r;
-            snprintf(lab, sizeof lab, "cast-transpose %dx%d s", R, C);
-            check_scales(m, lab, at, s, (size_t)R * KtC);
-            free(at), free(gqt), free(gq), free(gst), free(gs);
-        }
-        // 128×128 blocks, as stored and transposed
-        {
-            uint8_t *bq = xmalloc((size_t)R * C), *bqt = xmalloc((size_t)R * C);
-            float *bs = xmalloc(4 * (size_t)KtR * KtC), *bst = xmalloc(4 * (size_t)KtR * KtC);
-            fp8_quant_128x128(x, R, C, (size_t)ld, bq, bs, bqt, bst);
-            for (int tr = 0; tr < 2; tr++) {
-                const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
-                const int ldq = (int)pad((size_t)ok, 16), lds = (int)pad((size_t)okt, 4);
-                uint8_t* dq = poison(be, (size_t)orows * ldq);
-                float* ds = poison(be, 4 * (size_t)orb * lds);
-                cuda_fp8_quant_blocks(be, dx, R, C, ld, tr, dq, ldq, ds);
-                uint8_t* gq = down_u8(be, dq, (size_t)orows * ldq);
-                float* gs = down_f32(be, ds, (size_t)orb * lds);
-                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d codes", tr ? "ᵀ" : "", R, C);
-                check_codes(m, lab, gq, ldq, tr ? bqt : bq, orows, ok);
-                const float** at = xmalloc(sizeof(float*) * (size_t)orb * okt);
-                for (int b = 0; b < orb; b++)
-                    for (int t = 0; t < okt; t++) at[(size_t)b * okt + t] = gs + (size_t)b * lds + t;
-                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d scales", tr ? "ᵀ" : "", R, C);
-                check_scales(m, lab, at, tr ? bst : bs, (size_t)orb * okt);
-                free(at), free(gq), free(gs);
-            }
-            free(bq), free(bqt), free(bs), free(bst);
-        }
-        free(x), free(q), free(qt), free(s), free(st);
-        dev_free_all();
-    }
 }
 
 // ---- the GEMM reference and its bound ------------------------------------------------------------
@@ -349,8 +179,8 @@ static void test_bound_control(void) {
     const Mode* m = &g_modes[1];
     const int M = 4, N = 64, K = 4096;
     float *A = act_data(M, K, K, 1.f), *B = act_data(N, K, K, 0.02f);
-    to_act_vals(m, A, (size_t)M * K);
-    to_act_vals(m, B, (size_t)N * K);
+    round_act(m, A, (size_t)M * K);
+    round_act(m, B, (size_t)N * K);
     QTN q = qtn_make(A, B, M, N, K, 1);
     float* r = xmalloc(sizeof(float) * N);
     fp8_gemm_tn(1, N, K, q.qa, q.sa, q.qb, q.sb, 1, r, (size_t)N, 0);
@@ -420,9 +250,9 @@ static void run_gemm_case(const Mode* m, const GCase* g, int path) {
     float* A = act_data(ar, ac, lda, 1.f);
     float* B = act_data(br, bc, ldb, g->fp8 == FP8_WEIGHT ? 0.02f : 1.f);
     float* C0 = act_data(M, N, ldc, 3.f);
-    to_act_vals(m, A, (size_t)ar * lda);
-    to_act_vals(m, B, (size_t)br * ldb);
-    if (!cf) to_act_vals(m, C0, (size_t)M * ldc);
+    round_act(m, A, (size_t)ar * lda);
+    round_act(m, B, (size_t)br * ldb);
+    if (!cf) round_act(m, C0, (size_t)M * ldc);
     const size_t nc = (size_t)M * ldc;
     void* dC = g->beta != 0.f && !g->cin ? (cf ? (void*)up_f32(be, C0, nc) : up_act(be, C0, nc))
                                          : (cf ? poison(be, 4 * nc) : poison_act(be, nc));
@@ -487,8 +317,8 @@ static void run_grouped(const Mode* m, const int* off, int G, int N, int K, int 
     const size_t na = (size_t)R * K, nb = (size_t)G * N * K, nc = (size_t)R * N;
     float* A = act_data(R > 0 ? R : 1, K, K, 1.f);
     float* B = act_data(G * (tb ? N : K), tb ? K : N, tb ? K : N, bscale);
-    to_act_vals(m, A, na);
-    to_act_vals(m, B, nb);
+    round_act(m, A, na);
+    round_act(m, B, nb);
     size_t wsb;
     void* ws = ws_for(be, FP8_OP_GROUPED, f, R, N, K, G, &wsb);
     GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .fp8 = f, .ws = ws, .ws_bytes = wsb};
@@ -554,10 +384,10 @@ static void run_wgrad(const Mode* m, const int* off, int G, int N, int K, float 
     const int R = off[G];
     const size_t ny = (size_t)R * N, nx = (size_t)R * K, nb = (size_t)G * N * K;
     float *dY = act_data(R, N, N, 1e-3f), *X = act_data(R, K, K, 1.f), *B0 = act_data(G * N, K, K, 0.05f);
-    to_act_vals(m, dY, ny);
-    to_act_vals(m, X, nx);
+    round_act(m, dY, ny);
+    round_act(m, X, nx);
     const int bf = db_act && m->bf16;  // dB is bf16
-    if (bf) to_act_vals(m, B0, nb);
+    if (bf) round_act(m, B0, nb);
     size_t wsb;
     void* ws = ws_for(be, FP8_OP_WGRAD, FP8_ACT, R, N, K, G, &wsb);
     GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)N * K, .db_act = db_act, .fp8 = FP8_ACT,
@@ -691,7 +521,6 @@ int main(int argc, char** argv) {
     }
     g_hopper = cuda_compute_capability(g_modes[0].gpu) == 9;
     for (int v = 0; v < 256; v++) g_dec[v] = (double)fp8_e4m3_to_f32((uint8_t)v);
-    RUN(test_quant);
     RUN(test_bound_control);
     RUN(test_ws_bytes);
     RUN(test_gemm_fp8);
