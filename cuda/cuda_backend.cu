@@ -442,6 +442,7 @@ static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuCo
     CUDA_CK(cudaMalloc(&c->scratch, c->scratch_bytes));
     c->gemm = gemm_cache_create();
     c->fp8_row_chunk = FP8_ROW_CHUNK;
+    c->fp8_wgrad_acc = FP8_WGRAD_ACC_BYTES;
     return c;
 }
 

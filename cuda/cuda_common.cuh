@@ -42,6 +42,8 @@ const char* cublasLt_status_name(cublasStatus_t s);
 struct GemmCache;  // cuda_gemm.cu
 struct Fp8Cache;   // cuda_fp8.cu
 enum { FP8_ROW_CHUNK = 4096 };  // cuda_fp8.cu: rows quantised and multiplied at a time (bounds its ws)
+// cuda_fp8.cu: the fp32 sums of a bf16 weight gradient over several row chunks (bounds its ws)
+#define FP8_WGRAD_ACC_BYTES ((size_t)256 << 20)
 
 // Pointer → size of live allocations (host-side open-addressing table), for peak_bytes.
 typedef struct AllocMap {
@@ -68,6 +70,7 @@ typedef struct CudaImpl {
     struct Fp8Cache* fp8;    // cuBLASLt's block-scaled FP8 plans (cuda_fp8.cu; made on first use)
     int fp8_path;            // tests: 0 = cuBLASLt where it can, 2 = the FP8 fallback kernel only
     int fp8_row_chunk;       // rows an FP8 product takes at a time (FP8_ROW_CHUNK; tests set others)
+    size_t fp8_wgrad_acc;    // bytes of fp32 sums a chunked bf16 FP8 weight gradient keeps (FP8_WGRAD_ACC_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name

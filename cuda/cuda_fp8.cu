@@ -387,12 +387,28 @@ static size_t ws_layout(int M, int N, int ldq, int Kt, int act_bf16, char* base,
 
 static char* ws_base(const void* ws) { return (char*)up((uintptr_t)ws, WS_ALIGN); }
 
+// A bf16 weight gradient dB_g [N, K] over more rows than one chunk: its fp32 sums, acc_rows rows of
+// dB at a time (a multiple of 8, or N), kept in ws after one chunk's codes (at wgrad_acc_at).
+static int wgrad_acc_rows(const CudaImpl* c, int N, int K) {
+    size_t r = c->fp8_wgrad_acc / (4 * (size_t)(K > 0 ? K : 1));
+    r = r < 8 ? 8 : r / 8 * 8;
+    return r < (size_t)N ? (int)r : N;
+}
+static size_t wgrad_acc_at(Backend* be, int N, int K) {
+    const int CH = CI(be)->fp8_row_chunk;
+    // (the chunks' products are fp32 sums, no epilogue rows: act_bf16 0)
+    return ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 0, NULL, NULL) - WS_ALIGN;
+}
+
 extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups) {
     if (fp8 == FP8_OFF) return 0;
     if (M < 0) M = 0;
     const int CH = CI(be)->fp8_row_chunk, m = M < CH ? M : CH;  // rows are taken CH at a time
-    if (op == FP8_OP_WGRAD)  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
+    if (op == FP8_OP_WGRAD) {  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
+        if (is_bf16(be) && M > CH)  // a group may span chunks: room for a bf16 dB's fp32 sums
+            return wgrad_acc_at(be, N, K) + 4 * (size_t)wgrad_acc_rows(CI(be), N, K) * K + WS_ALIGN;
         return ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), is_bf16(be), NULL, NULL);
+    }
     // gemm and the grouped GEMMs (one group at a time, ws reused)
     return ws_layout(m, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);
 }
@@ -624,20 +640,21 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
             }
             continue;
         }
-        // a bf16 dB over several chunks: per block of dB rows, the chunks summed in fp32 in ws, then
-        // dB = bf16(sum + beta · dB), rounded once
-        Fp8Bufs b;
-        ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 1, ws_base(g->ws), &b);
-        const int er = (int)b.epi_rows;
+        // a bf16 dB over several chunks: per block of er rows of dB, the chunks summed in fp32 in
+        // ws, then dB = bf16(sum + beta · dB), rounded once. Each block quantises every chunk of X
+        // again, so the blocks are few: fp8_wgrad_acc holds 256 MB of sums (Mixtral's w2 in one
+        // block, its w13 in two).
+        float* acc = (float*)(ws_base(g->ws) + wgrad_acc_at(be, N, K));
+        const int er = wgrad_acc_rows(CI(be), N, K);
         for (int n0 = 0; n0 < N; n0 += er) {
             const int nr = N - n0 < er ? N - n0 : er;
             for (int c = 0; c < nch; c++) {
                 const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
-                wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, b.epi, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
+                wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, acc, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
             }
             const unsigned gr = grid_for(CI(be), (size_t)nr * K, 256);
             bf16* dbr = (bf16*)dbg + (size_t)n0 * K;
-            k_epilogue<bf16><<<gr, 256, 0, ST(be)>>>(b.epi, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
+            k_epilogue<bf16><<<gr, 256, 0, ST(be)>>>(acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
             LAUNCH_CK(CI(be));
         }
     }
@@ -651,6 +668,12 @@ extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = pa
 extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows) {
     CHECK(rows > 0 && rows % TILE == 0, "fp8 row chunk %d is not a positive multiple of 128", rows);
     CI(be)->fp8_row_chunk = rows;
+}
+// The bytes of fp32 sums a chunked bf16 weight gradient keeps (default FP8_WGRAD_ACC_BYTES): tests
+// set a small one to cover several blocks of dB. fp8_ws_bytes follows it.
+extern "C" void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes) {
+    CHECK(bytes > 0, "fp8 weight-gradient accumulator of 0 bytes");
+    CI(be)->fp8_wgrad_acc = bytes;
 }
 extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
     *lt = CI(be)->fp8_lt_calls;

@@ -98,7 +98,8 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
 // along the tokens), each piece 256-byte aligned. The CPU backend quantises every row at once and
 // adds the fp32 product [M,N] (cpu_gemm_fp8.c: exact there). On GPUs an estimate: the CUDA backend
 // takes the rows (the tokens of a weight gradient) PLAN_FP8_GPU_ROWS at a time and needs no product
-// buffer except for a bf16 C with beta ≠ 0; its fp8_ws_bytes decides.
+// buffer except for a bf16 C with beta ≠ 0 and a weight gradient's sums over several such chunks;
+// its fp8_ws_bytes decides.
 // Placed as moe.c places it: the expert GEMMs' beside the layer's rows (moe_room), the projections'
 // alone; the scratch grows only past what it holds already (moe_arena: the attention backward's dS
 // room in bf16), so fp8_extra, not fp8_ws, is what FP8 adds to a rank's memory.
@@ -111,9 +112,17 @@ static double ws_gemm(double M, double N, double K, int cpu) {
     M = rows_at_once(M, cpu);
     return q8(M, K, 0) + q8(N, K, 1) + (cpu ? al256(4 * M * N) : 0);
 }
+// A weight gradient over more rows than the CUDA backend takes at once sums a bf16 dB's chunks in
+// fp32: up to PLAN_FP8_GPU_ACC bytes of it, whole rows of dB (a multiple of 8 of them).
+#define PLAN_FP8_GPU_ACC (256.0 * 1024 * 1024)
 static double ws_wgrad(double M, double N, double K, int cpu) {
+    double acc = 0;
+    if (!cpu && M > PLAN_FP8_GPU_ROWS) {
+        double rows = (double)((int64_t)(PLAN_FP8_GPU_ACC / (4 * K)) / 8 * 8);
+        acc = 4 * K * (rows < 8 ? 8 : rows < N ? rows : N);
+    }
     M = rows_at_once(M, cpu);
-    return q8(N, M, 0) + q8(K, M, 0) + (cpu ? al256(4 * N * K) : 0);
+    return q8(N, M, 0) + q8(K, M, 0) + (cpu ? al256(4 * N * K) : 0) + al256(acc);
 }
 static double dmax(double a, double b) { return a > b ? a : b; }
 

@@ -34,6 +34,7 @@
 void cuda_fp8_set_path(Backend* be, int path);
 int cuda_fp8_kernels_built(void);
 void cuda_fp8_set_row_chunk(Backend* be, int rows);
+void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 int cuda_compute_capability(Backend* be);
 
@@ -456,6 +457,11 @@ static void test_chunked(void) {
         run_wgrad(m, off, 4, 192, 256, 1.f, 0, 0, "wgrad A beta 1 ch128");
         run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128");
         run_wgrad(m, off, 4, 192, 256, 0.f, 1, 2, "wgrad A db_act beta 0 ch128");
+        // a bf16 dB's fp32 sums 64 rows at a time: three blocks of dB, each over every chunk
+        cuda_fp8_set_wgrad_acc(m->gpu, 4 * 256 * 64);
+        run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128 acc64");
+        run_wgrad(m, off, 4, 192, 256, 0.f, 1, 0, "wgrad A db_act beta 0 ch128 acc64");
+        cuda_fp8_set_wgrad_acc(m->gpu, (size_t)256 << 20);
     }
     g_tag = "";
     FOR_MODES cuda_fp8_set_row_chunk(m->gpu, 4096);
