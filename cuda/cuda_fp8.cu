@@ -405,9 +405,12 @@ extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, i
     if (M < 0) M = 0;
     const int CH = CI(be)->fp8_row_chunk, m = M < CH ? M : CH;  // rows are taken CH at a time
     if (op == FP8_OP_WGRAD) {  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
-        if (is_bf16(be) && M > CH)  // a group may span chunks: room for a bf16 dB's fp32 sums
-            return wgrad_acc_at(be, N, K) + 4 * (size_t)wgrad_acc_rows(CI(be), N, K) * K + WS_ALIGN;
-        return ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), is_bf16(be), NULL, NULL);
+        // one chunk's codes and epilogue rows (a group of up to CH rows)
+        const size_t one = ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), is_bf16(be), NULL, NULL);
+        if (!is_bf16(be) || M <= CH) return one;
+        // a group may span chunks: one chunk's codes, then a bf16 dB's fp32 sums
+        const size_t acc = wgrad_acc_at(be, N, K) + 4 * (size_t)wgrad_acc_rows(CI(be), N, K) * K + WS_ALIGN;
+        return acc > one ? acc : one;
     }
     // gemm and the grouped GEMMs (one group at a time, ws reused)
     return ws_layout(m, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);

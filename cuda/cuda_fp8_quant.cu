@@ -13,64 +13,35 @@ __device__ __forceinline__ float scale_of_amax(float amax) {
     const float s = __fdiv_rn(amax, 448.f);
     return s < FLT_MIN ? FLT_MIN : s;
 }
-// e4m3(x / s): fp8.h's IEEE quotient, then the saturating conversion, bit for bit, with a division
-// for almost no element. r = 1/s rounded, y = x·r rounded: y is within 2.5 units in the last place
-// of the rounded quotient q, and the conversion is monotonic, so when y − 3 ulp and y + 3 ulp (the
-// neighbours 3 apart in the bit pattern, one cvt for both) give the same code, q gives it too. Else
-// (an e4m3 rounding boundary that close to y, y = ±0 or fp32-subnormal) the division decides.
-__device__ __forceinline__ uint32_t quant_elem(float x, float s, float r) {
+__device__ __forceinline__ uint32_t quant_elem(float x, float s) {
     if (!isfinite(x)) return 0x7Fu;
-    const unsigned u = __float_as_uint(__fmul_rn(x, r));
-    const unsigned p = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(u - 3u), __uint_as_float(u + 3u)),
-                                                __NV_SATFINITE, __NV_E4M3);
-    if ((p & 0xFFu) == (p >> 8)) return p & 0xFFu;
     return (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3);
 }
 
 // ---- k_quant_rows: 1×128 tiles along the contiguous dimension ----------------------------------
 // X [R, C] (row stride ldx) → q [R, ldq] (ldq % 4 = 0, ≥ C; zero codes in [C, ldq)), scales via sm.
 // One warp per (row, tile), four consecutive elements a lane.
-// The four values of x[c0 .. c0+4) (zeros past C), one 8- or 16-byte load when vec (x on that
-// many bytes and ldx a multiple of 4: every row's c0 is then aligned too).
-__device__ __forceinline__ void load4(float* v, const bf16* __restrict__ x, int c0, int C, int vec) {
-    if (vec && c0 + 4 <= C) {
-        const uint2 u = __ldg((const uint2*)(x + c0));
-        const __nv_bfloat162 a = *(const __nv_bfloat162*)&u.x, b = *(const __nv_bfloat162*)&u.y;
-        v[0] = __low2float(a), v[1] = __high2float(a), v[2] = __low2float(b), v[3] = __high2float(b);
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = c0 + j < C ? __bfloat162float(x[c0 + j]) : 0.f;
-}
-__device__ __forceinline__ void load4(float* v, const float* __restrict__ x, int c0, int C, int vec) {
-    if (vec && c0 + 4 <= C) {
-        const float4 f = __ldg((const float4*)(x + c0));
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = c0 + j < C ? x[c0 + j] : 0.f;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ x, int R, int C, size_t ldx,
-                                                          uint8_t* __restrict__ q, size_t ldq, SMap sm, int vec) {
+                                                          uint8_t* __restrict__ q, size_t ldq, SMap sm) {
     const int Kt = sm.Kt;
     const size_t w = ((size_t)blockIdx.x * Q_THREADS + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (w >= (size_t)R * Kt) return;  // whole warps leave together
     const int r = (int)(w / Kt), t = (int)(w % Kt), c0 = t * TILE + 4 * lane;
     float v[4], m = 0.f;
-    load4(v, x + (size_t)r * ldx, c0, C, vec);
 #pragma unroll
-    for (int j = 0; j < 4; j++) m = fmaxf(m, fin_abs(v[j]));
+    for (int j = 0; j < 4; j++) {
+        v[j] = c0 + j < C ? to_f(x[(size_t)r * ldx + c0 + j]) : 0.f;
+        m = fmaxf(m, fin_abs(v[j]));
+    }
     m = warp_max(m);
-    const float s = scale_of_amax(m), rs = __frcp_rn(s);
+    const float s = scale_of_amax(m);
     if (lane == 0) smap_put(sm, r, t, s);
     if ((size_t)c0 < ldq) {
         uint32_t word = 0;
 #pragma unroll
-        for (int j = 0; j < 4; j++) word |= (c0 + j < C ? quant_elem(v[j], s, rs) : 0u) << (8 * j);
+        for (int j = 0; j < 4; j++) word |= (c0 + j < C ? quant_elem(v[j], s) : 0u) << (8 * j);
         *(uint32_t*)(q + (size_t)r * ldq + c0) = word;
     }
 }
@@ -111,7 +82,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
                                                           uint8_t* __restrict__ qt, size_t ldk, SMap stm,
                                                           uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec) {
     extern __shared__ float tile[];  // [TILE][TSTRIDE]
-    __shared__ float cmax[2][TILE], rmax[2][TILE], csc[TILE], rsc[TILE], crc[TILE], rrc[TILE];
+    __shared__ float cmax[2][TILE], rmax[2][TILE], csc[TILE], rsc[TILE];
     const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
     load_tile(tile, x, n, C, ldx, i0, c0, vec);
     __syncthreads();
@@ -130,8 +101,6 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
         const int c = tid, i = tid;
         csc[c] = scale_of_amax(fmaxf(cmax[0][c], cmax[1][c]));
         rsc[i] = scale_of_amax(fmaxf(rmax[0][i], rmax[1][i]));
-        crc[c] = __frcp_rn(csc[c]);
-        rrc[i] = __frcp_rn(rsc[i]);
         if (i0 < n && c0 + c < C) smap_put(stm, c0 + c, blockIdx.y, csc[c]);
         if (q && i0 + i < n && c0 < C) smap_put(srm, i0 + i, blockIdx.x, rsc[i]);
     }
@@ -143,7 +112,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
         uint32_t word = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            word |= (i0 + iw + j < n ? quant_elem(tile[(iw + j) * TSTRIDE + c], csc[c], crc[c]) : 0u) << (8 * j);
+            word |= (i0 + iw + j < n ? quant_elem(tile[(iw + j) * TSTRIDE + c], csc[c]) : 0u) << (8 * j);
         *(uint32_t*)(qt + (size_t)(c0 + c) * ldk + i0 + iw) = word;
     }
     if (!q) return;
@@ -153,7 +122,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
         uint32_t word = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            word |= (c0 + cw + j < C ? quant_elem(tile[i * TSTRIDE + cw + j], rsc[i], rrc[i]) : 0u) << (8 * j);
+            word |= (c0 + cw + j < C ? quant_elem(tile[i * TSTRIDE + cw + j], rsc[i]) : 0u) << (8 * j);
         *(uint32_t*)(q + (size_t)(i0 + i) * ldq + c0 + cw) = word;
     }
 }
@@ -176,7 +145,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_blocks(const T* __restrict_
     float m = 0.f;
     for (int e = tid; e < TILE * TILE; e += Q_THREADS) m = fmaxf(m, fin_abs(tile[(e / TILE) * TSTRIDE + e % TILE]));
     m = block_max(m, red);
-    const float sc = scale_of_amax(m), rc = __frcp_rn(sc);
+    const float sc = scale_of_amax(m);
     const int out_rows = trans ? C : R, out_k = trans ? R : C;
     if (tid == 0 && r0 < R && cc0 < C) s[(size_t)(trans ? cc0 / TILE : r0 / TILE) * lds + (trans ? r0 : cc0) / TILE] = sc;
     for (int e = tid; e < TILE * 32; e += Q_THREADS) {
@@ -187,7 +156,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_blocks(const T* __restrict_
         for (int j = 0; j < 4; j++) {
             const int k = kw + j;
             const float v = trans ? tile[k * TSTRIDE + orow] : tile[orow * TSTRIDE + k];
-            word |= (ok0 + k < out_k ? quant_elem(v, sc, rc) : 0u) << (8 * j);
+            word |= (ok0 + k < out_k ? quant_elem(v, sc) : 0u) << (8 * j);
         }
         *(uint32_t*)(q + (size_t)(or0 + orow) * ldq + ok0 + kw) = word;
     }
@@ -212,9 +181,8 @@ void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q
     if (R == 0 || C == 0) return;
     const size_t warps = (size_t)R * sm.Kt;
     const unsigned blocks = (unsigned)((warps * 32 + Q_THREADS - 1) / Q_THREADS);
-    const int vec = ldx % 4 == 0 && (uintptr_t)x % (4 * dtype_size(be->act_dtype)) == 0;  // load4's one load
-    if (is_bf16(be)) k_quant_rows<bf16><<<blocks, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm, vec);
-    else k_quant_rows<float><<<blocks, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm, vec);
+    if (is_bf16(be)) k_quant_rows<bf16><<<blocks, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm);
+    else k_quant_rows<float><<<blocks, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm);
     LAUNCH_CK(CI(be));
 }
 

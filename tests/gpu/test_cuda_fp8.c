@@ -457,7 +457,8 @@ static void test_chunked(void) {
         run_wgrad(m, off, 4, 192, 256, 1.f, 0, 0, "wgrad A beta 1 ch128");
         run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128");
         run_wgrad(m, off, 4, 192, 256, 0.f, 1, 2, "wgrad A db_act beta 0 ch128");
-        // a bf16 dB's fp32 sums 64 rows at a time: three blocks of dB, each over every chunk
+        // a bf16 dB's fp32 sums 64 rows at a time: three blocks of dB, each over every chunk (groups
+        // 0 and 3); group 2 (one chunk) takes the epilogue path, whose rows need more ws than the sums
         cuda_fp8_set_wgrad_acc(m->gpu, 4 * 256 * 64);
         run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128 acc64");
         run_wgrad(m, off, 4, 192, 256, 0.f, 1, 0, "wgrad A db_act beta 0 ch128 acc64");
