@@ -160,7 +160,7 @@ static void plan_runtime(const Config* c, int world, PlanMemory* m) {
         // comm_nccl.c: one communicator per group of > 1 rank; a group with the world's
         // members (ep = world, or edp when ep = 1) shares the world's
         m->nccl_comms = (world > 1) + (m->ep > 1 && m->ep < world) + (m->edp > 1 && m->edp < world);
-        m->nccl = m->nccl_comms * PLAN_NCCL_COMM_BYTES;
+        m->nccl = m->nccl_comms ? PLAN_NCCL_BASE_BYTES + m->nccl_comms * PLAN_NCCL_COMM_BYTES : 0;
     }
 }
 
@@ -256,7 +256,7 @@ static void report_memory_rows(const Config* c, const PlanMemory* m, FILE* f) {
         {"FP8 GEMM workspace", m->fp8_extra},
         {"CUDA context + kernels (estimate)", m->cuda_context},
         {"cuBLASLt workspace + op scratch", m->lib_workspace},
-        {"NCCL buffers (estimate)", m->nccl},
+        {"NCCL (estimate)", m->nccl},
     };
     double scale;
     const char* unit = report_unit(m, &scale);
@@ -280,7 +280,7 @@ static void report_memory_total(const Config* c, const PlanMemory* m, int world,
     const int on_gpu = c->train.device != DEVICE_CPU;
     if (on_gpu && c->parallel.comm == COMM_MPI)
         fprintf(f, "  %-34s %9s       (parallel.comm=mpi: staging in page-locked host memory, the largest message)\n",
-                "NCCL buffers", "none");
+                "NCCL", "none");
     if (on_gpu && c->checkpoint.async)
         fprintf(f, "  (checkpoint.async: plus %.2f GiB of page-locked host memory per rank for the snapshot)\n",
                 gib(4.0 * (c->checkpoint.save_optimizer ? 3 : 1) *

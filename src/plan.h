@@ -33,7 +33,7 @@ typedef struct PlanMemory {
     // GPU runs only (0 on the CPU): what the CUDA runtime and libraries hold besides our buffers
     double cuda_context;      // CUDA context and loaded kernels: PLAN_CUDA_CONTEXT_BYTES (an estimate)
     double lib_workspace;     // cuBLASLt workspace + the backend's op scratch (exact: backend.h)
-    double nccl;              // NCCL buffers: PLAN_NCCL_COMM_BYTES per communicator of > 1 rank
+    double nccl;              // NCCL: PLAN_NCCL_BASE_BYTES + PLAN_NCCL_COMM_BYTES per communicator of > 1 rank
                               // (parallel.comm=mpi: none; its staging is page-locked host memory)
     int nccl_comms;           // communicators of > 1 rank (world, ep, edp)
     double total;
@@ -48,9 +48,12 @@ typedef struct PlanMemory {
 // build/tests/gpu/probe_gpu_mem, which measures each with cudaMemGetInfo and fails when a
 // measurement exceeds its estimate):
 //   context: the primary context, this binary's kernels and cuBLASLt's, loaded lazily (CUDA 12+)
-//   NCCL: per communicator of more than one rank, 32 channels × send + recv × NCCL_BUFFSIZE
+//   NCCL: once per process that uses it, what a communicator holds before it has peers (its
+//   kernels and state: 826 MiB measured for a one-rank communicator with NCCL 2.28 on an H200),
+//   and per communicator of more than one rank 32 channels × send + recv × NCCL_BUFFSIZE
 //   (4 MiB, NCCL's documented default), for the ring collectives and the all-to-all's peers
 #define PLAN_CUDA_CONTEXT_BYTES (768.0 * (1 << 20))
+#define PLAN_NCCL_BASE_BYTES (896.0 * (1 << 20))
 #define PLAN_NCCL_COMM_BYTES (32.0 * 2 * 4 * (1 << 20))
 
 // Validates c for `world` ranks (world <= 0: parallel.ep) and fills m. Returns 0 or -1.

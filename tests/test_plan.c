@@ -209,7 +209,7 @@ static void test_gpu_rows(void) {
     Err e = {{0}};
     EXPECT(plan_memory(&c, 8, &m, &e) == 0, "plan: %s", e.msg);
     EXPECT(m.cuda_context == PLAN_CUDA_CONTEXT_BYTES && m.lib_workspace == 96.0 * (1 << 20) && m.nccl_comms == 1 &&
-               m.nccl == PLAN_NCCL_COMM_BYTES,
+               m.nccl == PLAN_NCCL_BASE_BYTES + PLAN_NCCL_COMM_BYTES,
            "L1 at EP=8: context %.0f, workspace %.0f, %d NCCL comm(s)", m.cuda_context, m.lib_workspace, m.nccl_comms);
     EXPECT(plan_memory(&c, 16, &m16, &e) == 0 && m16.nccl_comms == 3, "world 16 = ep 8 x edp 2: world, ep, edp (%d)",
            m16.nccl_comms);
@@ -223,11 +223,11 @@ static void test_gpu_rows(void) {
            m.total / GiB);
     char* t = report(&c, 8, 141);
     EXPECT(strstr(t, "CUDA context + kernels (estimate)") && strstr(t, "cuBLASLt workspace + op scratch") &&
-               strstr(t, "NCCL buffers (estimate)") && strstr(t, "(1 communicator of > 1 rank)"),
+               strstr(t, "NCCL (estimate)") && strstr(t, "(1 communicator of > 1 rank)"),
            "the GPU rows: %s", t);
     free(t);
     t = report(&mpi, 8, 141);
-    EXPECT(strstr(t, "parallel.comm=mpi: staging in page-locked host memory") && !strstr(t, "NCCL buffers (estimate)"),
+    EXPECT(strstr(t, "parallel.comm=mpi: staging in page-locked host memory") && !strstr(t, "NCCL (estimate)"),
            "comm=mpi row: %s", t);
     free(t);
     Config as = load("L1_8x7B_ep", (const char*[]){"checkpoint.async=true", NULL});
