@@ -2,7 +2,8 @@
 // CPU spec (src/fp8.h), bit for bit (codes and scales), for bf16 and fp32 inputs: 1×128 row-wise,
 // the cast-transpose (both layouts from one read), 128×128 blocks as stored and transposed; partial
 // tiles, padded strides, NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32
-// subnormals, values near FLT_MAX and quotients at and beside e4m3 rounding boundaries. The FP8 GEMMs that use them: test_cuda_fp8.c.
+// subnormals, values near FLT_MAX and quotients at and beside e4m3 rounding boundaries. The FP8
+// GEMMs that use them: test_cuda_fp8.c.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,8 +25,8 @@ static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
 // [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades, an
 // all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values near FLT_MAX, a row of
 // one value repeated (every element at the tile maximum: saturation at 448 after the division), a
-// row whose quotients sit at e4m3 rounding boundaries (ties) and up to 3 ulp beside them (where the
-// kernels' multiply by 1/s alone could round the other way).
+// row whose quotients sit at e4m3 rounding boundaries (ties) and up to 3 ulp beside them (what a
+// quantiser that multiplied by 1/s instead of dividing by s would get wrong).
 static float* quant_data(int R, int C, int ld) {
     float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
     for (int r = 0; r < R; r++) {
@@ -44,13 +45,15 @@ static float* quant_data(int R, int C, int ld) {
         for (int c = 0; c < C; c++) x[(size_t)5 * ld + c] = (c & 1) ? -0.3f : 0.3f;  // all at the maximum
     if (R > 6)  // quotients at and within 3 ulp of e4m3 rounding boundaries (ties included)
         for (int c = 0; c < C; c++) {
-            if (c == 0) {
-                x[(size_t)6 * ld] = 1344.f;  // the tile maximum: scale 1344 / 448 = 3, 1/3 inexact
+            const int j = c % FP8_TILE, t = c / FP8_TILE;
+            if (j == 0) {
+                x[(size_t)6 * ld + c] = 1344.f;  // each tile's maximum: scale 1344 / 448 = 3, 1/3 inexact
                 continue;
             }
-            const uint8_t v = (uint8_t)(c % 126);  // e4m3 codes 0 .. 0x7D and the next one up
+            // 3 × the midpoint of e4m3 codes v and v + 1 (v in 0 .. 0x7D), moved d ulp (−3 .. 3)
+            const uint8_t v = (uint8_t)((j * 5 + t * 11) % 126);
             float y = 3.f * 0.5f * (fp8_e4m3_to_f32(v) + fp8_e4m3_to_f32((uint8_t)(v + 1)));
-            for (int d = (c / 126) % 7 - 3; d != 0; d += d > 0 ? -1 : 1) y = nextafterf(y, d > 0 ? INFINITY : 0.f);
+            for (int d = j % 7 - 3; d != 0; d += d > 0 ? -1 : 1) y = nextafterf(y, d > 0 ? INFINITY : 0.f);
             x[(size_t)6 * ld + c] = (c & 1) ? -y : y;
         }
     for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements
