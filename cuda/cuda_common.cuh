@@ -72,6 +72,7 @@ typedef struct CudaImpl {
     int fp8_row_chunk;       // rows an FP8 product takes at a time (FP8_ROW_CHUNK; tests set others)
     size_t fp8_wgrad_acc;    // bytes of fp32 sums a chunked bf16 FP8 weight gradient keeps (FP8_WGRAD_ACC_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
+    size_t fp8_wgrad_split;  // FP8 weight-gradient groups too large for ws, taken in row chunks
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name
     AllocMap allocs;

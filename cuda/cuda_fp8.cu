@@ -160,16 +160,27 @@ extern "C" int cuda_fp8_kernels_built(void) {
 }
 
 // ---- epilogue: C = alpha · r + beta · addend, r fp32 [rows, N] packed -----------------------------
+// A block row of threads walks the columns of rows blockIdx.y, blockIdx.y + gridDim.y, ...
 template <typename TC>
 __global__ void k_epilogue(const float* __restrict__ r, int rows, int N, float alpha, float beta, const TC* addend,
                            TC* C, size_t ldc) {
-    const size_t n = (size_t)rows * N;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t row = i / N, col = i % N;
-        float v = alpha == 1.f ? r[i] : __fmul_rn(alpha, r[i]);
-        if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(addend[row * ldc + col])));
-        C[row * ldc + col] = from_f<TC>(v);
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        const float* rr = r + (size_t)row * N;
+        const TC* ar = addend + (size_t)row * ldc;
+        TC* cr = C + (size_t)row * ldc;
+        for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < N; col += gridDim.x * blockDim.x) {
+            float v = alpha == 1.f ? rr[col] : __fmul_rn(alpha, rr[col]);
+            if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(ar[col])));
+            cr[col] = from_f<TC>(v);
+        }
     }
+}
+template <typename TC>
+static void epilogue(CudaImpl* c, const float* r, int rows, int N, float alpha, float beta, const TC* addend, TC* C,
+                     size_t ldc) {
+    const dim3 grid((unsigned)cdiv(N, 256 * 4), (unsigned)(rows < 65535 ? rows : 65535));  // four columns a thread
+    k_epilogue<TC><<<grid, 256, 0, c->stream>>>(r, rows, N, alpha, beta, addend, C, ldc);
+    LAUNCH_CK(c);
 }
 
 // ---- cuBLASLt plans --------------------------------------------------------------------------------
@@ -400,6 +411,18 @@ static size_t wgrad_acc_at(Backend* be, int N, int K) {
     return ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 0, NULL, NULL) - WS_ALIGN;
 }
 
+// The most rows of a group whose weight-gradient operands (both quantised along those rows) fit
+// in ws_bytes at once, a multiple of 16 (0 when not even 16 do).
+static int wgrad_fit_rows(Backend* be, int N, int K, size_t ws_bytes) {
+    int lo = 0, hi = 1 << 24;  // lo fits, hi does not (in units of 16 rows: the codes' row padding)
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2, kr = 16 * mid;
+        if (ws_layout(N, K, kr, cdiv(kr, TILE), is_bf16(be), NULL, NULL) <= ws_bytes) lo = mid;
+        else hi = mid;
+    }
+    return 16 * lo;
+}
+
 extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups) {
     if (fp8 == FP8_OFF) return 0;
     if (M < 0) M = 0;
@@ -440,11 +463,8 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
                 ok = lt_matmul(be, N, rows, ldq, blk, b->qb, b->sb, b->qa + (size_t)r0 * ldq, b->sa0 + (size_t)r0 * sam.Kt,
                                1.f, 0.f, b->epi, b->epi, N, 1, dyn_k);
                 if (!ok) break;
-                const unsigned g = grid_for(c, (size_t)rows * N, 256);
-                k_epilogue<bf16><<<g, 256, 0, c->stream>>>(b->epi, rows, N, alpha, beta,
-                                                          (const bf16*)addend + (size_t)r0 * ldc,
-                                                          (bf16*)C + (size_t)r0 * ldc, ldc);
-                LAUNCH_CK(c);
+                epilogue<bf16>(c, b->epi, rows, N, alpha, beta, (const bf16*)addend + (size_t)r0 * ldc,
+                               (bf16*)C + (size_t)r0 * ldc, (size_t)ldc);
                 done = r0 + rows;
             }
             if (!ok && done > 0)
@@ -625,6 +645,7 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
     check_ws("gemm_grouped_wgrad", g->ws, g->ws_bytes, need);
     const size_t eb = g->db_act ? dtype_size(be->act_dtype) : sizeof(float);
     const int c_f32 = !g->db_act || !is_bf16(be), CH = CI(be)->fp8_row_chunk;
+    const int fit = wgrad_fit_rows(be, N, K, g->ws_bytes);
     char* db = (char*)dB;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
@@ -633,8 +654,13 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
             if (beta == 0.f) be->zero(be, dbg, eb * N * K);
             continue;
         }
+        if (rows <= fit) {  // the whole group in one product: each operand quantised once
+            wgrad_chunk(be, dY, X, N, K, 0, N, r0, rows, dbg, K, beta, c_f32, ws_base(g->ws));
+            continue;
+        }
         // the group's rows in chunks of CH (a multiple of 128: the 1×128 tiles still start at the
         // group's first row), their products summed into dB in fp32
+        CI(be)->fp8_wgrad_split++;
         const int nch = cdiv(rows, CH);
         if (c_f32 || nch == 1) {
             for (int c = 0; c < nch; c++) {
@@ -655,10 +681,8 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
                 const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
                 wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, acc, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
             }
-            const unsigned gr = grid_for(CI(be), (size_t)nr * K, 256);
             bf16* dbr = (bf16*)dbg + (size_t)n0 * K;
-            k_epilogue<bf16><<<gr, 256, 0, ST(be)>>>(acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
-            LAUNCH_CK(CI(be));
+            epilogue<bf16>(CI(be), acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
         }
     }
 }
@@ -682,3 +706,5 @@ extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
     *lt = CI(be)->fp8_lt_calls;
     *fb = CI(be)->fp8_fb_calls;
 }
+// Weight-gradient groups taken in row chunks so far (the rest were one product each).
+extern "C" size_t cuda_fp8_wgrad_splits(Backend* be) { return CI(be)->fp8_wgrad_split; }

@@ -7,7 +7,7 @@
 
 #include "cuda_common.cuh"
 
-enum { TILE = 128, Q_THREADS = 256, TSTRIDE = TILE + 1 };
+enum { TILE = 128, Q_THREADS = 256 };
 static inline size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
 

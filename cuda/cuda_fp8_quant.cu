@@ -13,118 +13,220 @@ __device__ __forceinline__ float scale_of_amax(float amax) {
     const float s = __fdiv_rn(amax, 448.f);
     return s < FLT_MIN ? FLT_MIN : s;
 }
-__device__ __forceinline__ uint32_t quant_elem(float x, float s) {
-    if (!isfinite(x)) return 0x7Fu;
-    return (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3);
+
+// fl(x / s) for the elements of a tile of scale s. For s in [2^-64, 2^64] from the correctly
+// rounded reciprocal y = fl(1/s), computed once a tile: q = fl(x·y), then twice q ← fl(q + r·y)
+// with the remainder r = x − s·q exact in an FMA. The first correction leaves q within an ulp of
+// x/s, and from there one more gives the correctly rounded quotient (Markstein's theorem: y within
+// half an ulp of 1/s, q within one ulp of x/s, nothing subnormal). The range keeps every remainder
+// that matters normal: a quotient below 2^-11 codes to a zero of x's sign whatever its last bits,
+// and the sign is x's (copysign: x = −0 gives −0). Outside the range, the IEEE division itself.
+// test_cuda_fp8_quant checks the codes bit for bit against fp8.h, boundary quotients included.
+struct TileDiv {
+    float s, y;
+    bool fast;
+};
+__device__ __forceinline__ TileDiv tile_div(float s) {
+    TileDiv d;
+    d.s = s, d.y = __frcp_rn(s), d.fast = s >= 0x1p-64f && s <= 0x1p64f;
+    return d;
+}
+__device__ __forceinline__ float quot(float x, const TileDiv& d) {
+    if (!d.fast) return __fdiv_rn(x, d.s);
+    float q = __fmul_rn(x, d.y);
+    float r = __fmaf_rn(-d.s, q, x);
+    q = __fmaf_rn(r, d.y, q);
+    r = __fmaf_rn(-d.s, q, x);
+    q = __fmaf_rn(r, d.y, q);
+    return copysignf(q, x);
+}
+// e4m3 codes of two elements (a in the low byte): RNE, satfinite; a non-finite element → 0x7F.
+__device__ __forceinline__ uint32_t codes2(float a, float b, const TileDiv& d) {
+    uint32_t c = __nv_cvt_float2_to_fp8x2(make_float2(quot(a, d), quot(b, d)), __NV_SATFINITE, __NV_E4M3);
+    if (!isfinite(a)) c = (c & 0xff00u) | 0x7fu;
+    if (!isfinite(b)) c = (c & 0x00ffu) | 0x7f00u;
+    return c;
+}
+// Eight elements' codes, element j in byte j.
+__device__ __forceinline__ uint2 codes8(const float* v, const TileDiv& d) {
+    return make_uint2(codes2(v[0], v[1], d) | codes2(v[2], v[3], d) << 16,
+                      codes2(v[4], v[5], d) | codes2(v[6], v[7], d) << 16);
+}
+
+// Eight consecutive elements x[0..8) as fp32: one 16-byte load (bf16) or two (fp32) when vec and
+// all eight exist (n ≥ 8), else element by element with zeros past n.
+template <typename T> __device__ __forceinline__ void load8(float* f, const T* __restrict__ x, int n, bool vec) {
+    if (vec && n >= 8) {
+        if (sizeof(T) == 2) {
+            unpack8(f, __ldg((const uint4*)x));
+        } else {
+            const float4 a = __ldg((const float4*)x), b = __ldg((const float4*)x + 1);
+            f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = j < n ? to_f(x[j]) : 0.f;
+}
+// Eight codes at q[0..8), of which the first n ≤ 8 exist (n ≥ 8 and w8: one 8-byte store; else
+// 4-byte words, n a multiple of 4: ldq % 4 = 0).
+__device__ __forceinline__ void store8(uint8_t* q, uint2 c, int n, bool w8) {
+    if (n >= 8 && w8) {
+        *(uint2*)q = c;
+        return;
+    }
+    if (n >= 4) *(uint32_t*)q = c.x;
+    if (n >= 8) *(uint32_t*)(q + 4) = c.y;
 }
 
 // ---- k_quant_rows: 1×128 tiles along the contiguous dimension ----------------------------------
 // X [R, C] (row stride ldx) → q [R, ldq] (ldq % 4 = 0, ≥ C; zero codes in [C, ldq)), scales via sm.
-// One warp per (row, tile), four consecutive elements a lane.
+// Sixteen threads a tile, eight consecutive elements a thread; a block is 16 tiles of a row wide
+// (grid.x over tiles) and ROWS_Q rows high (grid.y), so each thread keeps ROWS_Q loads in flight.
+enum { ROWS_Q = 4 };
 template <typename T>
 __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ x, int R, int C, size_t ldx,
-                                                          uint8_t* __restrict__ q, size_t ldq, SMap sm) {
-    const int Kt = sm.Kt;
-    const size_t w = ((size_t)blockIdx.x * Q_THREADS + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (w >= (size_t)R * Kt) return;  // whole warps leave together
-    const int r = (int)(w / Kt), t = (int)(w % Kt), c0 = t * TILE + 4 * lane;
-    float v[4], m = 0.f;
+                                                          uint8_t* __restrict__ q, size_t ldq, SMap sm, int vec,
+                                                          int w8) {
+    const int sub = threadIdx.x & 15, t = blockIdx.x * (Q_THREADS / 16) + (threadIdx.x >> 4);
+    const int c0 = t * TILE + sub * 8;
+    for (int rb = blockIdx.y * ROWS_Q; rb < R; rb += gridDim.y * ROWS_Q) {
+        float v[ROWS_Q][8];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        v[j] = c0 + j < C ? to_f(x[(size_t)r * ldx + c0 + j]) : 0.f;
-        m = fmaxf(m, fin_abs(v[j]));
-    }
-    m = warp_max(m);
-    const float s = scale_of_amax(m);
-    if (lane == 0) smap_put(sm, r, t, s);
-    if ((size_t)c0 < ldq) {
-        uint32_t word = 0;
+        for (int j = 0; j < ROWS_Q; j++) {
+            const int r = rb + j, n = (r < R && t < sm.Kt) ? C - c0 : 0;
+            load8(v[j], x + (size_t)(r < R ? r : 0) * ldx + (n > 0 ? c0 : 0), n, vec);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; j++) word |= (c0 + j < C ? quant_elem(v[j], s) : 0u) << (8 * j);
-        *(uint32_t*)(q + (size_t)r * ldq + c0) = word;
+        for (int j = 0; j < ROWS_Q; j++) {
+            const int r = rb + j;
+            float m = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) m = fmaxf(m, fin_abs(v[j][e]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16 lanes of a tile
+            const float s = scale_of_amax(m);
+            if (r >= R || t >= sm.Kt) continue;
+            if (sub == 0) smap_put(sm, r, t, s);
+            if ((size_t)c0 < ldq) store8(q + (size_t)r * ldq + c0, codes8(v[j], tile_div(s)), (int)(ldq - c0), w8);
+        }
     }
 }
 
-// A 128×128 tile of X (rows [r0, r0+128) ∩ [0, R), columns [c0, c0+128) ∩ [0, C), row stride ld)
-// into shared memory as fp32, zeros outside. bf16 rows that start on 16 bytes (vec) are read 8
-// values at a time.
+// ---- the 128×128 tile kernels ----------------------------------------------------------------------
+// A block takes a 128×128 tile of X: thread (ty, tx) = (tid / 16, tid % 16) holds the 8×8
+// elements at rows 8·ty + i, columns 8·tx + j, in registers. Transposed codes go out through
+// shared memory: column c's 16 chunks of 8 codes (8 rows each) at tq[16·c + (k ^ (c/8 % 16))], the
+// XOR keeping the writes of a half-warp on distinct banks; each output row of 128 codes is then
+// stored 16 bytes at a time.
+
+// The tile rows [r0, r0+128) ∩ [0, R), columns [c0, c0+128) ∩ [0, C) of x (row stride ld) into v,
+// zeros outside.
 template <typename T>
-__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ x, int R, int C, size_t ld, int r0, int c0,
-                                          int vec) {
-    if (sizeof(T) == 2 && vec) {
-        for (int e = threadIdx.x; e < TILE * (TILE / 8); e += Q_THREADS) {
-            const int i = e / (TILE / 8), c = (e % (TILE / 8)) * 8;
-            float f[8];
-            if (r0 + i < R && c0 + c + 8 <= C) {
-                unpack8(f, __ldg((const uint4*)(x + (size_t)(r0 + i) * ld + c0 + c)));
-            } else {
+__device__ __forceinline__ void load_tile8x8(float (*v)[8], const T* __restrict__ x, int R, int C, size_t ld, int r0,
+                                             int c0, bool vec) {
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, cc = c0 + tx * 8;
 #pragma unroll
-                for (int j = 0; j < 8; j++) f[j] = (r0 + i < R && c0 + c + j < C) ? to_f(x[(size_t)(r0 + i) * ld + c0 + c + j]) : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) tile[i * TSTRIDE + c + j] = f[j];
-        }
-        return;
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + ty * 8 + i, n = (r < R && cc < C) ? C - cc : 0;
+        load8(v[i], x + (n > 0 ? (size_t)r * ld + cc : 0), n, vec);
     }
-    for (int e = threadIdx.x; e < TILE * TILE; e += Q_THREADS) {
-        const int i = e / TILE, c = e % TILE;
-        tile[i * TSTRIDE + c] = (r0 + i < R && c0 + c < C) ? to_f(x[(size_t)(r0 + i) * ld + c0 + c]) : 0.f;
+}
+
+// Thread's column j codes (its 8 rows, scale d[j]) into tq.
+__device__ __forceinline__ void put_cols(uint2* tq, const float (*v)[8], const TileDiv* d) {
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float col[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) col[i] = v[i][j];
+        tq[16 * (tx * 8 + j) + (ty ^ tx)] = codes8(col, d[j]);
+    }
+}
+// tq's 128 output rows (output row or0 + c, of out_rows) of 128 codes at output column ok0 .. into
+// qt [out_rows, ldk]; codes up to ldk (the zero padding included).
+__device__ __forceinline__ void store_cols(uint8_t* __restrict__ qt, size_t ldk, const uint2* tq, int or0, int out_rows,
+                                           int ok0, bool w16) {
+    for (int e = threadIdx.x; e < TILE * 8; e += Q_THREADS) {
+        const int c = e >> 3, p = e & 7, sw = (c >> 3) & 15, k = ok0 + 16 * p;
+        if (or0 + c >= out_rows || (size_t)k >= ldk) continue;
+        const uint2 a = tq[16 * c + ((2 * p) ^ sw)], b = tq[16 * c + ((2 * p + 1) ^ sw)];
+        uint8_t* dst = qt + (size_t)(or0 + c) * ldk + k;
+        const size_t n = ldk - (size_t)k;
+        if (n >= 16 && w16) {
+            *(uint4*)dst = make_uint4(a.x, a.y, b.x, b.y);
+        } else {  // 4-byte words (ldk % 4 = 0)
+            const uint32_t w[4] = {a.x, a.y, b.x, b.y};
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if ((size_t)(4 * u) < n) *(uint32_t*)(dst + 4 * u) = w[u];
+        }
     }
 }
 
 // ---- k_quant_cols: the cast-transpose ------------------------------------------------------------
-// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block through shared memory:
-// qt [C, ldk] (ldk % 4 = 0, ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from
-// X[128t .. 128t+128, c] (stm: row c, tile t); optionally q [n, ldq] / srm: the row-wise codes.
+// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block: qt [C, ldk] (ldk % 4 = 0,
+// ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
+// c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
-                                                          uint8_t* __restrict__ qt, size_t ldk, SMap stm,
-                                                          uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec) {
-    extern __shared__ float tile[];  // [TILE][TSTRIDE]
-    __shared__ float cmax[2][TILE], rmax[2][TILE], csc[TILE], rsc[TILE];
+__global__ void __launch_bounds__(Q_THREADS, 2) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+                                                             uint8_t* __restrict__ qt, size_t ldk, SMap stm,
+                                                             uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
+                                                             int w16, int w8) {
+    __shared__ uint2 tq[TILE * 16];
+    __shared__ float cmax[Q_THREADS / 32][TILE];
+    __shared__ __align__(16) float csc[TILE];
     const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
-    load_tile(tile, x, n, C, ldx, i0, c0, vec);
-    __syncthreads();
+    const int ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
+    float v[8][8];
+    load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
+    // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem
     {
-        const int k = tid & (TILE - 1), h = tid >> 7;
-        float mc = 0.f, mr = 0.f;
-        for (int j = h * 64; j < h * 64 + 64; j++) {
-            mc = fmaxf(mc, fin_abs(tile[j * TSTRIDE + k]));  // column k
-            mr = fmaxf(mr, fin_abs(tile[k * TSTRIDE + j]));  // row k
+        float m[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            m[j] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) m[j] = fmaxf(m[j], fin_abs(v[i][j]));
+            m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], 16));
         }
-        cmax[h][k] = mc;
-        rmax[h][k] = mr;
+        if ((tid & 16) == 0)
+#pragma unroll
+            for (int j = 0; j < 8; j++) cmax[warp][tx * 8 + j] = m[j];
     }
     __syncthreads();
     if (tid < TILE) {
-        const int c = tid, i = tid;
-        csc[c] = scale_of_amax(fmaxf(cmax[0][c], cmax[1][c]));
-        rsc[i] = scale_of_amax(fmaxf(rmax[0][i], rmax[1][i]));
-        if (i0 < n && c0 + c < C) smap_put(stm, c0 + c, blockIdx.y, csc[c]);
-        if (q && i0 + i < n && c0 < C) smap_put(srm, i0 + i, blockIdx.x, rsc[i]);
+        float m = 0.f;
+#pragma unroll
+        for (int w = 0; w < Q_THREADS / 32; w++) m = fmaxf(m, cmax[w][tid]);
+        csc[tid] = scale_of_amax(m);
+        if (i0 < n && c0 + tid < C) smap_put(stm, c0 + tid, blockIdx.y, csc[tid]);
     }
     __syncthreads();
-    // transposed codes: column c's 128 codes as 32 words
-    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
-        const int c = e >> 5, iw = (e & 31) * 4;
-        if (c0 + c >= C || (size_t)(i0 + iw) >= ldk) continue;
-        uint32_t word = 0;
+    {
+        TileDiv d[8];
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            word |= (i0 + iw + j < n ? quant_elem(tile[(iw + j) * TSTRIDE + c], csc[c]) : 0u) << (8 * j);
-        *(uint32_t*)(qt + (size_t)(c0 + c) * ldk + i0 + iw) = word;
+        for (int j = 0; j < 8; j++) d[j] = tile_div(csc[tx * 8 + j]);
+        put_cols(tq, v, d);
     }
-    if (!q) return;
-    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
-        const int i = e >> 5, cw = (e & 31) * 4;
-        if (i0 + i >= n || (size_t)(c0 + cw) >= ldq) continue;
-        uint32_t word = 0;
+    if (q) {  // row-wise: row maxima over the 16 threads of a row
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            word |= (c0 + cw + j < C ? quant_elem(tile[i * TSTRIDE + cw + j], rsc[i]) : 0u) << (8 * j);
-        *(uint32_t*)(q + (size_t)(i0 + i) * ldq + c0 + cw) = word;
+        for (int i = 0; i < 8; i++) {
+            float m = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fin_abs(v[i][j]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float s = scale_of_amax(m);
+            const int r = i0 + ty * 8 + i, cc = c0 + tx * 8;
+            if (r >= n || c0 >= C) continue;
+            if (tx == 0) smap_put(srm, r, blockIdx.x, s);
+            if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], tile_div(s)), (int)(ldq - cc), w8);
+        }
     }
+    __syncthreads();
+    store_cols(qt, ldk, tq, c0, C, i0, w16);
 }
 
 // ---- k_quant_blocks: 128×128 blocks --------------------------------------------------------------
@@ -132,57 +234,57 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_cols(const T* __restrict__ 
 // trans = 1: q [C, ldq] = the transpose (ldq ≥ R), scale at s[cb·lds + rb]. Zero codes fill each
 // output row to ldq.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
-                                                            int trans, uint8_t* __restrict__ q, size_t ldq,
-                                                            float* __restrict__ s, int lds, int vec) {
-    extern __shared__ float tile[];
+__global__ void __launch_bounds__(Q_THREADS, 2) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
+                                                               int trans, uint8_t* __restrict__ q, size_t ldq,
+                                                               float* __restrict__ s, int lds, int vec, int w16, int w8) {
+    __shared__ uint2 tq[TILE * 16];
     __shared__ float red[32];
     // grid: x over the output's K (C, or R transposed, up to ldq), y over the output's rows
     const int ok0 = blockIdx.x * TILE, or0 = blockIdx.y * TILE, tid = threadIdx.x;
     const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
-    load_tile(tile, w, R, C, ldw, r0, cc0, vec);
-    __syncthreads();
+    float v[8][8];
+    load_tile8x8(v, w, R, C, ldw, r0, cc0, vec);
     float m = 0.f;
-    for (int e = tid; e < TILE * TILE; e += Q_THREADS) m = fmaxf(m, fin_abs(tile[(e / TILE) * TSTRIDE + e % TILE]));
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fin_abs(v[i][j]));
     m = block_max(m, red);
     const float sc = scale_of_amax(m);
-    const int out_rows = trans ? C : R, out_k = trans ? R : C;
+    const TileDiv d = tile_div(sc);
     if (tid == 0 && r0 < R && cc0 < C) s[(size_t)(trans ? cc0 / TILE : r0 / TILE) * lds + (trans ? r0 : cc0) / TILE] = sc;
-    for (int e = tid; e < TILE * 32; e += Q_THREADS) {
-        const int orow = e >> 5, kw = (e & 31) * 4;  // output row or0 + orow, output K ok0 + kw ..
-        if (or0 + orow >= out_rows || (size_t)(ok0 + kw) >= ldq) continue;
-        uint32_t word = 0;
+    if (!trans) {
+        const int tx = tid & 15, cc = ok0 + tx * 8;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int k = kw + j;
-            const float v = trans ? tile[k * TSTRIDE + orow] : tile[orow * TSTRIDE + k];
-            word |= (ok0 + k < out_k ? quant_elem(v, sc) : 0u) << (8 * j);
+        for (int i = 0; i < 8; i++) {
+            const int r = or0 + (tid >> 4) * 8 + i;
+            if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], d), (int)(ldq - cc), w8);
         }
-        *(uint32_t*)(q + (size_t)(or0 + orow) * ldq + ok0 + kw) = word;
+        return;
     }
-}
-
-static const size_t TILE_SMEM = sizeof(float) * TILE * TSTRIDE;
-
-template <typename F> static void smem_opt_in(F* f) {
-    static int done = 0;  // per kernel instantiation; the attribute is per device function
-    if (!done) {
-        CUDA_CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_SMEM));
-        done = 1;
-    }
+    TileDiv dd[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) dd[j] = d;
+    put_cols(tq, v, dd);
+    __syncthreads();
+    store_cols(q, ldq, tq, or0, C, ok0, w16);
 }
 
 // ---- launchers (act dtype from the backend) -------------------------------------------------------
 
-// bf16 rows that start on 16 bytes: the tile loads read 8 values at a time
-static int vec_ok(const void* x, size_t ld) { return (uintptr_t)x % 16 == 0 && ld % 8 == 0; }
+// rows of 8 elements that start on 16 bytes: one or two vector loads each
+static int vec_ok(const void* x, size_t ld, size_t esz) { return (uintptr_t)x % 16 == 0 && (ld * esz) % 16 == 0; }
+// codes stored 8 (w8) or 16 (w16) bytes at a time
+static int store_ok(const void* q, size_t ld, size_t w) { return (uintptr_t)q % w == 0 && ld % w == 0; }
 
 void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q, size_t ldq, SMap sm) {
     if (R == 0 || C == 0) return;
-    const size_t warps = (size_t)R * sm.Kt;
-    const unsigned blocks = (unsigned)((warps * 32 + Q_THREADS - 1) / Q_THREADS);
-    if (is_bf16(be)) k_quant_rows<bf16><<<blocks, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm);
-    else k_quant_rows<float><<<blocks, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm);
+    const size_t es = is_bf16(be) ? 2 : 4;
+    const unsigned gy = (unsigned)((R + ROWS_Q - 1) / ROWS_Q);
+    const dim3 grid((unsigned)cdiv(sm.Kt, Q_THREADS / 16), gy < 65535u ? gy : 65535u);
+    const int vec = vec_ok(x, ldx, es), w8 = store_ok(q, ldq, 8);
+    if (is_bf16(be)) k_quant_rows<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm, vec, w8);
+    else k_quant_rows<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm, vec, w8);
     LAUNCH_CK(CI(be));
 }
 
@@ -190,14 +292,13 @@ void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* q
                        uint8_t* q, size_t ldq, SMap srm) {
     if (C == 0 || ldk == 0) return;
     const dim3 grid((unsigned)cdiv(C, TILE), (unsigned)cdiv((int)(ldk > (size_t)n ? ldk : (size_t)n), TILE));
-    if (is_bf16(be)) {
-        smem_opt_in(k_quant_cols<bf16>);
-        k_quant_cols<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm,
-                                                                   vec_ok(x, ldx));
-    } else {
-        smem_opt_in(k_quant_cols<float>);
-        k_quant_cols<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, 0);
-    }
+    const int vec = vec_ok(x, ldx, is_bf16(be) ? 2 : 4), w16 = store_ok(qt, ldk, 16), w8 = q ? store_ok(q, ldq, 8) : 0;
+    if (is_bf16(be))
+        k_quant_cols<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
+                                                           w16, w8);
+    else
+        k_quant_cols<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
+                                                            w16, w8);
     LAUNCH_CK(CI(be));
 }
 
@@ -213,14 +314,13 @@ void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int tran
     if (R == 0 || C == 0) return;
     const int out_rows = trans ? C : R;
     const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
-    if (is_bf16(be)) {
-        smem_opt_in(k_quant_blocks<bf16>);
-        k_quant_blocks<bf16><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds,
-                                                                     vec_ok(w, ldw));
-    } else {
-        smem_opt_in(k_quant_blocks<float>);
-        k_quant_blocks<float><<<grid, Q_THREADS, TILE_SMEM, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds, 0);
-    }
+    const int vec = vec_ok(w, ldw, is_bf16(be) ? 2 : 4), w16 = store_ok(q, ldq, 16), w8 = store_ok(q, ldq, 8);
+    if (is_bf16(be))
+        k_quant_blocks<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds, vec, w16,
+                                                             w8);
+    else
+        k_quant_blocks<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds, vec,
+                                                              w16, w8);
     LAUNCH_CK(CI(be));
 }
 

@@ -169,24 +169,28 @@ static void time_fp8_experts(int rows) {
     // the quantisers alone (their share of the FP8 ops above)
     {
         const size_t most = (size_t)(R > H ? R : H) * 2 * F + (size_t)16 * 2 * F;  // the largest codes, padded rows
-        uint8_t* q = dev_alloc(be, most);
-        float* s = dev_alloc(be, most / 16);  // ≥ 4 bytes per 128 codes, and the partial tiles
+        uint8_t *q = dev_alloc(be, most), *q2 = dev_alloc(be, most);
+        float *s = dev_alloc(be, most / 16), *s2 = dev_alloc(be, most / 16);  // ≥ 4 bytes per 128 codes
+        // kind: 0/1 128×128 blocks as stored / transposed, 2 rows, 3 the cast-transpose, 4 the
+        // cast-transpose with the row-wise codes too; bytes: 2 read and 1 written an element (2 for 4)
         const struct { const char* what; int kind, R, C; } qs[] = {
-            {"w13 blocks", 0, 2 * F, H}, {"w13 blocksT", 1, 2 * F, H}, {"x rows", 2, R, H}, {"dgu cols", 3, R, 2 * F},
+            {"w13 blocks", 0, 2 * F, H}, {"w13 blocksT", 1, 2 * F, H}, {"x rows", 2, R, H},
+            {"dgu cols", 3, R, 2 * F},   {"dgu both", 4, R, 2 * F},
         };
         for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
-            const void* src = qs[k].kind < 2 ? w13 : (qs[k].kind == 2 ? x : gu);
-            const int ld16 = (qs[k].kind == 1 || qs[k].kind == 3) ? (qs[k].R + 15) / 16 * 16 : (qs[k].C + 15) / 16 * 16;
+            const int kd = qs[k].kind, QR = qs[k].R, QC = qs[k].C;
+            const void* src = kd < 2 ? w13 : (kd == 2 ? x : gu);
+            const int ldr = (QC + 15) / 16 * 16, ldt = (QR + 15) / 16 * 16;  // row-wise, transposed codes
             double t0 = 0;
             for (int it = -2; it < 10; it++) {
                 if (it == 0) be->sync(be), t0 = now_sec();
-                if (qs[k].kind < 2) cuda_fp8_quant_blocks(be, src, qs[k].R, qs[k].C, qs[k].C, qs[k].kind, q, ld16, s);
-                else if (qs[k].kind == 2) cuda_fp8_quant_rows(be, src, qs[k].R, qs[k].C, qs[k].C, q, ld16, s, s, qs[k].R, qs[k].R);
-                else cuda_fp8_quant_cols(be, src, qs[k].R, qs[k].C, qs[k].C, q, ld16, s, NULL, 0, NULL);
+                if (kd < 2) cuda_fp8_quant_blocks(be, src, QR, QC, QC, kd, q, kd ? ldt : ldr, s);
+                else if (kd == 2) cuda_fp8_quant_rows(be, src, QR, QC, QC, q, ldr, s, s, QR, QR);
+                else cuda_fp8_quant_cols(be, src, QR, QC, QC, q, ldt, s, kd == 4 ? q2 : NULL, ldr, s2);
             }
             be->sync(be);
-            const double t = (now_sec() - t0) / 10 * 1e3, bytes = 3.0 * qs[k].R * qs[k].C;  // 2 B read + 1 B written
-            printf("quantise %-12s %dx%d: %.3f ms (%.0f GB/s)\n", qs[k].what, qs[k].R, qs[k].C, t, bytes / t / 1e6);
+            const double t = (now_sec() - t0) / 10 * 1e3, bytes = (kd == 4 ? 4.0 : 3.0) * QR * QC;
+            printf("quantise %-12s %dx%d: %.3f ms (%.0f GB/s)\n", qs[k].what, QR, QC, t, bytes / t / 1e6);
         }
     }
     free(r), free(rw);

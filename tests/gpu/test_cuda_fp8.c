@@ -36,6 +36,7 @@ int cuda_fp8_kernels_built(void);
 void cuda_fp8_set_row_chunk(Backend* be, int rows);
 void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
+size_t cuda_fp8_wgrad_splits(Backend* be);
 int cuda_compute_capability(Backend* be);
 
 static int g_hopper;         // cuBLASLt's block-scaled modes available (compute capability 9.0)
@@ -433,13 +434,19 @@ static void run_wgrad(const Mode* m, const int* off, int G, int N, int K, float 
     dev_free_all();
 }
 
+// Every group fits in ws here, so each is one product (no row chunks: checked).
 static void test_wgrad_fp8(void) {
     const int off[] = {0, 50, 50, 180, 300};  // an empty group; rows not a multiple of 16 or 128
-    FOR_MODES for (int path = 0; path <= 2; path += 2) {
-        run_wgrad(m, off, 4, 192, 256, 0.f, 0, path, "wgrad A beta 0");
-        run_wgrad(m, off, 4, 192, 256, 1.f, 0, path, "wgrad A beta 1");
-        run_wgrad(m, off, 4, 192, 256, 1.f, 1, path, "wgrad A db_act beta 1");
-        run_wgrad(m, off, 4, 192, 256, 0.f, 1, path, "wgrad A db_act beta 0");
+    FOR_MODES {
+        const size_t s0 = cuda_fp8_wgrad_splits(m->gpu);
+        for (int path = 0; path <= 2; path += 2) {
+            run_wgrad(m, off, 4, 192, 256, 0.f, 0, path, "wgrad A beta 0");
+            run_wgrad(m, off, 4, 192, 256, 1.f, 0, path, "wgrad A beta 1");
+            run_wgrad(m, off, 4, 192, 256, 1.f, 1, path, "wgrad A db_act beta 1");
+            run_wgrad(m, off, 4, 192, 256, 0.f, 1, path, "wgrad A db_act beta 0");
+        }
+        const size_t split = cuda_fp8_wgrad_splits(m->gpu) - s0;
+        EXPECT(split == 0, "wgrad [%s]: %zu groups were taken in row chunks, want each in one product", m->name, split);
     }
 }
 
@@ -450,6 +457,7 @@ static void test_chunked(void) {
     g_tag = " ch128";
     const int off[] = {0, 300, 300, 420, 700};  // 300 rows: chunks of 128, 128 and 44
     FOR_MODES {
+        const size_t s0 = cuda_fp8_wgrad_splits(m->gpu);
         for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) run_gemm_case(m, &GCASES[i], 0);
         run_grouped(m, off, 4, 256, 384, 1, FP8_WEIGHT, 0, 0, "gemm_grouped W ch128", 0.02f);
         run_grouped(m, off, 4, 256, 384, 0, FP8_WEIGHT, 0, 2, "gemm_grouped W dgrad ch128", 0.02f);
@@ -463,6 +471,10 @@ static void test_chunked(void) {
         run_wgrad(m, off, 4, 192, 256, 1.f, 1, 0, "wgrad A db_act beta 1 ch128 acc64");
         run_wgrad(m, off, 4, 192, 256, 0.f, 1, 0, "wgrad A db_act beta 0 ch128 acc64");
         cuda_fp8_set_wgrad_acc(m->gpu, (size_t)256 << 20);
+        // ws sized for 128-row chunks holds neither group 0 (300 rows) nor group 3 (280) whole: 6
+        // runs × 2 groups
+        const size_t split = cuda_fp8_wgrad_splits(m->gpu) - s0;
+        EXPECT(split == 12, "wgrad ch128 [%s]: %zu groups taken in row chunks, want 12", m->name, split);
     }
     g_tag = "";
     FOR_MODES cuda_fp8_set_row_chunk(m->gpu, 4096);
