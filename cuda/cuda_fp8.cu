@@ -4,11 +4,12 @@
 // (the spec every kernel is tested against), docs/fp8.md.
 //
 // ---- Quantisers (bit for bit what fp8.h specifies; the kernels are in cuda_fp8_quant.cu) -------
-// Every code is e4m3(fl(x / s)) with an IEEE division (__fdiv_rn) and __nv_cvt_float_to_fp8 with
-// __NV_SATFINITE (round to nearest even, saturation to ±448); a non-finite x gives 0x7F; the scale
-// is fp8_scale_of_amax over the finite elements of the tile (amax / 448 rounded, 1 for amax = 0,
-// raised to FLT_MIN). The codes of a quantised operand are row-major [rows, ldq], K innermost,
-// ldq = K rounded up to 16 with zero codes in [K, ldq) (a zero code adds exactly zero).
+// Every code is e4m3(fl(x / s)), the quotient correctly rounded (cuda_fp8_quant.cu: quot), through
+// __nv_cvt_float2_to_fp8x2 with __NV_SATFINITE (round to nearest even, saturation to ±448); a
+// non-finite x gives 0x7F; the scale is fp8_scale_of_amax over the finite elements of the tile
+// (amax / 448 rounded, 1 for amax = 0, raised to FLT_MIN). The codes of a quantised operand are
+// row-major [rows, ldq], K innermost, ldq = K rounded up to 16 with zero codes in [K, ldq) (a zero
+// code adds exactly zero).
 //   k_quant_rows   1×128 tiles along the contiguous dimension (op(A) = A, op(B)ᵀ = B with FP8_ACT)
 //   k_quant_cols   1×128 tiles along rows, the cast-transpose: a segment of rows of X [n, C] gives
 //                  qt [C, ldk] (the transpose, quantised along n) and, optionally in the same pass,
