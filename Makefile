@@ -61,6 +61,8 @@ PREBUILT ?= $(if $(and $(wildcard $(BUILD)/moetrain),$(if $(wildcard $(LIB)),,1)
 # The user's scripts beside the binary (make install): tokenizing data, plotting metrics, mpirun with signals forwarded.
 USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
+# CUDA kernels' own source run on the CPU (tests/cuda_host.h; C++20): their indexing checked by `make test`
+TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
 DEV_LIB := $(BUILD)/libmoetrain_dev.a
@@ -99,6 +101,10 @@ $(BUILD)/moetrain: $(CMD:%.c=$(BUILD)/%.o) $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDLIBS)
+$(BUILD)/tests/%_host: tests/%_host.cc tests/cuda_host.h tests/test.h $(wildcard cuda/*.cu cuda/*.cuh) $(LIB) | check-deps
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra \
+	  -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Isrc -Itests -o $@ $< $(LIB) $(LDLIBS)
 # test_dist_fail launches the helper under mpirun (tests/helper_fail.c is not a test itself).
 $(BUILD)/tests/test_dist_fail: $(BUILD)/tests/helper_fail
 

@@ -1,9 +1,15 @@
 // cuda_fp8_quant.cu — the FP8 quantiser kernels (1×128 tiles along rows or, cast-transposed, along
 // columns; 128×128 blocks), bit for bit what src/fp8.h specifies; cuda_fp8.cu says how the GEMMs
-// use them and tests/gpu/test_cuda_fp8.c checks them against the spec.
+// use them and tests/gpu/test_cuda_fp8_quant.c checks them against the spec on the GPU.
+// tests/test_fp8_quant_host.cc also runs this file on the CPU (FP8_QUANT_HOST: its own stand-ins
+// for CUDA's threads, barriers, shuffles and intrinsics, and for QLAUNCH), so that the kernels'
+// indexing is checked against the spec by `make test` too.
+#ifndef FP8_QUANT_HOST
 #include <cuda_fp8.h>
 
 #include "cuda_fp8.cuh"
+#define QLAUNCH(grid, kern, ...) kern<<<grid, Q_THREADS, 0, ST(be)>>>(__VA_ARGS__)
+#endif
 
 // ---- element rules (fp8.h) ------------------------------------------------------------------------
 
@@ -283,8 +289,8 @@ void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q
     const unsigned gy = (unsigned)((R + ROWS_Q - 1) / ROWS_Q);
     const dim3 grid((unsigned)cdiv(sm.Kt, Q_THREADS / 16), gy < 65535u ? gy : 65535u);
     const int vec = vec_ok(x, ldx, es), w8 = store_ok(q, ldq, 8);
-    if (is_bf16(be)) k_quant_rows<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)x, R, C, ldx, q, ldq, sm, vec, w8);
-    else k_quant_rows<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)x, R, C, ldx, q, ldq, sm, vec, w8);
+    if (is_bf16(be)) QLAUNCH(grid, k_quant_rows<bf16>, (const bf16*)x, R, C, ldx, q, ldq, sm, vec, w8);
+    else QLAUNCH(grid, k_quant_rows<float>, (const float*)x, R, C, ldx, q, ldq, sm, vec, w8);
     LAUNCH_CK(CI(be));
 }
 
@@ -294,10 +300,10 @@ void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* q
     const dim3 grid((unsigned)cdiv(C, TILE), (unsigned)cdiv((int)(ldk > (size_t)n ? ldk : (size_t)n), TILE));
     const int vec = vec_ok(x, ldx, is_bf16(be) ? 2 : 4), w16 = store_ok(qt, ldk, 16), w8 = q ? store_ok(q, ldq, 8) : 0;
     if (is_bf16(be))
-        k_quant_cols<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
+        QLAUNCH(grid, k_quant_cols<bf16>, (const bf16*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
                                                            w16, w8);
     else
-        k_quant_cols<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
+        QLAUNCH(grid, k_quant_cols<float>, (const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
                                                             w16, w8);
     LAUNCH_CK(CI(be));
 }
@@ -316,10 +322,10 @@ void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int tran
     const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
     const int vec = vec_ok(w, ldw, is_bf16(be) ? 2 : 4), w16 = store_ok(q, ldq, 16), w8 = store_ok(q, ldq, 8);
     if (is_bf16(be))
-        k_quant_blocks<bf16><<<grid, Q_THREADS, 0, ST(be)>>>((const bf16*)w, R, C, ldw, trans, q, ldq, s, lds, vec, w16,
+        QLAUNCH(grid, k_quant_blocks<bf16>, (const bf16*)w, R, C, ldw, trans, q, ldq, s, lds, vec, w16,
                                                              w8);
     else
-        k_quant_blocks<float><<<grid, Q_THREADS, 0, ST(be)>>>((const float*)w, R, C, ldw, trans, q, ldq, s, lds, vec,
+        QLAUNCH(grid, k_quant_blocks<float>, (const float*)w, R, C, ldw, trans, q, ldq, s, lds, vec,
                                                               w16, w8);
     LAUNCH_CK(CI(be));
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a Debian/Ubuntu machine lacks to build and run moetrain:
-# Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, SentencePiece (spm_train,
+# Open MPI (mpicc, mpirun), libyaml (static library), zlib headers, g++, SentencePiece (spm_train,
 # spm_encode and the Python module for scripts/tokenize_data.py and its test; the moetrain binary does
 # not link it), clang (fuzz targets), matplotlib for scripts/plot.py (the system python3's:
 # Debian's python3-matplotlib).
@@ -25,6 +25,7 @@ fi
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin)
 compgen -G "/usr/lib/*/libyaml.a" >/dev/null || [ -f /usr/lib/libyaml.a ] || [ -f /usr/local/lib/libyaml.a ] || missing+=(libyaml-dev)
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)  # C++20: the tests that run CUDA kernels' source on the CPU
 if [ "${1:-}" = "--check" ]; then  # what building needs (make runs this before compiling)
   [ ${#missing[@]} -eq 0 ] && exit 0
   echo "deps: missing packages: ${missing[*]}" >&2

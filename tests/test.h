@@ -52,10 +52,10 @@ static inline char* t_slurp(const char* path, size_t* n) {
     fseek(f, 0, SEEK_END);
     long k = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char* b = k >= 0 ? malloc((size_t)k + 1) : NULL;
+    char* b = k >= 0 ? (char*)malloc((size_t)k + 1) : NULL;
     size_t got = b ? fread(b, 1, (size_t)k, f) : 0;
     fclose(f);
-    if (!b || got != (size_t)k) return free(b), NULL;
+    if (!b || got != (size_t)k) return free(b), (char*)NULL;
     b[got] = 0;
     if (n) *n = got;
     return b;

@@ -22,15 +22,19 @@ int cuda_compute_capability(Backend* be);
 static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
 
-// [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades, an
-// all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values near FLT_MAX, a row of
-// one value repeated (every element at the tile maximum: saturation at 448 after the division), a
-// row whose quotients sit at e4m3 rounding boundaries (ties) and up to 3 ulp beside them (what a
-// quantiser that multiplied by 1/s instead of dividing by s would get wrong).
+// [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades and rows of
+// scales near 2^-120, an all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values
+// near FLT_MAX, a row of one value repeated (every element at the tile maximum: saturation at 448
+// after the division), rows whose quotients sit at e4m3 rounding boundaries (ties) and up to 3 ulp
+// beside them (what a quantiser that multiplied by 1/s instead of dividing by s would get wrong) at
+// three scales.
 static float* quant_data(int R, int C, int ld) {
     float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
     for (int r = 0; r < R; r++) {
-        const float s = exp2f((float)((int)(rng_u64(&g_rng) % 61) - 30));
+        // rows 10-25: scales near 2^-120, where the GPU's reciprocal-and-correction division would
+        // misround (it divides with __fdiv_rn below a scale of 2^-64)
+        const int e = (r >= 10 && r < 26) ? -104 - r / 2 : (int)(rng_u64(&g_rng) % 61) - 30;
+        const float s = exp2f((float)e);
         for (int c = 0; c < ld; c++) x[(size_t)r * ld + c] = rng_normal(&g_rng) * s;
     }
     if (R > 1)
@@ -43,19 +47,27 @@ static float* quant_data(int R, int C, int ld) {
         for (int c = 0; c < C; c++) x[(size_t)4 * ld + c] = 3e38f * (rng_uniform(&g_rng) - 0.5f);
     if (R > 5)
         for (int c = 0; c < C; c++) x[(size_t)5 * ld + c] = (c & 1) ? -0.3f : 0.3f;  // all at the maximum
-    if (R > 6)  // quotients at and within 3 ulp of e4m3 rounding boundaries (ties included)
+    // quotients at and within 3 ulp of e4m3 rounding boundaries (ties included), with scales 3
+    // (row 6), 3·2^-60 (row 8: the GPU's reciprocal-and-correction division) and 3·2^-115 (row 9:
+    // below 2^-64, where the GPU divides with __fdiv_rn, since a correction's remainder could fall
+    // into the fp32 subnormals)
+    const struct { int row; float mul; } brow[] = {{6, 1.f}, {8, 0x1p-60f}, {9, 0x1p-115f}};
+    for (int b = 0; b < 3; b++) {
+        if (R <= brow[b].row) continue;
+        float* xr = x + (size_t)brow[b].row * ld;
         for (int c = 0; c < C; c++) {
             const int j = c % FP8_TILE, t = c / FP8_TILE;
             if (j == 0) {
-                x[(size_t)6 * ld + c] = 1344.f;  // each tile's maximum: scale 1344 / 448 = 3, 1/3 inexact
+                xr[c] = 1344.f * brow[b].mul;  // each tile's maximum: scale 1344 / 448 = 3 (·mul), 1/3 inexact
                 continue;
             }
             // 3 × the midpoint of e4m3 codes v and v + 1 (v in 0 .. 0x7D), moved d ulp (−3 .. 3)
             const uint8_t v = (uint8_t)((j * 5 + t * 11) % 126);
-            float y = 3.f * 0.5f * (fp8_e4m3_to_f32(v) + fp8_e4m3_to_f32((uint8_t)(v + 1)));
+            float y = 3.f * brow[b].mul * 0.5f * (fp8_e4m3_to_f32(v) + fp8_e4m3_to_f32((uint8_t)(v + 1)));
             for (int d = j % 7 - 3; d != 0; d += d > 0 ? -1 : 1) y = nextafterf(y, d > 0 ? INFINITY : 0.f);
-            x[(size_t)6 * ld + c] = (c & 1) ? -y : y;
+            xr[c] = (c & 1) ? -y : y;
         }
+    }
     for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements
         const size_t i = (size_t)(rng_u64(&g_rng) % R) * ld + rng_u64(&g_rng) % C;
         x[i] = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
