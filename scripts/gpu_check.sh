@@ -26,6 +26,11 @@
 #   fp8    (not in the default set) FP8 loss parity: scripts/fp8_parity.sh trains configs/fp8_parity.yaml
 #          with precision.fp8 none, experts and linear on the GPU (about a minute each) and checks the
 #          final validation losses agree within 0.5%; the curves in $OUT/fp8_parity/fp8_parity.png
+#   fp8speed  (not in the default set) FP8's speed: the expert GEMM ops in bf16 against FP8 and the
+#          quantisers alone ($BUILD/dev/gpu_bench fp8), `make bench`'s table with precision.fp8
+#          none, experts and linear against Hugging Face eager+compile at micro-batch 4 and 8
+#          (scripts/bench.sh, logs in $OUT/bench), and the step's stages (log.profile=events) of
+#          bench_8x7B_L2 at both micro-batches in bf16 and with experts
 #   timings   (not in the default set) kernel timings at Mixtral sizes, $BUILD/dev/gpu_bench all,
 #          attention on packed documents against the same windows unmasked ($BUILD/dev/attn_docs_bench),
 #          and the expert GEMM ops in bf16 against FP8 ($BUILD/dev/gpu_bench fp8)
@@ -219,6 +224,21 @@ step_fp8() {
   sed 's/^/  /' "$OUT/fp8_parity/summary.txt" 2>/dev/null | tee -a "$SUM"  # its rows in the summary too
 }
 
+step_fp8speed() {
+  [ -x "$BUILD/dev/gpu_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
+  check fp8speed.ops "$BUILD/dev/gpu_bench" fp8
+  check fp8speed.bench env OUT="$OUT/bench" MOETRAIN="$BUILD/moetrain" MBS="4 8" SEQ=4096 HF_VARIANTS=eager+compile \
+    FP8="none experts linear" scripts/bench.sh
+  grep -a '^|' "$OUT/fp8speed.bench.log" | tee -a "$SUM"
+  local f mb
+  for f in none experts; do
+    for mb in 4 8; do
+      check "fp8speed.stages.$f.mbs$mb" "$BUILD/moetrain" --config bench_8x7B_L2 train.steps=8 train.micro_batch=$mb \
+        train.global_batch=$mb precision.fp8=$f log.profile=events
+    done
+  done
+}
+
 step_timings() {
   [ -x "$BUILD/dev/gpu_bench" ] && [ -x "$BUILD/dev/attn_docs_bench" ] || check build.dev make -j"$(nproc)" BUILD="$BUILD" dev
   check timings "$BUILD/dev/gpu_bench" all
@@ -230,8 +250,8 @@ for s in $STEPS; do
   [ "$RUN_LIMITED_STOP" = 1 ] && { echo "gpu_check: interrupted before step $s" | tee -a "$SUM"; fail=1; break; }
   echo "== $s"
   case $s in
-    tests | san | ckpt | l0 | comm | generate | fp8 | timings) "step_$s" ;;
-    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, fp8, timings)" | tee -a "$SUM"; fail=1 ;;
+    tests | san | ckpt | l0 | comm | generate | fp8 | fp8speed | timings) "step_$s" ;;
+    *) echo "gpu_check: unknown step '$s' (tests, san, ckpt, l0, comm, generate, fp8, fp8speed, timings)" | tee -a "$SUM"; fail=1 ;;
   esac
   pack_logs
 done
