@@ -123,22 +123,9 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
 }
 
-// Warp and block reductions (fixed order: deterministic).
 // silu(g) = g·σ(g), as the SwiGLU kernels (cuda_moe.cu) and the grouped GEMM's epilogue compute it.
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-// Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
-// `sh` is __shared__ float[32]. Contains __syncthreads: call from all threads.
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -151,24 +138,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-__device__ __forceinline__ float block_sum(float v, float* sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // sh may still be read from a previous call
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    float t = lane < nw ? sh[lane] : 0.f;
-    return warp_sum(t);
-}
-__device__ __forceinline__ float block_max(float v, float* sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    float t = lane < nw ? sh[lane] : -INFINITY;
-    return warp_max(t);
-}
+#include "cuda_reduce.cuh"
 
 // ---- launchers (one op family per file) ------------------------------------------------------
 // cuda_gemm.cu

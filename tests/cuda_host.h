@@ -33,9 +33,9 @@ struct dim3 {
 struct HostIdx {
     unsigned x, y, z;
 };
-static thread_local HostIdx threadIdx, blockIdx;
-static HostIdx gridDim;
 enum { HOST_THREADS = 256 };  // the block size the emulated kernels are launched with
+static thread_local HostIdx threadIdx, blockIdx;
+static HostIdx gridDim, blockDim = {HOST_THREADS, 1, 1};
 
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };
@@ -86,19 +86,8 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
     host_warp[w]->arrive_and_wait();
     return r;
 }
-static inline float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
-    return v;
-}
-static inline float block_max(float v, float* sh) {  // as cuda_common.cuh's
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = HOST_THREADS / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    float t = lane < nw ? sh[lane] : -INFINITY;
-    return warp_max(t);
-}
+// the real warp and block reductions over these
+#include "../cuda/cuda_reduce.cuh"
 
 // Runs kern over grid g (x fastest), HOST_THREADS threads a block.
 static inline void host_grid(dim3 g, const std::function<void()>& kern) {
