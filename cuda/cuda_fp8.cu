@@ -537,8 +537,10 @@ static void check_ws(const char* op, const void* ws, size_t have, size_t need) {
 }
 
 // One GEMM (the plain op, or one group of a grouped one): B quantised once, then op(A)'s rows in
-// chunks of the backend's fp8 row chunk (cuda_fp8_set_row_chunk: the workspace holds one chunk's
-// codes, whatever M is), each quantised and multiplied into its rows of C. base: the aligned ws.
+// chunks of at most the backend's fp8 row chunk (cuda_fp8_set_row_chunk: the workspace holds one
+// chunk's codes, whatever M is), each quantised and multiplied into its rows of C. The chunks are
+// of one size (a multiple of 8), so that none is a tail of a few rows for which the product reads
+// all of B's codes again. base: the aligned ws.
 static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
                          void* C, char* base) {
     const int M = d->M, N = d->N, K = d->K, ldq = (int)up((size_t)K, 16), Kt = cdiv(K, TILE);
@@ -548,8 +550,9 @@ static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int l
     ws_layout(M < CH ? M : CH, N, ldq, Kt, is_bf16(be), base, &b);
     const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
     const char* addend = (const char*)(d->c_in ? d->c_in : C);
-    for (int r0 = 0; r0 < M; r0 += CH) {
-        const int rows = M - r0 < CH ? M - r0 : CH;
+    const int nch = M > 0 ? cdiv(M, CH) : 1, step = (int)up((size_t)cdiv(M, nch), 8);  // ≤ CH (a multiple of 128)
+    for (int r0 = 0; r0 < M; r0 += step) {
+        const int rows = M - r0 < step ? M - r0 : step;
         int ms, chunk;
         const int split = plan_split(be, rows, N, c_f32, d->beta, &b, &ms, &chunk);
         const char* a = (const char*)A + (d->trans_a ? (size_t)r0 * ea : (size_t)r0 * lda * ea);  // op(A)'s rows

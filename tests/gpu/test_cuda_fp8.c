@@ -455,7 +455,8 @@ static void test_wgrad_fp8(void) {
 static void test_chunked(void) {
     FOR_MODES cuda_fp8_set_row_chunk(m->gpu, 128);
     g_tag = " ch128";
-    const int off[] = {0, 300, 300, 420, 700};  // 300 rows: chunks of 128, 128 and 44
+    // 300 rows: the GEMMs' chunks 104, 104 and 92 (one size), the weight gradient's 128, 128 and 44
+    const int off[] = {0, 300, 300, 420, 700};
     FOR_MODES {
         const size_t s0 = cuda_fp8_wgrad_splits(m->gpu);
         for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) run_gemm_case(m, &GCASES[i], 0);
