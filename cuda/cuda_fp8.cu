@@ -1,7 +1,8 @@
 // cuda_fp8.cu — the FP8 (e4m3) block-scaled GEMMs of backend.h (GemmDesc.fp8, GroupDesc.fp8):
-// quantiser kernels, cuBLASLt's block-scaled FP8 GEMM on sm_90, a tensor-core fallback kernel
-// (mma.sync m16n8k32 e4m3, sm_89+), an fp32 epilogue, and fp8_ws_bytes. Numerics: src/fp8.h
-// (the spec every kernel is tested against), docs/fp8.md.
+// the operands quantised (cuda_fp8_quant.cu), cuBLASLt's block-scaled FP8 GEMM on sm_90, a
+// tensor-core fallback kernel (mma.sync m16n8k32 e4m3, sm_89+) and an fp32 epilogue (both in
+// cuda_fp8_kernels.cu), and fp8_ws_bytes. Numerics: src/fp8.h (the spec every kernel is tested
+// against), docs/fp8.md.
 //
 // ---- Quantisers (bit for bit what fp8.h specifies; the kernels are in cuda_fp8_quant.cu) -------
 // Every code is e4m3(fl(x / s)), the quotient correctly rounded (cuda_fp8_quant.cu: quot), through
@@ -61,12 +62,10 @@
 // FP8_WEIGHT, VEC128 for FP8_ACT), its B is our A operand quantised [M, ldq] (CUBLAS_OP_N, n = M,
 // VEC128), D is our C.
 //
-// ---- Where cuBLASLt does not run: the fallback kernel -----------------------------------------
-// k_fp8_gemm (mma.sync m16n8k32 e4m3 → fp32, sm_89+): per K tile the tensor-core partial P_t, then
-// acc = fl(acc + fl(fl(sa · sb) · P_t)) in the spec's order, then the epilogue. It runs where the
-// shape is not cuBLASLt's (N % 8 ≠ 0), on GPUs other than sm_90, for the last M % 8 rows of a
-// GEMM (cuBLASLt takes the rest), where cuBLASLt has no algorithm, and whenever the path is
-// forced (tests: cuda_fp8_set_path).
+// ---- Where cuBLASLt does not run: the fallback kernel (cuda_fp8_kernels.cu, with the epilogue) --
+// It runs where the shape is not cuBLASLt's (N % 8 ≠ 0), on GPUs other than sm_90, for the last
+// M % 8 rows of a GEMM (cuBLASLt takes the rest), where cuBLASLt has no algorithm, and whenever the
+// path is forced (tests: cuda_fp8_set_path).
 #include <cuda_fp8.h>
 #include <stdio.h>
 
@@ -76,113 +75,6 @@ enum { WS_ALIGN = 256 };
 // fp32 product rows staged for the epilogue path: at most this many bytes at a time
 #define EPI_BYTES ((size_t)32 << 20)
 enum { FP8_CACHE_CAP = 2048 };
-
-// ---- the fallback GEMM: mma.sync m16n8k32 e4m3 ----------------------------------------------------
-// C[r, j] for r in [row0, M), j in [0, N) = alpha · Σ_t fl(fl(sa·sb) · P_t) (+ beta · addend), from
-// qa [M, ldq] and qb [N, ldq] (zero codes from K up to ldq). A block: 4 warps, 16 rows × 128
-// columns; a warp 16 × 32 (four n8 tiles). Operands straight from global memory (L1/L2): the tails
-// and the odd shapes it serves are small, and the tests use it as a second opinion.
-enum { FB_WARPS = 4, FB_BM = 16, FB_BN = 32 * FB_WARPS };
-
-__device__ __forceinline__ uint32_t ld_code4(const uint8_t* p, int row, int rows, int k, int K, size_t ld) {
-    return (row < rows && k < K) ? __ldg((const uint32_t*)(p + (size_t)row * ld + k)) : 0u;
-}
-
-template <typename TC>
-__global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int N, int K, const uint8_t* __restrict__ qa,
-                                                            SMap sa, const uint8_t* __restrict__ qb, SMap sb, size_t ldq,
-                                                            float alpha, float beta, const TC* addend, TC* C, size_t ldc) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
-    const int rb = row0 + blockIdx.y * FB_BM, nb = blockIdx.x * FB_BN + warp * 32;
-    const int Kt = (K + TILE - 1) / TILE;
-    float acc[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
-    const int ra = rb + g, rb8 = rb + g + 8;
-    for (int t = 0; t < Kt; t++) {
-        float p[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) p[j][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < TILE / 32; ks++) {  // unrolled: the four steps' loads in flight together
-            const int k = t * TILE + ks * 32;
-            if (k >= K) continue;
-            const int ka = k + tg * 4, kb = k + 16 + tg * 4;
-            const uint32_t a0 = ld_code4(qa, ra, M, ka, K, ldq), a1 = ld_code4(qa, rb8, M, ka, K, ldq);
-            const uint32_t a2 = ld_code4(qa, ra, M, kb, K, ldq), a3 = ld_code4(qa, rb8, M, kb, K, ldq);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int col = nb + j * 8 + g;
-                const uint32_t b0 = ld_code4(qb, col, N, ka, K, ldq), b1 = ld_code4(qb, col, N, kb, K, ldq);
-                asm volatile(
-                    "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};\n"
-                    : "+f"(p[j][0]), "+f"(p[j][1]), "+f"(p[j][2]), "+f"(p[j][3])
-                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-            }
-        }
-        // promotion: the spec's order, no fused multiply-add
-        const float s0 = ra < M ? smap_get(sa, ra, t) : 0.f, s1 = rb8 < M ? smap_get(sa, rb8, t) : 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = nb + j * 8 + tg * 2 + (e & 1);
-                if (col >= N) continue;
-                const float w = __fmul_rn(e < 2 ? s0 : s1, smap_get(sb, col, t));
-                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(w, p[j][e]));
-            }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = e < 2 ? ra : rb8, col = nb + j * 8 + tg * 2 + (e & 1);
-            if (row >= M || col >= N) continue;
-            float v = alpha == 1.f ? acc[j][e] : __fmul_rn(alpha, acc[j][e]);
-            if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(addend[(size_t)row * ldc + col])));
-            C[(size_t)row * ldc + col] = from_f<TC>(v);
-        }
-#else
-    __trap();  // built without FP8 tensor-core code (cuda_fp8_kernels_built keeps it from being launched)
-#endif
-}
-
-// 1 when the fallback kernel was compiled with its FP8 code for the current device: a build for
-// sm_80 or sm_86 also runs on a compute-capability-8.9 GPU, but its k_fp8_gemm is empty there.
-extern "C" int cuda_fp8_kernels_built(void) {
-    cudaFuncAttributes a;
-    return cudaFuncGetAttributes(&a, k_fp8_gemm<float>) == cudaSuccess && a.binaryVersion >= 89;
-}
-
-// ---- epilogue: C = alpha · r + beta · addend, r fp32 [rows, N] packed -----------------------------
-// A block row of threads walks the columns of rows blockIdx.y, blockIdx.y + gridDim.y, ...
-template <typename TC>
-__global__ void k_epilogue(const float* __restrict__ r, int rows, int N, float alpha, float beta, const TC* addend,
-                           TC* C, size_t ldc) {
-    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
-        const float* rr = r + (size_t)row * N;
-        const TC* ar = addend + (size_t)row * ldc;
-        TC* cr = C + (size_t)row * ldc;
-        for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < N; col += gridDim.x * blockDim.x) {
-            float v = alpha == 1.f ? rr[col] : __fmul_rn(alpha, rr[col]);
-            if (beta != 0.f) v = __fadd_rn(v, __fmul_rn(beta, to_f(ar[col])));
-            cr[col] = from_f<TC>(v);
-        }
-    }
-}
-template <typename TC>
-static void epilogue(CudaImpl* c, const float* r, int rows, int N, float alpha, float beta, const TC* addend, TC* C,
-                     size_t ldc) {
-    const dim3 grid((unsigned)cdiv(N, 256 * 4), (unsigned)(rows < 65535 ? rows : 65535));  // four columns a thread
-    k_epilogue<TC><<<grid, 256, 0, c->stream>>>(r, rows, N, alpha, beta, addend, C, ldc);
-    LAUNCH_CK(c);
-}
 
 // ---- cuBLASLt plans --------------------------------------------------------------------------------
 
@@ -464,8 +356,8 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
                 ok = lt_matmul(be, N, rows, ldq, blk, b->qb, b->sb, b->qa + (size_t)r0 * ldq, b->sa0 + (size_t)r0 * sam.Kt,
                                1.f, 0.f, b->epi, b->epi, N, 1, dyn_k);
                 if (!ok) break;
-                epilogue<bf16>(c, b->epi, rows, N, alpha, beta, (const bf16*)addend + (size_t)r0 * ldc,
-                               (bf16*)C + (size_t)r0 * ldc, (size_t)ldc);
+                fp8_epilogue_bf16(be, b->epi, rows, N, alpha, beta, (const bf16*)addend + (size_t)r0 * ldc,
+                                  (bf16*)C + (size_t)r0 * ldc, (size_t)ldc);
                 done = r0 + rows;
             }
             if (!ok && done > 0)
@@ -474,14 +366,7 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
     }
     if (done == M) return;
     // the fallback: rows [done, M)
-    const dim3 grid((unsigned)cdiv(N, FB_BN), (unsigned)cdiv(M - done, FB_BM));
-    if (c_f32)
-        k_fp8_gemm<float><<<grid, 32 * FB_WARPS, 0, c->stream>>>(done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha,
-                                                                 beta, (const float*)addend, (float*)C, (size_t)ldc);
-    else
-        k_fp8_gemm<bf16><<<grid, 32 * FB_WARPS, 0, c->stream>>>(done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha,
-                                                                beta, (const bf16*)addend, (bf16*)C, (size_t)ldc);
-    LAUNCH_CK(c);
+    fp8_fallback_gemm(be, done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha, beta, addend, C, (size_t)ldc, c_f32);
     c->fp8_fb_calls++;
 }
 
@@ -686,7 +571,7 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
                 wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, acc, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
             }
             bf16* dbr = (bf16*)dbg + (size_t)n0 * K;
-            epilogue<bf16>(CI(be), acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
+            fp8_epilogue_bf16(be, acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
         }
     }
 }

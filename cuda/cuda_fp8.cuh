@@ -18,3 +18,12 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
 // 128×128 blocks of w [R, C]: as stored (trans 0) or transposed; scales s with row stride lds.
 void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq, float* s,
                   int lds);
+
+// ---- the GEMMs' own kernels (cuda_fp8_kernels.cu), on the backend's stream ----
+// The fallback GEMM for rows [row0, M): C = alpha · Σ_t fl(fl(sa·sb) · P_t) (+ beta · addend), from
+// qa [M, ldq] and qb [N, ldq]; C (and addend) fp32 when c_f32, else bf16, row stride ldc.
+void fp8_fallback_gemm(Backend* be, int row0, int M, int N, int K, const uint8_t* qa, SMap sa, const uint8_t* qb, SMap sb,
+                       size_t ldq, float alpha, float beta, const void* addend, void* C, size_t ldc, int c_f32);
+// C[rows, N] (bf16, row stride ldc) = alpha · r + beta · addend, r fp32 [rows, N] packed, rounded once.
+void fp8_epilogue_bf16(Backend* be, const float* r, int rows, int N, float alpha, float beta, const bf16* addend,
+                       bf16* C, size_t ldc);
