@@ -340,7 +340,6 @@ extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, i
 static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs* b, SMap sam, SMap sbm, int blk,
                         float alpha, float beta, const void* addend, void* C, int ldc, int c_f32, int split,
                         int dyn_k) {
-    CudaImpl* c = CI(be);
     int done = 0;  // rows computed
     if (split > 0) {
         const int epi = !c_f32 && beta != 0.f;
@@ -367,7 +366,6 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
     if (done == M) return;
     // the fallback: rows [done, M)
     fp8_fallback_gemm(be, done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha, beta, addend, C, (size_t)ldc, c_f32);
-    c->fp8_fb_calls++;
 }
 
 // How the rows of a product split between cuBLASLt and the fallback: returns split (the rows
