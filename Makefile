@@ -29,6 +29,7 @@ CFLAGS += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc \
           -DMOETRAIN_VERSION='"$(VERSION)"' -DMOETRAIN_PREFIX='"$(PREFIX)"'
 LIBYAML_A := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libyaml.a /usr/lib/aarch64-linux-gnu/libyaml.a /usr/lib/libyaml.a /usr/local/lib/libyaml.a))
 LDLIBS := -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lz -lm -fopenmp
+HOST_LDLIBS := $(LDLIBS)  # the CUDA source run on the CPU (tests/host_cuda) links no CUDA library
 
 # sm_90a needs the -gencode form (see docs/gpu.md); other targets use plain arch/code pairs.
 GENCODE := -gencode=arch=compute_$(SM),code=sm_$(SM)
@@ -61,8 +62,14 @@ PREBUILT ?= $(if $(and $(wildcard $(BUILD)/moetrain),$(if $(wildcard $(LIB)),,1)
 # The user's scripts beside the binary (make install): tokenizing data, plotting metrics, mpirun with signals forwarded.
 USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
-# CUDA kernels' own source run on the CPU (tests/cuda_host.h; C++20): their indexing checked by `make test`
+# CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
+# C++20): the FP8 GEMMs' kernels, launchers and cuBLASLt calls checked against the spec by `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cublaslt_host backend_host)
+HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
+            -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Itests/host_cuda -Isrc -Icuda
+HOST_DEPS := $(wildcard tests/host_cuda/*.h cuda/*.cuh) src/backend.h src/fp8.h
+.SECONDARY: $(HOST_OBJ)
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
 DEV_LIB := $(BUILD)/libmoetrain_dev.a
@@ -101,10 +108,15 @@ $(BUILD)/moetrain: $(CMD:%.c=$(BUILD)/%.o) $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDLIBS)
-$(BUILD)/tests/%_host: tests/%_host.cc tests/cuda_host.h tests/test.h $(wildcard cuda/*.cu cuda/*.cuh) $(LIB) | check-deps
+$(BUILD)/host_cuda/%.o: cuda/%.cu $(HOST_DEPS) | check-deps
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra \
-	  -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Isrc -Itests -o $@ $< $(LIB) $(LDLIBS)
+	$(HOST_CXX) -x c++ -c $< -o $@
+$(BUILD)/host_cuda/%.o: tests/host_cuda/%.cc $(HOST_DEPS) | check-deps
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) -c $< -o $@
+$(BUILD)/tests/%_host: tests/%_host.cc tests/test.h $(HOST_OBJ) $(LIB) | check-deps
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) -Itests -o $@ $< $(HOST_OBJ) $(LIB) $(HOST_LDLIBS)
 # test_dist_fail launches the helper under mpirun (tests/helper_fail.c is not a test itself).
 $(BUILD)/tests/test_dist_fail: $(BUILD)/tests/helper_fail
 

@@ -18,6 +18,28 @@
 // and the odd shapes it serves are small, and the tests use it as a second opinion.
 enum { FB_WARPS = 4, FB_BM = 16, FB_BN = 32 * FB_WARPS };
 
+// One m16n8k32 e4m3 tensor-core step of a warp, d += a·b, in the PTX ISA's fragment layout (a0..a3:
+// rows g and g + 8, k 4·tg.. and 16 + 4·tg..; b0, b1: column g, the same k; d: rows g, g + 8,
+// columns 2·tg, 2·tg + 1; g = lane / 4, tg = lane % 4). A tile's partial P_t is summed in mma_acc:
+// the tensor core's fp32 here; tests/cuda_host.h brings its own step, whose double keeps P_t exact.
+#if defined(CUDA_HOST_RUN) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890)
+#define FP8_MMA_OK 1  // the device code has FP8 tensor cores to run on (or the host stand-in runs it)
+#else
+#define FP8_MMA_OK 0
+#endif
+#ifndef CUDA_HOST_RUN
+typedef float mma_acc;
+__device__ __forceinline__ void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if FP8_MMA_OK
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+#endif
+
 __device__ __forceinline__ uint32_t ld_code4(const uint8_t* p, int row, int rows, int k, int K, size_t ld) {
     return (row < rows && k < K) ? __ldg((const uint32_t*)(p + (size_t)row * ld + k)) : 0u;
 }
@@ -26,7 +48,7 @@ template <typename TC>
 __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int N, int K, const uint8_t* __restrict__ qa,
                                                             SMap sa, const uint8_t* __restrict__ qb, SMap sb, size_t ldq,
                                                             float alpha, float beta, const TC* addend, TC* C, size_t ldc) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#if FP8_MMA_OK
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     const int rb = row0 + blockIdx.y * FB_BM, nb = blockIdx.x * FB_BN + warp * 32;
     const int Kt = (K + TILE - 1) / TILE;
@@ -37,7 +59,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int
         for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
     const int ra = rb + g, rb8 = rb + g + 8;
     for (int t = 0; t < Kt; t++) {
-        float p[4][4];
+        mma_acc p[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -52,12 +74,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int col = nb + j * 8 + g;
-                const uint32_t b0 = ld_code4(qb, col, N, ka, K, ldq), b1 = ld_code4(qb, col, N, kb, K, ldq);
-                asm volatile(
-                    "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};\n"
-                    : "+f"(p[j][0]), "+f"(p[j][1]), "+f"(p[j][2]), "+f"(p[j][3])
-                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                mma_e4m3(p[j], a0, a1, a2, a3, ld_code4(qb, col, N, ka, K, ldq), ld_code4(qb, col, N, kb, K, ldq));
             }
         }
         // promotion: the spec's order, no fused multiply-add
@@ -69,7 +86,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS) k_fp8_gemm(int row0, int M, int
                 const int col = nb + j * 8 + tg * 2 + (e & 1);
                 if (col >= N) continue;
                 const float w = __fmul_rn(e < 2 ? s0 : s1, smap_get(sb, col, t));
-                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(w, p[j][e]));
+                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(w, (float)p[j][e]));
             }
     }
 #pragma unroll
@@ -113,7 +130,7 @@ __global__ void k_epilogue(const float* __restrict__ r, int rows, int N, float a
 void fp8_epilogue_bf16(Backend* be, const float* r, int rows, int N, float alpha, float beta, const bf16* addend,
                        bf16* C, size_t ldc) {
     const dim3 grid((unsigned)cdiv(N, 256 * 4), (unsigned)(rows < 65535 ? rows : 65535));  // four columns a thread
-    k_epilogue<bf16><<<grid, 256, 0, ST(be)>>>(r, rows, N, alpha, beta, addend, C, ldc);
+    KLAUNCH(grid, 256, ST(be), k_epilogue<bf16>, r, rows, N, alpha, beta, addend, C, ldc);
     LAUNCH_CK(CI(be));
 }
 
@@ -122,11 +139,11 @@ void fp8_fallback_gemm(Backend* be, int row0, int M, int N, int K, const uint8_t
     CudaImpl* c = CI(be);
     const dim3 grid((unsigned)cdiv(N, FB_BN), (unsigned)cdiv(M - row0, FB_BM));
     if (c_f32)
-        k_fp8_gemm<float><<<grid, 32 * FB_WARPS, 0, c->stream>>>(row0, M, N, K, qa, sa, qb, sb, ldq, alpha, beta,
-                                                                 (const float*)addend, (float*)C, ldc);
+        KLAUNCH(grid, 32 * FB_WARPS, c->stream, k_fp8_gemm<float>, row0, M, N, K, qa, sa, qb, sb, ldq, alpha, beta,
+                (const float*)addend, (float*)C, ldc);
     else
-        k_fp8_gemm<bf16><<<grid, 32 * FB_WARPS, 0, c->stream>>>(row0, M, N, K, qa, sa, qb, sb, ldq, alpha, beta,
-                                                                (const bf16*)addend, (bf16*)C, ldc);
+        KLAUNCH(grid, 32 * FB_WARPS, c->stream, k_fp8_gemm<bf16>, row0, M, N, K, qa, sa, qb, sb, ldq, alpha, beta,
+                (const bf16*)addend, (bf16*)C, ldc);
     LAUNCH_CK(c);
     c->fp8_fb_calls++;
 }

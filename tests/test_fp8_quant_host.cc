@@ -1,23 +1,23 @@
 // test_fp8_quant_host.cc — the CUDA FP8 quantisers' own source (cuda/cuda_fp8_quant.cu: the
-// kernels and their launchers) run on the CPU through cuda_host.h, against the spec (src/fp8.h)
-// bit for bit: codes, scales in the GEMMs' layouts, the zero padding up to ldq / ldk, nothing
-// written past it (AddressSanitizer) and nothing left unwritten (poisoned outputs). What it checks
-// is the kernels' indexing, tiling, shuffles and launch arithmetic, and the reciprocal-and-correction
-// division on the host's IEEE arithmetic; tests/gpu/test_cuda_fp8_quant.c checks the same on a GPU.
-#include "cuda_host.h"
+// kernels and their launchers) run on the CPU through the host stand-in (tests/host_cuda), against
+// the spec (src/fp8.h) bit for bit: codes, scales in the GEMMs' layouts, the zero padding up to ldq
+// / ldk, nothing written past it (AddressSanitizer) and nothing left unwritten (poisoned outputs).
+// What it checks is the kernels' indexing, tiling, shuffles and launch arithmetic, and the
+// reciprocal-and-correction division on the host's IEEE arithmetic; tests/gpu/test_cuda_fp8_quant.c
+// checks the same on a GPU.
+#include <cuda_runtime.h>
 
-struct Backend {
-    int bf16;
-};
-static int is_bf16(Backend* be) { return be->bf16; }
-#define LAUNCH_CK(c) ((void)0)
-#define FP8_QUANT_HOST 1
-#include "../cuda/fp8_smap.cuh"
-#include "../cuda/cuda_fp8_quant.cu"
-
+#include "backend_host.h"
+#include "fp8_smap.cuh"
 #include "test.h"
 
-static_assert((int)Q_THREADS == (int)HOST_THREADS, "cuda_host.h runs blocks of Q_THREADS threads");
+// cuda_fp8_quant.cu's test hooks
+extern "C" void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint8_t* q, int ldq, float* s0,
+                                    float* s1, int split, int chunk);
+extern "C" void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st,
+                                    uint8_t* q, int ldq, float* s);
+extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq,
+                                      float* s);
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd() {
@@ -132,8 +132,9 @@ static void test_rows() {
             const int split = R / 8 * 8, chunk = 16;  // as the GEMMs map them
             std::vector<uint8_t> dq((size_t)R * ldq, 0xAB);
             std::vector<float> s0((size_t)R * Kt, -1.f), s1((size_t)8 * Kt, -1.f);
-            Backend be{bf};
-            cuda_fp8_quant_rows(&be, in.dev, R, C, k.ld, dq.data(), (int)ldq, s0.data(), s1.data(), split, chunk);
+            Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+            cuda_fp8_quant_rows(be, in.dev, R, C, k.ld, dq.data(), (int)ldq, s0.data(), s1.data(), split, chunk);
+            host_cuda_backend_free(be);
             const size_t bad = bad_codes(dq, ldq, q.data(), R, C);
             const SMap m = smap_vec(s0.data(), s1.data(), split, chunk, R, Kt);
             size_t bads = 0;
@@ -160,9 +161,10 @@ static void test_cols() {
                 const size_t ldk = pad(R, k.al), ldq = pad(C, k.al);
                 std::vector<uint8_t> dqt((size_t)C * ldk, 0xAB), dq((size_t)R * ldq, 0xAB);
                 std::vector<float> dst((size_t)KtR * C, -1.f), ds((size_t)KtC * R, -1.f);
-                Backend be{bf};
-                cuda_fp8_quant_cols(&be, in.dev, R, C, k.ld, dqt.data(), (int)ldk, dst.data(), both ? dq.data() : nullptr,
+                Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+                cuda_fp8_quant_cols(be, in.dev, R, C, k.ld, dqt.data(), (int)ldk, dst.data(), both ? dq.data() : nullptr,
                                     (int)ldq, ds.data());
+                host_cuda_backend_free(be);
                 size_t bad = bad_codes(dqt, ldk, qt.data(), C, R), bads = 0;
                 for (int c = 0; c < C; c++)
                     for (int t = 0; t < KtR; t++) bads += !same(dst[(size_t)t * C + c], st[(size_t)c * KtR + t]);
@@ -191,8 +193,9 @@ static void test_blocks() {
                 const size_t ldq = pad(ok, k.al), lds = pad(okt, 4);
                 std::vector<uint8_t> dq((size_t)orows * ldq, 0xAB);
                 std::vector<float> ds((size_t)orb * lds, -1.f);
-                Backend be{bf};
-                cuda_fp8_quant_blocks(&be, in.dev, R, C, k.ld, tr, dq.data(), (int)ldq, ds.data());
+                Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+                cuda_fp8_quant_blocks(be, in.dev, R, C, k.ld, tr, dq.data(), (int)ldq, ds.data());
+                host_cuda_backend_free(be);
                 const size_t bad = bad_codes(dq, ldq, tr ? qt.data() : q.data(), orows, ok);
                 size_t bads = 0;
                 for (int b = 0; b < orb; b++)

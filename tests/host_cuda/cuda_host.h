@@ -1,9 +1,13 @@
-// cuda_host.h — just enough of CUDA to run a kernel's own source on the CPU (C++20): a block is 256
-// OS threads in lockstep where it matters (__syncthreads and the warp shuffles are barriers),
-// blocks run one after another, __shared__ arrays are statics, and the intrinsics are their IEEE
-// host equivalents (__nv_cvt_float2_to_fp8x2 is the spec's fp8_e4m3_from_f32, which the GPU tests
-// find equal to the device conversion). Compile with -ffp-contract=off, as device code without
-// fast math keeps each rounding. Used by test_fp8_quant_host.cc for cuda/cuda_fp8_quant.cu.
+// cuda_host.h — just enough of CUDA to run kernels' own source on the CPU (C++20), for the tests
+// that check CUDA source without a GPU (tests/*_host.cc). The other headers of this directory
+// stand in for CUDA's own (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h, cublasLt.h) and include this
+// one, so that cuda/*.cu compiles unchanged with -Itests/host_cuda first on the include path.
+//
+// A launch (KLAUNCH) runs the grid's blocks one after another, each as blockDim OS threads;
+// __syncthreads and the warp-collective operations (shuffles, the mma step) are barriers, so the
+// threads of a block meet where the GPU's would. __shared__ arrays are function statics (one
+// block at a time uses them). The intrinsics are their IEEE host forms. Compile with
+// -ffp-contract=off: device code without fast math keeps each rounding too.
 #pragma once
 #include <barrier>
 #include <cmath>
@@ -17,6 +21,7 @@ extern "C" {
 #include "fp8.h"
 }
 
+#define CUDA_HOST_RUN 1  // cuda/*.cu: the source is being run on the CPU
 #define __global__
 #define __device__
 #define __host__
@@ -33,9 +38,8 @@ struct dim3 {
 struct HostIdx {
     unsigned x, y, z;
 };
-enum { HOST_THREADS = 256 };  // the block size the emulated kernels are launched with
 static thread_local HostIdx threadIdx, blockIdx;
-static HostIdx gridDim, blockDim = {HOST_THREADS, 1, 1};
+static HostIdx gridDim, blockDim;
 
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };
@@ -46,37 +50,24 @@ static inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 
-struct bf16 {
-    uint16_t bits;
-};
 static inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
-static inline float to_f(float x) { return x; }
-static inline float to_f(bf16 x) { return __uint_as_float((uint32_t)x.bits << 16); }
-static inline void unpack8(float* f, uint4 u) {
-    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(p[i] << 16);
-        f[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
-    }
-}
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+[[noreturn]] static inline void __trap() { abort(); }
 using std::isfinite;
-enum { __NV_SATFINITE = 1, __NV_E4M3 = 2 };
-static inline unsigned short __nv_cvt_float2_to_fp8x2(float2 v, int, int) {
-    return (unsigned short)(fp8_e4m3_from_f32(v.x) | fp8_e4m3_from_f32(v.y) << 8);
-}
 
 // ---- barriers: the block and its warps ----
+enum { HOST_MAX_THREADS = 1024 };
 static std::barrier<>* host_block;
-static std::barrier<>* host_warp[HOST_THREADS / 32];
-static float host_xch[HOST_THREADS / 32][32];
+static std::barrier<>* host_warp[HOST_MAX_THREADS / 32];
+static float host_xch[HOST_MAX_THREADS / 32][32];
 static inline void __syncthreads() { host_block->arrive_and_wait(); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
@@ -86,17 +77,49 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
     host_warp[w]->arrive_and_wait();
     return r;
 }
-// the real warp and block reductions over these
-#include "../cuda/cuda_reduce.cuh"
 
-// Runs kern over grid g (x fastest), HOST_THREADS threads a block.
-static inline void host_grid(dim3 g, const std::function<void()>& kern) {
+// The mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 step of cuda_fp8_kernels.cu (its comment gives
+// the fragments' layout, from the PTX ISA): each lane's d += its elements of A·B. mma_acc is
+// double here, so a 128-K tile's partial stays exact (products of two e4m3 values are multiples
+// of 2^-18 below 2^18: a tile's sum needs at most 43 bits) and the kernel's one rounding of it to
+// fp32 gives the spec's P_t. (The GPU's tensor core keeps fewer bits; tests/gpu bounds that.)
+typedef double mma_acc;
+static uint32_t host_frag[HOST_MAX_THREADS / 32][32][6];
+static inline void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                            uint32_t b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, tg = l & 3;
+    const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
+    memcpy(host_frag[w][l], mine, sizeof mine);
+    host_warp[w]->arrive_and_wait();
+    // A (row r, k): lane 4·(r % 8) + (k % 16) / 4, register a0 / a1 (k < 16, rows r < 8 / ≥ 8) or a2 / a3; byte k % 4.
+    auto a = [&](int r, int k) {
+        const int reg = (r >= 8) + 2 * (k >= 16), lane = 4 * (r & 7) + (k & 15) / 4;
+        return fp8_e4m3_to_f32((uint8_t)(host_frag[w][lane][reg] >> (8 * (k & 3))));
+    };
+    // B (k, column n): lane 4·n + (k % 16) / 4, register b0 (k < 16) or b1; byte k % 4.
+    auto b = [&](int k, int n) {
+        const int reg = 4 + (k >= 16), lane = 4 * n + (k & 15) / 4;
+        return fp8_e4m3_to_f32((uint8_t)(host_frag[w][lane][reg] >> (8 * (k & 3))));
+    };
+    for (int e = 0; e < 4; e++) {
+        const int r = g + 8 * (e >> 1), n = 2 * tg + (e & 1);
+        double s = 0;
+        for (int k = 0; k < 32; k++) s += (double)a(r, k) * (double)b(k, n);  // exact (41 bits at most)
+        d[e] += s;
+    }
+    host_warp[w]->arrive_and_wait();  // the fragments stay until every lane has read them
+}
+
+// Runs kern over grid g (x fastest) with `threads` threads a block (a multiple of 32).
+static inline void host_grid(dim3 g, unsigned threads, const std::function<void()>& kern) {
+    if (threads == 0 || threads % 32 || threads > HOST_MAX_THREADS) abort();
     gridDim = {g.x, g.y, 1};
-    std::barrier<> blk(HOST_THREADS);
-    for (int i = 0; i < HOST_THREADS / 32; i++) host_warp[i] = new std::barrier<>(32);
+    blockDim = {threads, 1, 1};
+    std::barrier<> blk(threads);
+    for (unsigned i = 0; i < threads / 32; i++) host_warp[i] = new std::barrier<>(32);
     host_block = &blk;
     std::vector<std::thread> th;
-    for (unsigned t = 0; t < HOST_THREADS; t++)
+    for (unsigned t = 0; t < threads; t++)
         th.emplace_back([&, t] {
             threadIdx = {t, 0, 0};
             for (unsigned by = 0; by < g.y; by++)
@@ -107,6 +130,7 @@ static inline void host_grid(dim3 g, const std::function<void()>& kern) {
                 }
         });
     for (auto& t : th) t.join();
-    for (int i = 0; i < HOST_THREADS / 32; i++) delete host_warp[i];
+    for (unsigned i = 0; i < threads / 32; i++) delete host_warp[i];
 }
-#define QLAUNCH(grid, kern, ...) host_grid(grid, [&] { kern(__VA_ARGS__); })
+// cuda_fp8.cuh's launch, run here (the stream is ignored: one launch after another is its order)
+#define KLAUNCH(grid, threads, stream, kern, ...) host_grid(grid, threads, [&] { kern(__VA_ARGS__); })

@@ -1,0 +1,16 @@
+// backend_host.h — a CUDA backend whose FP8 GEMM ops are cuda/cuda_fp8*.cu run on the CPU through
+// the host stand-in (cuda_host.h says what this directory is). Only what those files use is there:
+// act dtype, the FP8 ops and fp8_ws_bytes, zero; "device" memory is host memory.
+#pragma once
+extern "C" {
+#include "backend.h"
+}
+
+Backend* host_cuda_backend(DType act);
+void host_cuda_backend_free(Backend* be);
+// cuda_fp8.cu's test hooks (as tests/gpu/test_cuda_fp8.c declares them)
+extern "C" void cuda_fp8_set_path(Backend* be, int path);
+extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows);
+extern "C" void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes);
+extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
+extern "C" size_t cuda_fp8_wgrad_splits(Backend* be);

@@ -1,0 +1,21 @@
+// cuda_runtime.h, as the host stand-in sees it (cuda_host.h says what this directory is): the
+// runtime's types and the few calls cuda/cuda_fp8*.cu make. A "device pointer" is a host pointer.
+#pragma once
+#include <math.h>
+#include <stdlib.h>
+
+#include "cuda_host.h"
+
+typedef int cudaError_t;
+enum { cudaSuccess = 0 };
+typedef struct HostStream* cudaStream_t;
+const char* cudaGetErrorString(cudaError_t e);
+
+struct cudaFuncAttributes {
+    int binaryVersion;
+};
+// every kernel here "has" code for compute capability 9.0 (the host runs it whatever it is)
+template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, F) {
+    a->binaryVersion = 90;
+    return cudaSuccess;
+}
