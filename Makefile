@@ -29,7 +29,8 @@ CFLAGS += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc \
           -DMOETRAIN_VERSION='"$(VERSION)"' -DMOETRAIN_PREFIX='"$(PREFIX)"'
 LIBYAML_A := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libyaml.a /usr/lib/aarch64-linux-gnu/libyaml.a /usr/lib/libyaml.a /usr/local/lib/libyaml.a))
 LDLIBS := -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lz -lm -fopenmp
-HOST_LDLIBS := $(LDLIBS)  # the CUDA source run on the CPU (tests/host_cuda) links no CUDA library
+# the CUDA source run on the CPU (tests/host_cuda) links no CUDA library; MPI for the CPU backend
+HOST_LDLIBS := $(LDLIBS) $(shell $(CC) --showme:link 2>/dev/null)
 
 # sm_90a needs the -gencode form (see docs/gpu.md); other targets use plain arch/code pairs.
 GENCODE := -gencode=arch=compute_$(SM),code=sm_$(SM)
@@ -65,7 +66,7 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/m
 # CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
 # C++20): the FP8 GEMMs' kernels, launchers and cuBLASLt calls checked against the spec by `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
-HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cublaslt_host backend_host)
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cublaslt_host backend_host host_pool)
 HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
             -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Itests/host_cuda -Isrc -Icuda
 HOST_DEPS := $(wildcard tests/host_cuda/*.h cuda/*.cuh) src/backend.h src/fp8.h

@@ -443,6 +443,7 @@ static CudaImpl* impl_create(int device, const cudaDeviceProp* prop, const GpuCo
     c->gemm = gemm_cache_create();
     c->fp8_row_chunk = FP8_ROW_CHUNK;
     c->fp8_wgrad_acc = FP8_WGRAD_ACC_BYTES;
+    c->fp8_epi_bytes = FP8_EPI_BYTES;
     return c;
 }
 

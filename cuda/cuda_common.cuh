@@ -44,6 +44,8 @@ struct Fp8Cache;   // cuda_fp8.cu
 enum { FP8_ROW_CHUNK = 4096 };  // cuda_fp8.cu: rows quantised and multiplied at a time (bounds its ws)
 // cuda_fp8.cu: the fp32 sums of a bf16 weight gradient over several row chunks (bounds its ws)
 #define FP8_WGRAD_ACC_BYTES ((size_t)256 << 20)
+// cuda_fp8.cu: the fp32 product rows staged for the epilogue of a bf16 C with beta (bounds its ws)
+#define FP8_EPI_BYTES ((size_t)32 << 20)
 
 // Pointer → size of live allocations (host-side open-addressing table), for peak_bytes.
 typedef struct AllocMap {
@@ -71,6 +73,7 @@ typedef struct CudaImpl {
     int fp8_path;            // tests: 0 = cuBLASLt where it can, 2 = the FP8 fallback kernel only
     int fp8_row_chunk;       // rows an FP8 product takes at a time (FP8_ROW_CHUNK; tests set others)
     size_t fp8_wgrad_acc;    // bytes of fp32 sums a chunked bf16 FP8 weight gradient keeps (FP8_WGRAD_ACC_BYTES)
+    size_t fp8_epi_bytes;    // bytes of fp32 product rows the FP8 epilogue path stages at a time (FP8_EPI_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
     size_t fp8_wgrad_split;  // FP8 weight-gradient groups too large for ws, taken in row chunks
     size_t live, peak;       // bytes allocated through be->alloc

@@ -72,8 +72,6 @@
 #include "cuda_fp8.cuh"
 
 enum { WS_ALIGN = 256 };
-// fp32 product rows staged for the epilogue path: at most this many bytes at a time
-#define EPI_BYTES ((size_t)32 << 20)
 enum { FP8_CACHE_CAP = 2048 };
 
 // ---- cuBLASLt plans --------------------------------------------------------------------------------
@@ -257,17 +255,22 @@ typedef struct Fp8Bufs {
     size_t epi_rows;
 } Fp8Bufs;
 
-// Rows of fp32 product the epilogue path stages at a time for an output N wide: a multiple of 8.
-static size_t epi_rows_for(int M, int N) {
-    size_t r = EPI_BYTES / (4 * (size_t)(N > 0 ? N : 1));
+// Rows of fp32 product the epilogue path stages at a time for an output N wide, in at most `bytes`
+// (the backend's fp8_epi_bytes): a multiple of 8.
+static size_t epi_rows_for(int M, int N, size_t bytes) {
+    size_t r = bytes / (4 * (size_t)(N > 0 ? N : 1));
     r = r < 8 ? 8 : r / 8 * 8;
     const size_t m8 = up((size_t)M, 8);
     return r < m8 ? r : m8;
 }
 
-// The layout of ws for one GEMM: our A quantised [M, ldq] with Kt tiles, our B [N, ldq]; with
-// base = NULL only the size. Every part starts on WS_ALIGN bytes.
-static size_t ws_layout(int M, int N, int ldq, int Kt, int act_bf16, char* base, Fp8Bufs* b) {
+// The epilogue rows' bytes of a GEMM into C of the act dtype (none into fp32: cuBLASLt's own beta).
+static size_t epi_bytes(Backend* be) { return is_bf16(be) ? CI(be)->fp8_epi_bytes : 0; }
+
+// The layout of ws for one GEMM: our A quantised [M, ldq] with Kt tiles, our B [N, ldq], and the
+// epilogue's fp32 rows in at most epi_max bytes (epi_bytes, or 0); with base = NULL only the size.
+// Every part starts on WS_ALIGN bytes.
+static size_t ws_layout(int M, int N, int ldq, int Kt, size_t epi_max, char* base, Fp8Bufs* b) {
     size_t off = 0;
     auto take = [&](size_t bytes) {
         const size_t o = off;
@@ -280,7 +283,7 @@ static size_t ws_layout(int M, int N, int ldq, int Kt, int act_bf16, char* base,
     char* qb = take((size_t)N * ldq);
     const size_t blk = (size_t)cdiv(N, TILE) * up((size_t)Kt, 4), vec = (size_t)Kt * up((size_t)N, 8);
     char* sb = take(4 * (blk > vec ? blk : vec));
-    const size_t er = act_bf16 ? epi_rows_for(M, N) : 0;
+    const size_t er = epi_max ? epi_rows_for(M, N, epi_max) : 0;
     char* epi = take(4 * er * (size_t)N);
     if (b) {
         b->qa = (uint8_t*)qa, b->qb = (uint8_t*)qb, b->sa0 = (float*)sa0, b->sa1 = (float*)sa1, b->sb = (float*)sb;
@@ -300,7 +303,7 @@ static int wgrad_acc_rows(const CudaImpl* c, int N, int K) {
 }
 static size_t wgrad_acc_at(Backend* be, int N, int K) {
     const int CH = CI(be)->fp8_row_chunk;
-    // (the chunks' products are fp32 sums, no epilogue rows: act_bf16 0)
+    // (the chunks' products are fp32 sums: no epilogue rows)
     return ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 0, NULL, NULL) - WS_ALIGN;
 }
 
@@ -310,7 +313,7 @@ static int wgrad_fit_rows(Backend* be, int N, int K, size_t ws_bytes) {
     int lo = 0, hi = 1 << 24;  // lo fits, hi does not (in units of 16 rows: the codes' row padding)
     while (hi - lo > 1) {
         const int mid = lo + (hi - lo) / 2, kr = 16 * mid;
-        if (ws_layout(N, K, kr, cdiv(kr, TILE), is_bf16(be), NULL, NULL) <= ws_bytes) lo = mid;
+        if (ws_layout(N, K, kr, cdiv(kr, TILE), epi_bytes(be), NULL, NULL) <= ws_bytes) lo = mid;
         else hi = mid;
     }
     return 16 * lo;
@@ -322,14 +325,14 @@ extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, i
     const int CH = CI(be)->fp8_row_chunk, m = M < CH ? M : CH;  // rows are taken CH at a time
     if (op == FP8_OP_WGRAD) {  // dB_g [N, K] = dY_gᵀ X_g: our A = dY_gᵀ [N, rows], our B = X_gᵀ [K, rows]
         // one chunk's codes and epilogue rows (a group of up to CH rows)
-        const size_t one = ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), is_bf16(be), NULL, NULL);
+        const size_t one = ws_layout(N, K, (int)up((size_t)m, 16), cdiv(m, TILE), epi_bytes(be), NULL, NULL);
         if (!is_bf16(be) || M <= CH) return one;
         // a group may span chunks: one chunk's codes, then a bf16 dB's fp32 sums
         const size_t acc = wgrad_acc_at(be, N, K) + 4 * (size_t)wgrad_acc_rows(CI(be), N, K) * K + WS_ALIGN;
         return acc > one ? acc : one;
     }
     // gemm and the grouped GEMMs (one group at a time, ws reused)
-    return ws_layout(m, N, (int)up((size_t)K, 16), cdiv(K, TILE), is_bf16(be), NULL, NULL);
+    return ws_layout(m, N, (int)up((size_t)K, 16), cdiv(K, TILE), epi_bytes(be), NULL, NULL);
 }
 
 // ---- one FP8 GEMM on quantised operands --------------------------------------------------------
@@ -430,7 +433,7 @@ static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int l
     const int c_f32 = d->c_f32 || !is_bf16(be), CH = CI(be)->fp8_row_chunk;
     const size_t ea = dtype_size(be->act_dtype), ec = c_f32 ? 4 : 2;
     Fp8Bufs b;
-    ws_layout(M < CH ? M : CH, N, ldq, Kt, is_bf16(be), base, &b);
+    ws_layout(M < CH ? M : CH, N, ldq, Kt, epi_bytes(be), base, &b);
     const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
     const char* addend = (const char*)(d->c_in ? d->c_in : C);
     const int nch = M > 0 ? cdiv(M, CH) : 1, step = (int)up((size_t)cdiv(M, nch), 8);  // ≤ CH (a multiple of 128)
@@ -509,7 +512,7 @@ static void wgrad_chunk(Backend* be, const void* dY, const void* X, int N, int K
     const size_t ea = dtype_size(be->act_dtype);
     const int ldk = (int)up((size_t)kr, 16), Kt = cdiv(kr, TILE);
     Fp8Bufs b;
-    ws_layout(N, K, ldk, Kt, is_bf16(be), base, &b);
+    ws_layout(N, K, ldk, Kt, epi_bytes(be), base, &b);
     int ms, chunk;
     const int split = plan_split(be, nr, K, c_f32, beta, &b, &ms, &chunk);
     const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, nr, Kt);
@@ -582,6 +585,12 @@ extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = pa
 extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows) {
     CHECK(rows > 0 && rows % TILE == 0, "fp8 row chunk %d is not a positive multiple of 128", rows);
     CI(be)->fp8_row_chunk = rows;
+}
+// The bytes of fp32 product rows the epilogue path stages at a time (default FP8_EPI_BYTES): tests
+// set a small one to cover several passes. fp8_ws_bytes follows it.
+extern "C" void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes) {
+    CHECK(bytes > 0, "fp8 epilogue rows of 0 bytes");
+    CI(be)->fp8_epi_bytes = bytes;
 }
 // The bytes of fp32 sums a chunked bf16 weight gradient keeps (default FP8_WGRAD_ACC_BYTES): tests
 // set a small one to cover several blocks of dB. fp8_ws_bytes follows it.

@@ -35,6 +35,7 @@ void cuda_fp8_set_path(Backend* be, int path);
 int cuda_fp8_kernels_built(void);
 void cuda_fp8_set_row_chunk(Backend* be, int rows);
 void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes);
+void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 size_t cuda_fp8_wgrad_splits(Backend* be);
 int cuda_compute_capability(Backend* be);
@@ -460,6 +461,12 @@ static void test_chunked(void) {
     FOR_MODES {
         const size_t s0 = cuda_fp8_wgrad_splits(m->gpu);
         for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) run_gemm_case(m, &GCASES[i], 0);
+        // a bf16 C with beta: the fp32 product through the epilogue 16 KiB of rows at a time
+        cuda_fp8_set_epi_bytes(m->gpu, 16 << 10);
+        g_tag = " ch128 epi16k";
+        for (size_t i = 0; i < sizeof GCASES / sizeof GCASES[0]; i++) run_gemm_case(m, &GCASES[i], 0);
+        cuda_fp8_set_epi_bytes(m->gpu, (size_t)32 << 20);
+        g_tag = " ch128";
         run_grouped(m, off, 4, 256, 384, 1, FP8_WEIGHT, 0, 0, "gemm_grouped W ch128", 0.02f);
         run_grouped(m, off, 4, 256, 384, 0, FP8_WEIGHT, 0, 2, "gemm_grouped W dgrad ch128", 0.02f);
         run_wgrad(m, off, 4, 192, 256, 0.f, 0, 0, "wgrad A beta 0 ch128");

@@ -58,6 +58,7 @@ Backend* host_cuda_backend(DType act) {
     c->sms = 132, c->cc_major = 9, c->cc_minor = 0;
     c->fp8_row_chunk = FP8_ROW_CHUNK;
     c->fp8_wgrad_acc = FP8_WGRAD_ACC_BYTES;
+    c->fp8_epi_bytes = FP8_EPI_BYTES;
     c->lt_ws_bytes = 1 << 20;
     c->lt_ws = malloc(c->lt_ws_bytes);
     c->scratch = malloc(256);

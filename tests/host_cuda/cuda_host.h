@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
 
 extern "C" {
@@ -64,18 +63,20 @@ static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b,
 using std::isfinite;
 
 // ---- barriers: the block and its warps ----
+// A warp-collective operation is one barrier: each lane writes its value into one of two buffers,
+// meets the warp, reads, and uses the other buffer next time (a lane cannot reach the next
+// operation's barrier before every lane has read this one's buffer).
 enum { HOST_MAX_THREADS = 1024 };
 static std::barrier<>* host_block;
 static std::barrier<>* host_warp[HOST_MAX_THREADS / 32];
-static float host_xch[HOST_MAX_THREADS / 32][32];
+static thread_local unsigned host_par;  // which buffer this lane's next warp operation uses
+static float host_xch[2][HOST_MAX_THREADS / 32][32];
 static inline void __syncthreads() { host_block->arrive_and_wait(); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    host_xch[w][l] = v;
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
+    host_xch[p][w][l] = v;
     host_warp[w]->arrive_and_wait();
-    const float r = host_xch[w][l ^ o];
-    host_warp[w]->arrive_and_wait();
-    return r;
+    return host_xch[p][w][l ^ o];
 }
 
 // The mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 step of cuda_fp8_kernels.cu (its comment gives
@@ -84,22 +85,22 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
 // of 2^-18 below 2^18: a tile's sum needs at most 43 bits) and the kernel's one rounding of it to
 // fp32 gives the spec's P_t. (The GPU's tensor core keeps fewer bits; tests/gpu bounds that.)
 typedef double mma_acc;
-static uint32_t host_frag[HOST_MAX_THREADS / 32][32][6];
+static uint32_t host_frag[2][HOST_MAX_THREADS / 32][32][6];
 static inline void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                             uint32_t b1) {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, tg = l & 3;
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, tg = l & 3, p = host_par ^= 1;
     const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
-    memcpy(host_frag[w][l], mine, sizeof mine);
+    memcpy(host_frag[p][w][l], mine, sizeof mine);
     host_warp[w]->arrive_and_wait();
     // A (row r, k): lane 4·(r % 8) + (k % 16) / 4, register a0 / a1 (k < 16, rows r < 8 / ≥ 8) or a2 / a3; byte k % 4.
     auto a = [&](int r, int k) {
         const int reg = (r >= 8) + 2 * (k >= 16), lane = 4 * (r & 7) + (k & 15) / 4;
-        return fp8_e4m3_to_f32((uint8_t)(host_frag[w][lane][reg] >> (8 * (k & 3))));
+        return fp8_e4m3_to_f32((uint8_t)(host_frag[p][w][lane][reg] >> (8 * (k & 3))));
     };
     // B (k, column n): lane 4·n + (k % 16) / 4, register b0 (k < 16) or b1; byte k % 4.
     auto b = [&](int k, int n) {
         const int reg = 4 + (k >= 16), lane = 4 * n + (k & 15) / 4;
-        return fp8_e4m3_to_f32((uint8_t)(host_frag[w][lane][reg] >> (8 * (k & 3))));
+        return fp8_e4m3_to_f32((uint8_t)(host_frag[p][w][lane][reg] >> (8 * (k & 3))));
     };
     for (int e = 0; e < 4; e++) {
         const int r = g + 8 * (e >> 1), n = 2 * tg + (e & 1);
@@ -107,8 +108,11 @@ static inline void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t 
         for (int k = 0; k < 32; k++) s += (double)a(r, k) * (double)b(k, n);  // exact (41 bits at most)
         d[e] += s;
     }
-    host_warp[w]->arrive_and_wait();  // the fragments stay until every lane has read them
 }
+
+// Runs f(0), ..., f(n − 1) on n threads of a pool kept across launches (host_pool.cc), and returns
+// when all have returned.
+void host_pool_run(unsigned n, const std::function<void(unsigned)>& f);
 
 // Runs kern over grid g (x fastest) with `threads` threads a block (a multiple of 32).
 static inline void host_grid(dim3 g, unsigned threads, const std::function<void()>& kern) {
@@ -118,18 +122,16 @@ static inline void host_grid(dim3 g, unsigned threads, const std::function<void(
     std::barrier<> blk(threads);
     for (unsigned i = 0; i < threads / 32; i++) host_warp[i] = new std::barrier<>(32);
     host_block = &blk;
-    std::vector<std::thread> th;
-    for (unsigned t = 0; t < threads; t++)
-        th.emplace_back([&, t] {
-            threadIdx = {t, 0, 0};
-            for (unsigned by = 0; by < g.y; by++)
-                for (unsigned bx = 0; bx < g.x; bx++) {
-                    blockIdx = {bx, by, 0};
-                    kern();
-                    blk.arrive_and_wait();  // the block's statics are the next block's
-                }
-        });
-    for (auto& t : th) t.join();
+    host_pool_run(threads, [&](unsigned t) {
+        threadIdx = {t, 0, 0};
+        host_par = 0;
+        for (unsigned by = 0; by < g.y; by++)
+            for (unsigned bx = 0; bx < g.x; bx++) {
+                blockIdx = {bx, by, 0};
+                kern();
+                blk.arrive_and_wait();  // the block's statics are the next block's
+            }
+    });
     for (unsigned i = 0; i < threads / 32; i++) delete host_warp[i];
 }
 // cuda_fp8.cuh's launch, run here (the stream is ignored: one launch after another is its order)

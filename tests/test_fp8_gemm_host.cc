@@ -1,0 +1,363 @@
+// test_fp8_gemm_host.cc — the CUDA backend's FP8 GEMM ops (cuda/cuda_fp8.cu with its kernels in
+// cuda_fp8_kernels.cu and cuda_fp8_quant.cu) run on the CPU through the host stand-in
+// (tests/host_cuda), against the CPU backend (the spec) bit for bit. The stand-in's cuBLASLt
+// computes in the spec's order and its mma step keeps a tile's partial exact, so every difference
+// is a bug of cuda_fp8.cu's own: the workspace's layout (each ws exactly fp8_ws_bytes, unaligned
+// too, under AddressSanitizer), the rows' chunks and their scale maps, the split between cuBLASLt
+// and the fallback kernel (counted), a group's product running on into the next group's rows,
+// the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, and every
+// cuBLASLt call against the documented rules (the stand-in aborts on a broken one). The GPU's
+// numerics inside a tile are tests/gpu/test_cuda_fp8.c's to bound.
+#include <vector>
+
+#include "backend_host.h"
+#include "cublasLt.h"
+#include "test.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd() {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A matrix as both backends see it: fp32 values (bf16-exact when bf) and, for bf, their bf16 bits.
+struct Mat {
+    int bf;
+    std::vector<float> f;
+    std::vector<uint16_t> h;
+    void* dev() { return bf ? (void*)h.data() : (void*)f.data(); }
+    void sync_h() {  // h from f
+        h.resize(f.size());
+        for (size_t i = 0; i < f.size(); i++) {
+            uint32_t u;
+            memcpy(&u, &f[i], 4);
+            h[i] = (uint16_t)(u >> 16);
+        }
+    }
+};
+// [R, C] with row stride ld: normal values times 2^(row exponent + column exponent) in [-12, 12],
+// so neighbouring tiles and blocks get different scales; 777 in the padding.
+static Mat data(int R, int C, int ld, int bf) {
+    Mat m{bf, std::vector<float>((size_t)R * ld), {}};
+    std::vector<int> ce(C);
+    for (int& e : ce) e = (int)(rnd() % 13) - 6;
+    for (int r = 0; r < R; r++) {
+        const int re = (int)(rnd() % 13) - 6;
+        for (int c = 0; c < ld; c++) {
+            float v = 777.f;
+            if (c < C) {
+                const double u1 = ((rnd() >> 11) + 1.0) / 9007199254740993.0, u2 = (rnd() >> 11) / 9007199254740992.0;
+                v = ldexpf((float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2)), re + ce[c]);
+            }
+            m.f[(size_t)r * ld + c] = bf ? bf16_round(v) : v;
+        }
+    }
+    if (bf) m.sync_h();
+    return m;
+}
+// The output as the stand-in left it, against the spec's fp32 result (rounded to bf16 when the
+// output is bf16): the number of elements [R, C] (row stride ld) whose bits differ.
+static size_t diff(Mat& got, int out_bf, const std::vector<float>& want, int R, int C, int ld) {
+    size_t bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * ld + c;
+            if (out_bf) {
+                uint32_t u;
+                const float w = bf16_round(want[i]);
+                memcpy(&u, &w, 4);
+                bad += got.h[i] != (uint16_t)(u >> 16);
+            } else {
+                bad += memcmp(&got.f[i], &want[i], 4) != 0;
+            }
+        }
+    return bad;
+}
+
+static Backend* g_cpu;
+// Workspace of exactly `bytes` bytes at an address 8 bytes past 16 (so ws_base's rounding is used):
+// AddressSanitizer reports a write past its end.
+struct Ws {
+    char* raw;
+    void* p;
+    size_t bytes;
+    explicit Ws(size_t b) : raw((char*)malloc(b + 8)), p(raw + 8), bytes(b) {}
+    ~Ws() { free(raw); }
+};
+static void* cpu_ws(Fp8Op op, Fp8Gemm f, int M, int N, int K, int G, std::vector<char>& keep, size_t* bytes) {
+    *bytes = g_cpu->fp8_ws_bytes(g_cpu, op, f, M, N, K, G);
+    keep.assign(*bytes + 1, 0);
+    return keep.data();
+}
+
+// The counters around one call: cuBLASLt products, fallback launches, heuristic refusals.
+struct Counts {
+    size_t lt, fb, refused, split;
+    static Counts now(Backend* be) {
+        Counts c;
+        cuda_fp8_counts(be, &c.lt, &c.fb);
+        c.refused = host_lt_refused;
+        c.split = cuda_fp8_wgrad_splits(be);
+        return c;
+    }
+};
+
+// How the product is taken: cuBLASLt where it can, the fallback kernel forced, or cuBLASLt's
+// heuristic refusing every shape; and the rows a product step takes (the default, or 128).
+enum Path { LT = 0, FORCED = 1, REFUSED = 2 };
+static const char* PATH_NAME[] = {"cuBLASLt", "fallback forced", "cuBLASLt refusing"};
+static void set_path(Backend* be, Path p) {
+    cuda_fp8_set_path(be, p == FORCED ? 2 : 0);
+    host_lt_refuse = p == REFUSED;
+}
+// The counters as the path implies: cuBLASLt ran (or not), the fallback ran where rows or columns
+// are not cuBLASLt's (or everywhere), and nothing else.
+static void expect_counts(const char* what, Path p, Counts a, Counts b, int lt_rows, int fb_rows) {
+    const size_t lt = b.lt - a.lt, fb = b.fb - a.fb, refused = b.refused - a.refused;
+    if (p == LT) {
+        EXPECT((lt > 0) == lt_rows && (fb > 0) == fb_rows && refused == 0,
+               "%s: %zu cuBLASLt products (want %s), %zu fallback launches (want %s), %zu refusals", what, lt,
+               lt_rows ? "some" : "none", fb, fb_rows ? "some" : "none", refused);
+    } else {
+        EXPECT(lt == 0 && fb > 0 && (p == FORCED || refused > 0), "%s: %zu cuBLASLt products, %zu fallback launches",
+               what, lt, fb);
+    }
+}
+
+// ---- gemm ------------------------------------------------------------------------------------------
+
+struct GCase {
+    int M, N, K, ta, tb;
+    Fp8Gemm f;
+    float alpha, beta;
+    int cin, c_f32, pad;
+};
+static const GCase GCASES[] = {
+    {64, 136, 200, 0, 1, FP8_WEIGHT, 1, 0, 0, 0, 0},     // a linear forward
+    {37, 300, 300, 0, 1, FP8_WEIGHT, 1, 0, 0, 0, 8},     // N % 8 = 4: the fallback only; a tail of rows
+    {130, 256, 384, 0, 0, FP8_WEIGHT, 1, 1, 0, 0, 0},    // a data gradient (B transposed) accumulating
+    {300, 128, 136, 0, 1, FP8_WEIGHT, 1, 1, 1, 0, 16},   // a residual add through c_in
+    {129, 264, 520, 1, 1, FP8_ACT, 0.5f, 0.25f, 0, 0, 0},  // op(A) by the cast-transpose, one row of tail
+    {207, 72, 1300, 1, 0, FP8_ACT, 1, 1, 0, 1, 0},       // a weight gradient into fp32: both column-wise; 11
+                                                         // K tiles and 7 rows of tail: its scales fill their ws part
+    {8, 8, 8, 0, 1, FP8_ACT, 1, 0, 0, 0, 0},
+    {16, 24, 0, 0, 1, FP8_WEIGHT, 1, 0.5f, 0, 0, 0},     // K = 0: C = beta · C, no product
+};
+
+// epi: the epilogue's fp32 rows in passes of this many rows (0: the default, one pass here)
+static void gemm_case(const GCase& g, int bf, Path path, int chunk, int epi = 0) {
+    Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+    cuda_fp8_set_row_chunk(be, chunk);
+    if (epi) cuda_fp8_set_epi_bytes(be, (size_t)4 * epi * g.N);
+    const int M = g.M, N = g.N, K = g.K;
+    const int ar = g.ta ? K : M, ac = g.ta ? M : K, br = g.tb ? N : K, bc = g.tb ? K : N;
+    const int lda = ac + g.pad, ldb = bc + g.pad, ldc = N + g.pad;
+    Mat A = data(ar, ac, lda, bf), B = data(br, bc, ldb, bf);
+    const int c_bf = bf && !g.c_f32;
+    Mat C = data(M, N, ldc, c_bf), Cin = data(M, N, ldc, c_bf);
+    std::vector<float> want = C.f;
+    GemmDesc d = {};
+    d.M = M, d.N = N, d.K = K, d.trans_a = g.ta, d.trans_b = g.tb, d.lda = lda, d.ldb = ldb, d.ldc = ldc;
+    d.alpha = g.alpha, d.beta = g.beta, d.c_f32 = g.c_f32, d.fp8 = g.f;
+    std::vector<char> keep;
+    d.c_in = g.cin ? Cin.f.data() : nullptr;
+    d.ws = cpu_ws(FP8_OP_GEMM, g.f, M, N, K, 1, keep, &d.ws_bytes);
+    g_cpu->gemm(g_cpu, &d, A.f.data(), B.f.data(), want.data());
+
+    Ws ws(cuda_fp8_ws_bytes(be, FP8_OP_GEMM, g.f, M, N, K, 1));
+    d.ws = ws.p, d.ws_bytes = ws.bytes;
+    d.c_in = g.cin ? Cin.dev() : nullptr;
+    set_path(be, path);
+    const Counts c0 = Counts::now(be);
+    cuda_gemm_fp8(be, &d, A.dev(), B.dev(), C.dev());
+    const Counts c1 = Counts::now(be);
+    set_path(be, LT);
+    char what[200];
+    snprintf(what, sizeof what, "gemm %dx%dx%d ta %d tb %d %s alpha %g beta %g%s%s %s, %s, chunk %d, epilogue %d rows",
+             M, N, K, g.ta, g.tb, g.f == FP8_WEIGHT ? "weight" : "act", g.alpha, g.beta, g.cin ? " c_in" : "",
+             g.c_f32 ? " fp32 C" : "", bf ? "bf16" : "fp32", PATH_NAME[path], chunk, epi);
+    const size_t bad = diff(C, c_bf, want, M, N, ldc);
+    EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, M * N);
+    if (K > 0) expect_counts(what, path, c0, c1, M >= 8 && N % 8 == 0, M % 8 != 0 || N % 8 != 0);
+    host_cuda_backend_free(be);
+}
+
+// Every case in both dtypes through cuBLASLt; the forced fallback in one dtype and rows in chunks
+// of 128 in the other, alternating (each dtype's own indexing is the quantisers', covered either way).
+static void test_gemm() {
+    int i = 0;
+    for (const GCase& g : GCASES) {
+        for (int bf = 0; bf < 2; bf++) gemm_case(g, bf, LT, 4096);
+        gemm_case(g, i % 2, FORCED, 4096);
+        if (g.M > 128) gemm_case(g, (i + 1) % 2, LT, 128);
+        i++;
+    }
+    gemm_case(GCASES[0], 1, REFUSED, 4096);
+    gemm_case(GCASES[3], 0, REFUSED, 128);
+    // bf16 C with beta: the fp32 product in passes of 16 or 24 rows, each through the epilogue
+    gemm_case(GCASES[2], 1, LT, 4096, 16);
+    gemm_case(GCASES[3], 1, LT, 128, 24);
+}
+
+// ---- gemm_grouped ----------------------------------------------------------------------------------
+
+// Expert groups: one empty, one inside the first 128-row tile, one of a whole tile starting
+// inside one, a short one, and a long one (more than two 128-row chunks; 300 % 8 = 4 rows of tail).
+static const int OFF[] = {0, 0, 37, 165, 181, 481};
+enum { G = 5, ROWS = 481 };
+// A group whose product runs on to a multiple of 8 rows would pass the last row: 37 rows, then
+// 2 after an empty group.
+static const int OFF_SHORT[] = {0, 37, 37, 39};
+
+static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float beta, int bf, Path path, int chunk,
+                         const int* off = OFF, int ng = G) {
+    const int rows = off[ng];
+    Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+    cuda_fp8_set_row_chunk(be, chunk);
+    const int br = tb ? N : K, bc = tb ? K : N;
+    Mat A = data(rows, K, K, bf), B = data(ng * br, bc, bc, bf), C = data(rows, N, N, bf);
+    std::vector<float> want = C.f;
+    GemmDesc d = {};
+    d.N = N, d.K = K, d.trans_b = tb, d.alpha = alpha, d.beta = beta, d.fp8 = f;
+    GroupDesc gd = {};
+    gd.groups = ng, gd.host_off = off, gd.b_stride = (size_t)N * K;
+    std::vector<char> keep;
+    d.ws = cpu_ws(FP8_OP_GROUPED, f, rows, N, K, ng, keep, &d.ws_bytes);
+    g_cpu->gemm_grouped(g_cpu, &d, &gd, A.f.data(), B.f.data(), want.data());
+
+    Ws ws(cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, f, rows, N, K, ng));
+    d.ws = ws.p, d.ws_bytes = ws.bytes;
+    set_path(be, path);
+    const Counts c0 = Counts::now(be);
+    cuda_gemm_grouped_fp8(be, &d, &gd, A.dev(), B.dev(), C.dev());
+    const Counts c1 = Counts::now(be);
+    set_path(be, LT);
+    char what[200];
+    snprintf(what, sizeof what, "gemm_grouped %d rows N %d K %d tb %d %s alpha %g beta %g %s, %s, chunk %d", rows, N,
+             K, tb, f == FP8_WEIGHT ? "weight" : "act", alpha, beta, bf ? "bf16" : "fp32", PATH_NAME[path], chunk);
+    const size_t bad = diff(C, bf, want, rows, N, N);
+    EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, rows * N);
+    // beta = 0: every group but the last runs on to a multiple of 8 rows, so only the last one's
+    // tail (300 % 8 = 4 rows; 2 in OFF_SHORT) is the fallback's; with beta, each group's own tail is
+    expect_counts(what, path, c0, c1, N % 8 == 0, true);
+    host_cuda_backend_free(be);
+}
+
+static void test_grouped() {
+    grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096);      // the expert forward
+    grouped_case(136, 200, 0, FP8_WEIGHT, 1, 0, 0, LT, 4096);      // the expert data gradient
+    grouped_case(136, 200, 1, FP8_WEIGHT, 0.5f, 1, 0, LT, 4096);   // alpha, beta: each group's own tail
+    grouped_case(136, 200, 1, FP8_ACT, 1, 0, 1, LT, 128);          // rows in chunks
+    grouped_case(100, 136, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096);      // N % 8 ≠ 0: the fallback only
+    grouped_case(136, 200, 0, FP8_WEIGHT, 1, 1, 1, FORCED, 128);
+    grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 0, REFUSED, 4096);
+    grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096, OFF_SHORT, 3);
+}
+
+// ---- gemm_grouped_wgrad ----------------------------------------------------------------------------
+
+// The CPU's weight gradient of one group's rows [k0, k0 + kr) into dB [N, K] (fp32): dB = r + beta·dB.
+static void cpu_wgrad_rows(const Mat& dY, const Mat& X, int N, int K, int k0, int kr, float* dB, float beta) {
+    const int off[2] = {0, kr};
+    GroupDesc g = {};
+    g.groups = 1, g.host_off = off, g.fp8 = FP8_ACT;
+    std::vector<char> keep;
+    g.ws = cpu_ws(FP8_OP_WGRAD, FP8_ACT, kr, N, K, 1, keep, &g.ws_bytes);
+    g_cpu->gemm_grouped_wgrad(g_cpu, &g, N, K, dY.f.data() + (size_t)k0 * N, X.f.data() + (size_t)k0 * K, dB, beta);
+}
+
+// The spec's weight gradient as cuda_fp8.cu takes it: a group of more than `whole` rows in chunks
+// of `chunk` rows (the tiles still from the group's first row), summed in fp32 — onto dB when dB
+// is fp32, else into separate sums that then go onto dB once, as the CUDA backend does.
+static void want_wgrad(const Mat& dY, const Mat& X, int N, int K, std::vector<float>& dB, float beta, int db_bf,
+                       int whole, int chunk) {
+    for (int g = 0; g < G; g++) {
+        const int r0 = OFF[g], rows = OFF[g + 1] - r0;
+        float* dbg = dB.data() + (size_t)g * N * K;
+        if (rows == 0) {
+            if (beta == 0.f) memset(dbg, 0, sizeof(float) * N * K);
+            continue;
+        }
+        if (rows <= whole) {
+            cpu_wgrad_rows(dY, X, N, K, r0, rows, dbg, beta);
+            continue;
+        }
+        if (!db_bf) {
+            for (int c = 0; c * chunk < rows; c++)
+                cpu_wgrad_rows(dY, X, N, K, r0 + c * chunk, std::min(chunk, rows - c * chunk), dbg, c == 0 ? beta : 1.f);
+            continue;
+        }
+        std::vector<float> acc((size_t)N * K);
+        for (int c = 0; c * chunk < rows; c++)
+            cpu_wgrad_rows(dY, X, N, K, r0 + c * chunk, std::min(chunk, rows - c * chunk), acc.data(), c == 0 ? 0.f : 1.f);
+        for (size_t i = 0; i < acc.size(); i++) dbg[i] = beta == 0.f ? acc[i] : acc[i] + beta * dbg[i];
+    }
+}
+
+// chunked: rows 128 at a time, the fp32 sums 64 rows of dB at a time (three blocks of dB's 136
+// rows), the epilogue's rows 24 at a time (fewer than the sums, as at Mixtral's sizes: ws is then
+// the sums' size), ws exactly fp8_ws_bytes: the group of 300 rows does not fit whole (those of 128
+// or fewer do).
+static void wgrad_case(int N, int K, float beta, int db_act, int bf, Path path, int chunked, int epi = 0) {
+    Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+    if (chunked) epi = 24;
+    if (epi) cuda_fp8_set_epi_bytes(be, (size_t)4 * epi * K);
+    if (chunked) {
+        cuda_fp8_set_row_chunk(be, 128);
+        cuda_fp8_set_wgrad_acc(be, (size_t)4 * 64 * K);
+    }
+    const int db_bf = bf && db_act;
+    Mat dY = data(ROWS, N, N, bf), X = data(ROWS, K, K, bf), dB = data(G * N, K, K, db_bf);
+    std::vector<float> want = dB.f;
+    want_wgrad(dY, X, N, K, want, beta, db_bf, chunked ? 256 : ROWS, 128);
+
+    GroupDesc g = {};
+    g.groups = G, g.host_off = OFF, g.b_stride = (size_t)N * K, g.db_act = db_act, g.fp8 = FP8_ACT;
+    const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, ROWS, N, K, G);
+    Ws ws(chunked ? need : need + (size_t)ROWS * (N + K) * 2);  // room for the largest group whole
+    g.ws = ws.p, g.ws_bytes = ws.bytes;
+    set_path(be, path);
+    const Counts c0 = Counts::now(be);
+    cuda_gemm_grouped_wgrad_fp8(be, &g, N, K, dY.dev(), X.dev(), dB.dev(), beta);
+    const Counts c1 = Counts::now(be);
+    set_path(be, LT);
+    char what[200];
+    snprintf(what, sizeof what, "gemm_grouped_wgrad N %d K %d beta %g %s dB, %s, %s, %s, epilogue %d rows", N, K, beta,
+             db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], chunked ? "row chunks" : "whole groups", epi);
+    const size_t bad = diff(dB, db_bf, want, G * N, K, K);
+    EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, G * N * K);
+    const size_t split = c1.split - c0.split;
+    EXPECT(split == (chunked ? 1u : 0u), "%s: %zu groups taken in row chunks, want %d", what, split, chunked ? 1 : 0);
+    // dB's rows (N) are the product's rows, its columns (K) cuBLASLt's m
+    expect_counts(what, path, c0, c1, K % 8 == 0, N % 8 != 0 || K % 8 != 0);
+    host_cuda_backend_free(be);
+}
+
+static void test_wgrad() {
+    for (int bf = 0; bf < 2; bf++)
+        for (int chunked = 0; chunked < 2; chunked++) {
+            wgrad_case(136, 72, 0.f, 0, bf, LT, chunked);
+            wgrad_case(136, 72, 1.f, 0, bf, LT, chunked);
+            wgrad_case(136, 72, 0.f, 1, bf, LT, chunked);
+            wgrad_case(136, 72, 1.f, 1, bf, LT, chunked);
+        }
+    wgrad_case(136, 72, 1.f, 1, 1, FORCED, 1);
+    wgrad_case(100, 72, 1.f, 1, 1, LT, 0);  // N % 8 ≠ 0: the fallback
+    wgrad_case(136, 72, 1.f, 1, 1, REFUSED, 0);
+    wgrad_case(136, 72, 1.f, 1, 1, LT, 0, 24);  // dB's epilogue in passes of 24 rows
+}
+
+int main() {
+    g_cpu = cpu_backend_create();
+    RUN(test_gemm);
+    RUN(test_grouped);
+    RUN(test_wgrad);
+    TEST_END();
+}
