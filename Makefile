@@ -64,9 +64,9 @@ PREBUILT ?= $(if $(and $(wildcard $(BUILD)/moetrain),$(if $(wildcard $(LIB)),,1)
 USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 # CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
-# C++20): the FP8 GEMMs' kernels, launchers and cuBLASLt calls checked against the spec by `make test`
+# C++20): the FP8 GEMMs and the MoE dispatch kernels checked against the spec by `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
-HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cublaslt_host backend_host host_pool)
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cublaslt_host backend_host host_pool)
 HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
             -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Itests/host_cuda -Isrc -Icuda
 HOST_DEPS := $(wildcard tests/host_cuda/*.h cuda/*.cuh) src/backend.h src/fp8.h

@@ -37,6 +37,11 @@ void cuda_fail(const char* what, const char* lib, const char* msg, const char* f
 const char* cublasLt_status_name(cublasStatus_t s);
 // After every kernel launch.
 #define LAUNCH_CK(impl) cuda_launch_check((impl), __FILE__, __LINE__)
+// A launch of kern (no dynamic shared memory) on a stream. tests/host_cuda (stand-ins for CUDA's
+// headers) defines its own, which runs the kernel's source on the CPU (tests/host_cuda/cuda_host.h).
+#ifndef KLAUNCH
+#define KLAUNCH(grid, threads, stream, kern, ...) kern<<<grid, threads, 0, stream>>>(__VA_ARGS__)
+#endif
 
 // ---- the backend's private state -------------------------------------------------------------
 struct GemmCache;  // cuda_gemm.cu

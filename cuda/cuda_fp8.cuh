@@ -6,12 +6,6 @@
 #include "cuda_common.cuh"
 #include "fp8_smap.cuh"
 
-// A launch of kern on the given stream. tests/host_cuda (the CUDA headers' stand-ins on the CPU)
-// defines its own, which runs the kernel's source as host threads (tests/cuda_host.h).
-#ifndef KLAUNCH
-#define KLAUNCH(grid, threads, stream, kern, ...) kern<<<grid, threads, 0, stream>>>(__VA_ARGS__)
-#endif
-
 // ---- the quantisers (cuda_fp8_quant.cu), on the backend's stream, act dtype from the backend ----
 // 1×128 tiles along the contiguous dimension: x [R, C] → q [R, ldq], scales through sm.
 void quant_rows(Backend* be, const void* x, int R, int C, size_t ldx, uint8_t* q, size_t ldq, SMap sm);

@@ -92,11 +92,11 @@ void cuda_moe_index(Backend* be, int32_t* counts, int32_t* dest, const int32_t* 
     CHECK((size_t)tiles * E * sizeof(int32_t) <= c->scratch_bytes, "moe_index: %d rows × %d experts exceed the "
           "scratch buffer; use a smaller micro-batch", nk, E);
     int32_t* tilecnt = (int32_t*)c->scratch;  // [tiles, E]
-    k_idx_count<<<tiles, IDX_TILE, 0, c->stream>>>(tilecnt, topk, nk, E);
+    KLAUNCH(tiles, IDX_TILE, c->stream, k_idx_count, tilecnt, topk, nk, E);
     LAUNCH_CK(c);
-    k_idx_scan<<<1, 256, 0, c->stream>>>(counts, tilecnt, tiles, E);
+    KLAUNCH(1, 256, c->stream, k_idx_scan, counts, tilecnt, tiles, E);
     LAUNCH_CK(c);
-    k_idx_dest<<<tiles, IDX_TILE, 0, c->stream>>>(dest, tilecnt, topk, nk, E);
+    KLAUNCH(tiles, IDX_TILE, c->stream, k_idx_dest, dest, tilecnt, topk, nk, E);
     LAUNCH_CK(c);
 }
 
@@ -120,12 +120,12 @@ static void rows_to_dest(Backend* be, void* dst, const void* src, const int32_t*
     const size_t rb = (size_t)H * dtype_size(be->act_dtype);
     if (rb % 16 == 0 && (uintptr_t)dst % 16 == 0 && (uintptr_t)src % 16 == 0) {
         const int W = (int)(rb / 16);
-        k_rows_to_dest<uint4><<<grid_for(c, (size_t)rows * W, 256), 256, 0, c->stream>>>(
-            (uint4*)dst, (const uint4*)src, dest, rows, k, W);
+        KLAUNCH(grid_for(c, (size_t)rows * W, 256), 256, c->stream, k_rows_to_dest<uint4>, (uint4*)dst,
+                (const uint4*)src, dest, rows, k, W);
     } else {
         const int W = (int)(rb / 2);
-        k_rows_to_dest<uint16_t><<<grid_for(c, (size_t)rows * W, 256), 256, 0, c->stream>>>(
-            (uint16_t*)dst, (const uint16_t*)src, dest, rows, k, W);
+        KLAUNCH(grid_for(c, (size_t)rows * W, 256), 256, c->stream, k_rows_to_dest<uint16_t>, (uint16_t*)dst,
+                (const uint16_t*)src, dest, rows, k, W);
     }
     LAUNCH_CK(c);
 }
@@ -177,15 +177,18 @@ static void sum_from_dest(Backend* be, void* out, const void* src, const int32_t
     CudaImpl* c = CI(be);
     if (is_bf16(be) && H % 8 == 0 && ((uintptr_t)out | (uintptr_t)src | (uintptr_t)add) % 16 == 0) {
         const int W = H / 8;
-        k_sum_from_dest_v<<<grid_for(c, (size_t)N * W, 256), 256, 0, c->stream>>>((uint4*)out, (const uint4*)src, dest,
-                                                                                 N, k, W, (const uint4*)add);
+        KLAUNCH(grid_for(c, (size_t)N * W, 256), 256, c->stream, k_sum_from_dest_v, (uint4*)out, (const uint4*)src,
+                dest, N, k, W, (const uint4*)add);
         LAUNCH_CK(c);
         return;
     }
     const unsigned g = grid_for(c, (size_t)N * H, 256);
     if (is_bf16(be))
-        k_sum_from_dest<bf16><<<g, 256, 0, c->stream>>>((bf16*)out, (const bf16*)src, dest, N, k, H, (const bf16*)add);
-    else k_sum_from_dest<float><<<g, 256, 0, c->stream>>>((float*)out, (const float*)src, dest, N, k, H, (const float*)add);
+        KLAUNCH(g, 256, c->stream, k_sum_from_dest<bf16>, (bf16*)out, (const bf16*)src, dest, N, k, H,
+                (const bf16*)add);
+    else
+        KLAUNCH(g, 256, c->stream, k_sum_from_dest<float>, (float*)out, (const float*)src, dest, N, k, H,
+                (const float*)add);
     LAUNCH_CK(c);
 }
 
@@ -208,13 +211,13 @@ __global__ void k_scatter_f32(float* out, const float* inp, const int32_t* dest,
 
 void cuda_gather_rows_f32(Backend* be, float* outp, const float* in, const int32_t* dest, int n) {
     if (n == 0) return;
-    k_gather_f32<<<grid_for(CI(be), n, 256), 256, 0, ST(be)>>>(outp, in, dest, n);
+    KLAUNCH(grid_for(CI(be), n, 256), 256, ST(be), k_gather_f32, outp, in, dest, n);
     LAUNCH_CK(CI(be));
 }
 
 void cuda_scatter_rows_f32(Backend* be, float* out, const float* inp, const int32_t* dest, int n) {
     if (n == 0) return;
-    k_scatter_f32<<<grid_for(CI(be), n, 256), 256, 0, ST(be)>>>(out, inp, dest, n);
+    KLAUNCH(grid_for(CI(be), n, 256), 256, ST(be), k_scatter_f32, out, inp, dest, n);
     LAUNCH_CK(CI(be));
 }
 
@@ -264,13 +267,13 @@ void cuda_swiglu_fwd(Backend* be, void* h, const void* gu, const float* scale, i
     CudaImpl* c = CI(be);
     if (is_bf16(be) && F % 8 == 0 && (uintptr_t)h % 16 == 0 && (uintptr_t)gu % 16 == 0) {
         const unsigned g = (unsigned)(n < 65535 ? n : 65535);
-        k_swiglu_fwd_v8<<<g, 256, 0, c->stream>>>((bf16*)h, (const bf16*)gu, scale, n, F);
+        KLAUNCH(g, 256, c->stream, k_swiglu_fwd_v8, (bf16*)h, (const bf16*)gu, scale, n, F);
         LAUNCH_CK(c);
         return;
     }
     const unsigned g = grid_for(c, (size_t)n * F, 256);
-    if (is_bf16(be)) k_swiglu_fwd<bf16><<<g, 256, 0, c->stream>>>((bf16*)h, (const bf16*)gu, scale, n, F);
-    else k_swiglu_fwd<float><<<g, 256, 0, c->stream>>>((float*)h, (const float*)gu, scale, n, F);
+    if (is_bf16(be)) KLAUNCH(g, 256, c->stream, k_swiglu_fwd<bf16>, (bf16*)h, (const bf16*)gu, scale, n, F);
+    else KLAUNCH(g, 256, c->stream, k_swiglu_fwd<float>, (float*)h, (const float*)gu, scale, n, F);
     LAUNCH_CK(c);
 }
 
@@ -338,11 +341,11 @@ void cuda_swiglu_bwd(Backend* be, void* dgu, float* dscale, const void* dh, cons
     if (n == 0) return;
     CudaImpl* c = CI(be);
     if (is_bf16(be) && F % 8 == 0 && (uintptr_t)dgu % 16 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)dh % 16 == 0)
-        k_swiglu_bwd_v8<<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
+        KLAUNCH(n, 256, c->stream, k_swiglu_bwd_v8, (bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
     else if (is_bf16(be))
-        k_swiglu_bwd<bf16><<<n, 256, 0, c->stream>>>((bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
+        KLAUNCH(n, 256, c->stream, k_swiglu_bwd<bf16>, (bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
     else
-        k_swiglu_bwd<float><<<n, 256, 0, c->stream>>>((float*)dgu, dscale, (const float*)dh, (const float*)gu, scale,
-                                                      F);
+        KLAUNCH(n, 256, c->stream, k_swiglu_bwd<float>, (float*)dgu, dscale, (const float*)dh, (const float*)gu,
+                scale, F);
     LAUNCH_CK(c);
 }

@@ -61,7 +61,8 @@ Backend* host_cuda_backend(DType act) {
     c->fp8_epi_bytes = FP8_EPI_BYTES;
     c->lt_ws_bytes = 1 << 20;
     c->lt_ws = malloc(c->lt_ws_bytes);
-    c->scratch = malloc(256);
+    c->scratch_bytes = 1 << 20;
+    c->scratch = malloc(c->scratch_bytes);
     return be;
 }
 void host_cuda_backend_free(Backend* be) {

@@ -9,6 +9,7 @@
 // block at a time uses them). The intrinsics are their IEEE host forms. Compile with
 // -ffp-contract=off: device code without fast math keeps each rounding too.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -78,6 +79,18 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
     host_warp[w]->arrive_and_wait();
     return host_xch[p][w][l ^ o];
 }
+static int host_xchi[2][HOST_MAX_THREADS / 32][32];
+// the mask of the lanes whose v equals this lane's (every lane of the warp takes part)
+static inline unsigned __match_any_sync(unsigned, int v) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
+    host_xchi[p][w][l] = v;
+    host_warp[w]->arrive_and_wait();
+    unsigned m = 0;
+    for (int j = 0; j < 32; j++) m |= (unsigned)(host_xchi[p][w][j] == v) << j;
+    return m;
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 
 // The mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 step of cuda_fp8_kernels.cu (its comment gives
 // the fragments' layout, from the PTX ISA): each lane's d += its elements of A·B. mma_acc is
