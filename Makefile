@@ -64,13 +64,16 @@ PREBUILT ?= $(if $(and $(wildcard $(BUILD)/moetrain),$(if $(wildcard $(LIB)),,1)
 USER_SCRIPTS := $(wildcard scripts/tokenize_data.py scripts/plot.py scripts/mpirun.sh)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/mpi_*.c))
 # CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
-# C++20): the FP8 GEMMs and the MoE dispatch kernels checked against the spec by `make test`
+# C++20): tests/*_host.cc, and the GPU tests whose ops it compiles, in `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
-HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cublaslt_host backend_host host_pool)
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cuda_optim cublaslt_host backend_host host_pool)
 HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
             -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -pthread -Itests/host_cuda -Isrc -Icuda
 HOST_DEPS := $(wildcard tests/host_cuda/*.h cuda/*.cuh) src/backend.h src/fp8.h
 .SECONDARY: $(HOST_OBJ)
+# GPU tests whose ops the stand-in compiles, built against it and run on the CPU as they are
+HOST_GPU_TESTS := $(patsubst %,$(BUILD)/host_tests/%_host,test_cuda_fp8_quant test_cuda_moe test_cuda_optim)
+TESTS += $(HOST_GPU_TESTS)
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 DEV_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard dev/cuda/*.cu))
 DEV_LIB := $(BUILD)/libmoetrain_dev.a
@@ -118,6 +121,10 @@ $(BUILD)/host_cuda/%.o: tests/host_cuda/%.cc $(HOST_DEPS) | check-deps
 $(BUILD)/tests/%_host: tests/%_host.cc tests/test.h $(HOST_OBJ) $(LIB) | check-deps
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) -Itests -o $@ $< $(HOST_OBJ) $(LIB) $(HOST_LDLIBS)
+$(BUILD)/host_tests/%_host: tests/gpu/%.c tests/gpu/gpu_check.h tests/test.h $(HOST_OBJ) $(LIB) | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all -Itests -Itests/gpu -c $< -o $@.o
+	$(HOST_CXX) -o $@ $@.o $(HOST_OBJ) $(LIB) $(HOST_LDLIBS)
 # test_dist_fail launches the helper under mpirun (tests/helper_fail.c is not a test itself).
 $(BUILD)/tests/test_dist_fail: $(BUILD)/tests/helper_fail
 

@@ -21,7 +21,7 @@ enum { FB_WARPS = 4, FB_BM = 16, FB_BN = 32 * FB_WARPS };
 // One m16n8k32 e4m3 tensor-core step of a warp, d += a·b, in the PTX ISA's fragment layout (a0..a3:
 // rows g and g + 8, k 4·tg.. and 16 + 4·tg..; b0, b1: column g, the same k; d: rows g, g + 8,
 // columns 2·tg, 2·tg + 1; g = lane / 4, tg = lane % 4). A tile's partial P_t is summed in mma_acc:
-// the tensor core's fp32 here; tests/cuda_host.h brings its own step, whose double keeps P_t exact.
+// the tensor core's fp32 here; tests/host_cuda/cuda_host.h brings its own step, whose double keeps P_t exact.
 #if defined(CUDA_HOST_RUN) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890)
 #define FP8_MMA_OK 1  // the device code has FP8 tensor cores to run on (or the host stand-in runs it)
 #else

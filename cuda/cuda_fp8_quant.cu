@@ -1,9 +1,9 @@
 // cuda_fp8_quant.cu — the FP8 quantiser kernels (1×128 tiles along rows or, cast-transposed, along
 // columns; 128×128 blocks), bit for bit what src/fp8.h specifies; cuda_fp8.cu says how the GEMMs
 // use them and tests/gpu/test_cuda_fp8_quant.c checks them against the spec on the GPU.
-// tests/test_fp8_quant_host.cc also runs this file on the CPU (tests/host_cuda: stand-ins for
-// CUDA's headers, threads, barriers, shuffles and intrinsics), so that the kernels' indexing is
-// checked against the spec by `make test` too.
+// `make test` also runs this file and that test on the CPU (tests/host_cuda: stand-ins for CUDA's
+// headers, threads, barriers, shuffles and intrinsics), so that the kernels' indexing is checked
+// against the spec without a GPU too.
 #include <cuda_fp8.h>
 
 #include "cuda_fp8.cuh"

@@ -119,8 +119,8 @@ static void launch_adamw(CudaImpl* c, float* master, P* param, float* m, float* 
                          const AdamArgs& a) {
     const bool vec = ((uintptr_t)master | (uintptr_t)m | (uintptr_t)v | (uintptr_t)grad) % 16 == 0;
     const unsigned g = grid_flat(vec ? (n + 3) / 4 : n, 256);
-    if (vec) k_adamw<P, G, true><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
-    else k_adamw<P, G, false><<<g, 256, 0, c->stream>>>(master, param, m, v, grad, n, a);
+    const auto kern = vec ? k_adamw<P, G, true> : k_adamw<P, G, false>;
+    KLAUNCH(g, 256, c->stream, kern, master, param, m, v, grad, n, a);
     LAUNCH_CK(c);
 }
 
@@ -273,8 +273,8 @@ static void launch_adamw_split(CudaImpl* c, uint16_t* w, int16_t* rem, float* m,
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(m + h) && al16(v + h) && al16(grad + h);
     const unsigned g = grid_flat(vec ? (n - h) / 8 + 1 : n, 256);
-    if (vec) k_adamw_split<G, true><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, h, a);
-    else k_adamw_split<G, false><<<g, 256, 0, c->stream>>>(w, rem, m, v, grad, n, 0, a);
+    const auto kern = vec ? k_adamw_split<G, true> : k_adamw_split<G, false>;
+    KLAUNCH(g, 256, c->stream, kern, w, rem, m, v, grad, n, vec ? h : 0, a);
     LAUNCH_CK(c);
 }
 
@@ -295,8 +295,8 @@ void cuda_split_pack(Backend* be, uint16_t* w, int16_t* rem, const float* x, siz
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && (!rem || al16(rem + h)) && al16(x + h);
     const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
-    if (vec) k_split_pack<true><<<g, 256, 0, c->stream>>>(w, rem, x, n, h);
-    else k_split_pack<false><<<g, 256, 0, c->stream>>>(w, rem, x, n, 0);
+    const auto kern = vec ? k_split_pack<true> : k_split_pack<false>;
+    KLAUNCH(g, 256, c->stream, kern, w, rem, x, n, vec ? h : 0);
     LAUNCH_CK(c);
 }
 
@@ -307,7 +307,7 @@ void cuda_split_unpack(Backend* be, float* x, const uint16_t* w, const int16_t* 
     const size_t h = split_head(w);
     const bool vec = n >= h + 8 && al16(w + h) && al16(rem + h) && al16(x + h);
     const unsigned g = grid_for(c, vec ? (n - h) / 8 + 1 : n, 256);
-    if (vec) k_split_unpack<true><<<g, 256, 0, c->stream>>>(x, w, rem, n, h);
-    else k_split_unpack<false><<<g, 256, 0, c->stream>>>(x, w, rem, n, 0);
+    const auto kern = vec ? k_split_unpack<true> : k_split_unpack<false>;
+    KLAUNCH(g, 256, c->stream, kern, x, w, rem, n, vec ? h : 0);
     LAUNCH_CK(c);
 }

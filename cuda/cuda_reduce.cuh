@@ -1,5 +1,5 @@
 // cuda_reduce.cuh — warp and block reductions (fixed order: deterministic). Only CUDA's warp
-// shuffles, __syncthreads and thread indices: tests/cuda_host.h runs them on the CPU too.
+// shuffles, __syncthreads and thread indices: tests/host_cuda/cuda_host.h runs them on the CPU too.
 #pragma once
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,6 +1,6 @@
 // fp8_smap.cuh — the FP8 tile constants and the scale map of a quantised operand: what the
 // quantiser kernels (cuda_fp8_quant.cu) and the GEMMs (cuda_fp8.cu) share. No CUDA runtime here,
-// so that tests/test_fp8_quant_host.cc can run the quantisers' own source on the CPU.
+// so that the quantisers' own source also runs on the CPU (tests/host_cuda).
 #pragma once
 #include <float.h>
 #include <stddef.h>

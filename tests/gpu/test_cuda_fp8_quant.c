@@ -1,9 +1,10 @@
 // test_cuda_fp8_quant.c — the CUDA backend's FP8 quantisers (cuda/cuda_fp8_quant.cu) against the
 // CPU spec (src/fp8.h), bit for bit (codes and scales), for bf16 and fp32 inputs: 1×128 row-wise,
 // the cast-transpose (both layouts from one read), 128×128 blocks as stored and transposed; partial
-// tiles, padded strides, NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32
-// subnormals, values near FLT_MAX and quotients at and beside e4m3 rounding boundaries. The FP8
-// GEMMs that use them: test_cuda_fp8.c.
+// tiles, padded strides, codes with row strides of only 4 bytes, an input one element off 16 bytes,
+// NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32 subnormals, values near FLT_MAX
+// and quotients at and beside e4m3 rounding boundaries. The FP8 GEMMs that use them:
+// test_cuda_fp8.c. `make test` also runs this test on the CPU (tests/host_cuda).
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -32,10 +33,19 @@ static float* quant_data(int R, int C, int ld) {
     float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
     for (int r = 0; r < R; r++) {
         // rows 10-25: scales near 2^-120, where the GPU's reciprocal-and-correction division would
-        // misround (it divides with __fdiv_rn below a scale of 2^-64)
-        const int e = (r >= 10 && r < 26) ? -104 - r / 2 : (int)(rng_u64(&g_rng) % 61) - 30;
+        // misround (it divides with __fdiv_rn below a scale of 2^-64); their values spread over 12
+        // binades, so many quotients are small and their remainders deep in the fp32 subnormals
+        const int tiny = r >= 10 && r < 26, e = tiny ? -104 - r / 2 : (int)(rng_u64(&g_rng) % 61) - 30;
         const float s = exp2f((float)e);
-        for (int c = 0; c < ld; c++) x[(size_t)r * ld + c] = rng_normal(&g_rng) * s;
+        for (int c = 0; c < ld; c++) {
+            if (!tiny) {
+                x[(size_t)r * ld + c] = rng_normal(&g_rng) * s;
+                continue;
+            }
+            const uint64_t u = rng_u64(&g_rng);
+            const float v = ldexpf((float)((u >> 11) & 0xffffff) / 16777216.f, e - (int)((u >> 40) % 12));
+            x[(size_t)r * ld + c] = (u >> 63) ? -v : v;
+        }
     }
     if (R > 1)
         for (int c = 0; c < C && c < FP8_TILE; c++) x[(size_t)1 * ld + c] = 0.f;  // all-zero row tile
@@ -121,14 +131,24 @@ static void check_scales(const Mode* m, const char* label, const float* got_at_r
            first, bad ? *got_at_rt[first] : 0.f, bad ? want[first] : 0.f);
 }
 
+// Shapes: partial tiles, padded strides, a whole 128×128 tile, one row of 8; al: ldq / ldk rounded to
+// 16 (the GEMMs' layout: 16-byte stores) or only to 4 (the kernels' narrower stores); off: the input
+// starts one element past 16 bytes (the kernels' element-wise loads).
 static void test_quant(void) {
-    const struct { int R, C, ld; } sh[] = {{37, 300, 300}, {130, 256, 264}, {256, 1024, 1024}, {5, 129, 131}};
+    const struct { int R, C, ld, al, off; } sh[] = {
+        {37, 300, 300, 16, 0}, {130, 256, 264, 16, 0}, {256, 1024, 1024, 16, 0}, {5, 129, 131, 16, 0},
+        {300, 520, 520, 16, 0}, {129, 384, 392, 4, 0}, {200, 136, 136, 4, 1}, {128, 128, 128, 16, 0}, {1, 8, 8, 16, 0}};
     FOR_MODES for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
         Backend* be = m->gpu;
-        const int R = sh[si].R, C = sh[si].C, ld = sh[si].ld, KtC = tiles(C), KtR = tiles(R);
+        const int R = sh[si].R, C = sh[si].C, ld = sh[si].ld, al = sh[si].al, KtC = tiles(C), KtR = tiles(R);
         float* x = quant_data(R, C, ld);
         round_act(m, x, (size_t)R * ld);
-        void* dx = up_act(be, x, (size_t)R * ld);
+        float* xs = xmalloc(sizeof(float) * ((size_t)R * ld + 1));  // x one element in, for off
+        xs[0] = 0.f;
+        memcpy(xs + 1, x, sizeof(float) * (size_t)R * ld);
+        void* dx = sh[si].off ? (char*)up_act(be, xs, (size_t)R * ld + 1) + dtype_size(be->act_dtype)
+                              : up_act(be, x, (size_t)R * ld);
+        free(xs);
         uint8_t *q = xmalloc((size_t)R * C), *qt = xmalloc((size_t)R * C);
         float *s = xmalloc(4 * (size_t)R * KtC), *st = xmalloc(4 * (size_t)C * KtR);
         fp8_quant_1x128(x, R, C, (size_t)ld, q, s, qt, st);
@@ -136,7 +156,7 @@ static void test_quant(void) {
 
         // 1×128 row-wise, with the GEMMs' split/chunk scale map (rows past the split at s1)
         {
-            const int ldq = (int)pad((size_t)C, 16), split = R / 8 * 8, chunk = 16;
+            const int ldq = (int)pad((size_t)C, al), split = R / 8 * 8, chunk = 16;
             uint8_t* dq = poison(be, (size_t)R * ldq);
             float *ds0 = poison(be, 4 * (size_t)R * KtC), *ds1 = poison(be, 4 * (size_t)8 * KtC);
             cuda_fp8_quant_rows(be, dx, R, C, ld, dq, ldq, ds0, ds1, split, chunk);
@@ -153,7 +173,7 @@ static void test_quant(void) {
         }
         // the cast-transpose, both layouts from one read
         {
-            const int ldk = (int)pad((size_t)R, 16), ldq = (int)pad((size_t)C, 16);
+            const int ldk = (int)pad((size_t)R, al), ldq = (int)pad((size_t)C, al);
             uint8_t *dqt = poison(be, (size_t)C * ldk), *dq = poison(be, (size_t)R * ldq);
             float *dst = poison(be, 4 * (size_t)KtR * C), *ds = poison(be, 4 * (size_t)KtC * R);
             cuda_fp8_quant_cols(be, dx, R, C, ld, dqt, ldk, dst, dq, ldq, ds);
@@ -181,7 +201,7 @@ static void test_quant(void) {
             fp8_quant_128x128(x, R, C, (size_t)ld, bq, bs, bqt, bst);
             for (int tr = 0; tr < 2; tr++) {
                 const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
-                const int ldq = (int)pad((size_t)ok, 16), lds = (int)pad((size_t)okt, 4);
+                const int ldq = (int)pad((size_t)ok, al), lds = (int)pad((size_t)okt, 4);
                 uint8_t* dq = poison(be, (size_t)orows * ldq);
                 float* ds = poison(be, 4 * (size_t)orb * lds);
                 cuda_fp8_quant_blocks(be, dx, R, C, ld, tr, dq, ldq, ds);

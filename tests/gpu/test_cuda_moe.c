@@ -2,7 +2,8 @@
 // modes: the SwiGLU forward and backward, moe_index (the expert-major order, an expert with no
 // rows), the permutations and their gradients.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
-// the worst error per check is printed at the end. Needs a GPU: without one it fails.
+// the worst error per check is printed at the end. Needs a GPU: without one it fails (`make test`
+// also runs it on the CPU, built against tests/host_cuda).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,8 @@
 // copy, unaligned pointers), and the split fp32 masters: split_pack / split_unpack on every low
 // half, adamw_split bit for bit against the CUDA adamw (the same arithmetic), the compute weight
 // the tie-away rounding of the master.
-// Needs a GPU: without one it fails.
+// Needs a GPU: without one it fails (`make test` also runs it on the CPU, built against
+// tests/host_cuda).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,8 @@ static void test_adamw(void) {
         float* gp = down_f32(be, dp, n);
         float *d_ref = xmalloc(4 * n), *d_got = xmalloc(4 * n);
         for (size_t i = 0; i < n; i++) d_ref[i] = p[i] - p0[i], d_got[i] = gp[i] - p0[i];
-        cmp(m, "adamw step (master_new - master)", d_got, d_ref, n, TOL_ADAM_STEP);
+        cmp(m, "adamw step (master_new - master)", d_got, d_ref, n, TOL_ADAM_STEP);  // frees d_got
+        free(d_ref);
         cmp(m, "adamw m", down_f32(be, dm, n), mm, n, TOL_F32);
         cmp(m, "adamw v", down_f32(be, dv, n), vv, n, TOL_F32);
         if (param != dp) {  // the act copy is the new master in the act dtype

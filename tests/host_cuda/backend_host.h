@@ -1,6 +1,7 @@
-// backend_host.h — a CUDA backend whose FP8 GEMM ops are cuda/cuda_fp8*.cu run on the CPU through
-// the host stand-in (cuda_host.h says what this directory is). Only what those files use is there:
-// act dtype, the FP8 ops and fp8_ws_bytes, zero; "device" memory is host memory.
+// backend_host.h — the CUDA backend as the host stand-in makes it (cuda_host.h says what this
+// directory is): cuda_backend_create gives a Backend whose ops are the CUDA source the stand-in
+// compiles (cuda/cuda_fp8*.cu, cuda_moe.cu, cuda_optim.cu) run on the CPU, and whose "device"
+// memory is host memory; the other ops are NULL. tests/gpu's tests of those ops run on it too.
 #pragma once
 extern "C" {
 #include "backend.h"

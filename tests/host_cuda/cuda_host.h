@@ -48,6 +48,7 @@ struct float2 { float x, y; };
 static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 static inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 
 static inline float __uint_as_float(uint32_t u) {
@@ -55,7 +56,14 @@ static inline float __uint_as_float(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
