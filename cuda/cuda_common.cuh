@@ -139,12 +139,15 @@ __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g));
 
 // 2^x in one MUFU.EX2 (ex2.approx.ftz: exp2f's ex2.approx without ftz adds a denormal fix-up of
 // three instructions around it). Flushing results below 2^-126 to 0 changes no softmax weight
-// that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before.
+// that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before. (The host stand-in,
+// tests/host_cuda, brings its own.)
+#ifndef CUDA_HOST_RUN
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+#endif
 
 #include "cuda_reduce.cuh"
 

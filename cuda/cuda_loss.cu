@@ -197,15 +197,15 @@ void cuda_cross_entropy(Backend* be, void* logits, float* loss, const int32_t* t
     const int chunks = (V / 8 + CE_THREADS - 1) / CE_THREADS;  // per thread, in the vectorized kernel
     const int nv = !is_bf16(be) || V % 8 || (uintptr_t)logits % 16 ? 0 : chunks <= 1 ? 1 : chunks <= 2 ? 2
                  : chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
-    if (nv == 1) k_ce_rows_v<1><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 2) k_ce_rows_v<2><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 4) k_ce_rows_v<4><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
-    else if (nv == 8) k_ce_rows_p<8><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+    if (nv == 1) KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows_v<1>, (bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 2) KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows_v<2>, (bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 4) KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows_v<4>, (bf16*)logits, rowloss, targets, V, grad_scale);
+    else if (nv == 8) KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows_p<8>, (bf16*)logits, rowloss, targets, V, grad_scale);
     else if (is_bf16(be))
-        k_ce_rows<bf16><<<n, CE_THREADS, 0, c->stream>>>((bf16*)logits, rowloss, targets, V, grad_scale);
+        KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows<bf16>, (bf16*)logits, rowloss, targets, V, grad_scale);
     else
-        k_ce_rows<float><<<n, CE_THREADS, 0, c->stream>>>((float*)logits, rowloss, targets, V, grad_scale);
+        KLAUNCH(n, CE_THREADS, c->stream, k_ce_rows<float>, (float*)logits, rowloss, targets, V, grad_scale);
     LAUNCH_CK(c);
-    k_ce_sum<<<1, 256, 0, c->stream>>>(loss, rowloss, n);
+    KLAUNCH(1, 256, c->stream, k_ce_sum, loss, rowloss, n);
     LAUNCH_CK(c);
 }

@@ -345,7 +345,7 @@ void cuda_swiglu_bwd(Backend* be, void* dgu, float* dscale, const void* dh, cons
     else if (is_bf16(be))
         KLAUNCH(n, 256, c->stream, k_swiglu_bwd<bf16>, (bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F);
     else
-        KLAUNCH(n, 256, c->stream, k_swiglu_bwd<float>, (float*)dgu, dscale, (const float*)dh, (const float*)gu,
-                scale, F);
+        KLAUNCH(n, 256, c->stream, k_swiglu_bwd<float>, (float*)dgu, dscale, (const float*)dh, (const float*)gu, scale,
+                F);
     LAUNCH_CK(c);
 }

@@ -115,13 +115,13 @@ void cuda_rope_qkv(Backend* be, void* qkv, void* q, void* k, void* v, int B, int
     const bool al = ((uintptr_t)qkv | (uintptr_t)q | (Hkv ? (uintptr_t)k | (uintptr_t)v : 0)) % 16 == 0;
     if (is_bf16(be) && (D / 2) % 8 == 0 && al) {
         const QkvRows<bf16> x = {(bf16*)qkv, (bf16*)q, (bf16*)k, (bf16*)v, Hq, Hkv, D};
-        k_rope_qkv_v<<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
+        KLAUNCH(grid, 256, c->stream, k_rope_qkv_v, x, B, T, lt, inverse, pos);
     } else if (is_bf16(be)) {
         const QkvRows<bf16> x = {(bf16*)qkv, (bf16*)q, (bf16*)k, (bf16*)v, Hq, Hkv, D};
-        k_rope_qkv<bf16><<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
+        KLAUNCH(grid, 256, c->stream, k_rope_qkv<bf16>, x, B, T, lt, inverse, pos);
     } else {
         const QkvRows<float> x = {(float*)qkv, (float*)q, (float*)k, (float*)v, Hq, Hkv, D};
-        k_rope_qkv<float><<<grid, 256, 0, c->stream>>>(x, B, T, lt, inverse, pos);
+        KLAUNCH(grid, 256, c->stream, k_rope_qkv<float>, x, B, T, lt, inverse, pos);
     }
     LAUNCH_CK(c);
 }

@@ -111,10 +111,10 @@ void cuda_router_fwd(Backend* be, float* probs, int32_t* topk, float* topk_w, fl
     CudaImpl* c = CI(be);
     const unsigned g = (unsigned)((N + ROUTER_WARPS - 1) / ROUTER_WARPS);
     const int T = 32 * ROUTER_WARPS;
-    if (E <= 32) k_router_fwd<1><<<g, T, 0, c->stream>>>(probs, topk, topk_w, stats, zsum, logits, N, E, k);
-    else if (E <= 64) k_router_fwd<2><<<g, T, 0, c->stream>>>(probs, topk, topk_w, stats, zsum, logits, N, E, k);
-    else if (E <= 128) k_router_fwd<4><<<g, T, 0, c->stream>>>(probs, topk, topk_w, stats, zsum, logits, N, E, k);
-    else k_router_fwd<8><<<g, T, 0, c->stream>>>(probs, topk, topk_w, stats, zsum, logits, N, E, k);
+    if (E <= 32) KLAUNCH(g, T, c->stream, k_router_fwd<1>, probs, topk, topk_w, stats, zsum, logits, N, E, k);
+    else if (E <= 64) KLAUNCH(g, T, c->stream, k_router_fwd<2>, probs, topk, topk_w, stats, zsum, logits, N, E, k);
+    else if (E <= 128) KLAUNCH(g, T, c->stream, k_router_fwd<4>, probs, topk, topk_w, stats, zsum, logits, N, E, k);
+    else KLAUNCH(g, T, c->stream, k_router_fwd<8>, probs, topk, topk_w, stats, zsum, logits, N, E, k);
     LAUNCH_CK(c);
 }
 
@@ -184,8 +184,9 @@ void cuda_router_bwd(Backend* be, float* dlogits, const float* dtopk_w, const fl
     CudaImpl* c = CI(be);
     const unsigned g = (unsigned)((N + ROUTER_WARPS - 1) / ROUTER_WARPS);
     const int T = 32 * ROUTER_WARPS;
-#define RB(EPL) k_router_bwd<EPL><<<g, T, 0, c->stream>>>(dlogits, dtopk_w, aux_dprob, z_grad, probs, topk, topk_w, \
-                                                         logits, N, E, k)
+#define RB(EPL)                                                                                              \
+    KLAUNCH(g, T, c->stream, k_router_bwd<EPL>, dlogits, dtopk_w, aux_dprob, z_grad, probs, topk, topk_w, logits, N, \
+            E, k)
     if (E <= 32) RB(1);
     else if (E <= 64) RB(2);
     else if (E <= 128) RB(4);

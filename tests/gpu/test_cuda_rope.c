@@ -1,7 +1,8 @@
 // test_cuda_rope.c — cuda/cuda_rope.cu (rope_qkv, both directions) against the CPU backend
 // (the spec), in fp32 and bf16 modes.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
-// the worst error per check is printed at the end. Needs a GPU: without one it fails.
+// the worst error per check is printed at the end. Needs a GPU: without one it fails (`make test`
+// also runs it on the CPU, built against tests/host_cuda).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

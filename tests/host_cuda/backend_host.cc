@@ -104,6 +104,8 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int, const GpuConfig* g
     be->gather_rows_f32 = cuda_gather_rows_f32, be->scatter_rows_f32 = cuda_scatter_rows_f32;
     be->adamw = cuda_adamw, be->adamw_split = cuda_adamw_split;
     be->split_pack = cuda_split_pack, be->split_unpack = cuda_split_unpack;
+    be->rope_qkv = cuda_rope_qkv, be->cross_entropy = cuda_cross_entropy;
+    be->router_fwd = cuda_router_fwd, be->router_bwd = cuda_router_bwd;
     return be;
 }
 

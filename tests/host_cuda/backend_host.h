@@ -1,7 +1,7 @@
 // backend_host.h — the CUDA backend as the host stand-in makes it (cuda_host.h says what this
 // directory is): cuda_backend_create gives a Backend whose ops are the CUDA source the stand-in
-// compiles (cuda/cuda_fp8*.cu, cuda_moe.cu, cuda_optim.cu) run on the CPU, and whose "device"
-// memory is host memory; the other ops are NULL. tests/gpu's tests of those ops run on it too.
+// compiles (Makefile: HOST_OBJ) run on the CPU, and whose "device" memory is host memory; the other
+// ops are NULL. tests/gpu's tests of those ops run on it too (HOST_GPU_TESTS).
 #pragma once
 extern "C" {
 #include "backend.h"

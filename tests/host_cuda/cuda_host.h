@@ -38,8 +38,10 @@ struct dim3 {
 struct HostIdx {
     unsigned x, y, z;
 };
-static thread_local HostIdx threadIdx, blockIdx;
-static HostIdx gridDim, blockDim;
+// (inline variables: one of each in the program, since an inline function such as block_sum is
+// one function whichever object's launch runs it)
+inline thread_local HostIdx threadIdx, blockIdx;
+inline HostIdx gridDim, blockDim;
 
 struct uint4 { uint32_t x, y, z, w; };
 struct uint2 { uint32_t x, y; };
@@ -69,6 +71,12 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 [[noreturn]] static inline void __trap() { abort(); }
+// cuda_common.cuh's ex2.approx.ftz: 2^x, results below 2^-126 flushed to zero (the device's is
+// approximate, within 2 ulp; the GPU tests' tolerances allow for it)
+static inline float fast_exp2(float x) {
+    const float y = std::exp2(x);
+    return y < 0x1p-126f ? 0.f : y;
+}
 using std::isfinite;
 
 // ---- barriers: the block and its warps ----
@@ -76,10 +84,10 @@ using std::isfinite;
 // meets the warp, reads, and uses the other buffer next time (a lane cannot reach the next
 // operation's barrier before every lane has read this one's buffer).
 enum { HOST_MAX_THREADS = 1024 };
-static std::barrier<>* host_block;
-static std::barrier<>* host_warp[HOST_MAX_THREADS / 32];
-static thread_local unsigned host_par;  // which buffer this lane's next warp operation uses
-static float host_xch[2][HOST_MAX_THREADS / 32][32];
+inline std::barrier<>* host_block;
+inline std::barrier<>* host_warp[HOST_MAX_THREADS / 32];
+inline thread_local unsigned host_par;  // which buffer this lane's next warp operation uses
+inline float host_xch[2][HOST_MAX_THREADS / 32][32];
 static inline void __syncthreads() { host_block->arrive_and_wait(); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
@@ -87,7 +95,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
     host_warp[w]->arrive_and_wait();
     return host_xch[p][w][l ^ o];
 }
-static int host_xchi[2][HOST_MAX_THREADS / 32][32];
+inline int host_xchi[2][HOST_MAX_THREADS / 32][32];
 // the mask of the lanes whose v equals this lane's (every lane of the warp takes part)
 static inline unsigned __match_any_sync(unsigned, int v) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
@@ -97,8 +105,18 @@ static inline unsigned __match_any_sync(unsigned, int v) {
     for (int j = 0; j < 32; j++) m |= (unsigned)(host_xchi[p][w][j] == v) << j;
     return m;
 }
+// lane src's v (a lane outside the warp's 32 reads its own)
+template <typename T> static inline T __shfl_sync(unsigned, T v, int src) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
+    memcpy(&host_xchi[p][w][l], &v, 4);
+    host_warp[w]->arrive_and_wait();
+    T r;
+    memcpy(&r, &host_xchi[p][w][src >= 0 && src < 32 ? src : l], 4);
+    return r;
+}
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+template <typename T> static inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
 
 // The mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 step of cuda_fp8_kernels.cu (its comment gives
 // the fragments' layout, from the PTX ISA): each lane's d += its elements of A·B. mma_acc is
@@ -106,7 +124,7 @@ static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fet
 // of 2^-18 below 2^18: a tile's sum needs at most 43 bits) and the kernel's one rounding of it to
 // fp32 gives the spec's P_t. (The GPU's tensor core keeps fewer bits; tests/gpu bounds that.)
 typedef double mma_acc;
-static uint32_t host_frag[2][HOST_MAX_THREADS / 32][32][6];
+inline uint32_t host_frag[2][HOST_MAX_THREADS / 32][32][6];
 static inline void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                             uint32_t b1) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, tg = l & 3, p = host_par ^= 1;
