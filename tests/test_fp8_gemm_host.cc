@@ -290,13 +290,17 @@ static void want_wgrad(const Mat& dY, const Mat& X, int N, int K, std::vector<fl
             continue;
         }
         if (!db_bf) {
-            for (int c = 0; c * chunk < rows; c++)
-                cpu_wgrad_rows(dY, X, N, K, r0 + c * chunk, std::min(chunk, rows - c * chunk), dbg, c == 0 ? beta : 1.f);
+            for (int c = 0; c * chunk < rows; c++) {
+                const int k0 = r0 + c * chunk, kr = std::min(chunk, rows - c * chunk);
+                cpu_wgrad_rows(dY, X, N, K, k0, kr, dbg, c == 0 ? beta : 1.f);
+            }
             continue;
         }
         std::vector<float> acc((size_t)N * K);
-        for (int c = 0; c * chunk < rows; c++)
-            cpu_wgrad_rows(dY, X, N, K, r0 + c * chunk, std::min(chunk, rows - c * chunk), acc.data(), c == 0 ? 0.f : 1.f);
+        for (int c = 0; c * chunk < rows; c++) {
+            const int k0 = r0 + c * chunk, kr = std::min(chunk, rows - c * chunk);
+            cpu_wgrad_rows(dY, X, N, K, k0, kr, acc.data(), c == 0 ? 0.f : 1.f);
+        }
         for (size_t i = 0; i < acc.size(); i++) dbg[i] = beta == 0.f ? acc[i] : acc[i] + beta * dbg[i];
     }
 }
@@ -330,7 +334,8 @@ static void wgrad_case(int N, int K, float beta, int db_act, int bf, Path path, 
     set_path(be, LT);
     char what[200];
     snprintf(what, sizeof what, "gemm_grouped_wgrad N %d K %d beta %g %s dB, %s, %s, %s, epilogue %d rows", N, K, beta,
-             db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], chunked ? "row chunks" : "whole groups", epi);
+             db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], chunked ? "row chunks" : "whole groups",
+             epi);
     const size_t bad = diff(dB, db_bf, want, G * N, K, K);
     EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, G * N * K);
     const size_t split = c1.split - c0.split;

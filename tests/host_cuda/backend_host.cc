@@ -1,5 +1,6 @@
-// backend_host.cc — backend_host.h's backend, and the pieces of the CUDA backend that cuda_fp8*.cu
-// call from other files (cuda_backend.cu's checks, cuda_gemm.cu's GEMMs for the no-product case).
+// backend_host.cc — backend_host.h's backend (cuda_backend_create), and the pieces of the CUDA
+// backend that the compiled files call from the others (cuda_backend.cu's checks; cuda_gemm.cu's
+// GEMMs as far as FP8 and the no-product case go).
 #include "backend_host.h"
 
 #include <stdio.h>
@@ -12,8 +13,8 @@ void cuda_fail(const char* what, const char* lib, const char* msg, const char* f
     abort();
 }
 const char* cublasLt_status_name(cublasStatus_t s) {
-    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED"
-                                                                                                    : "CUBLAS_STATUS_(other)";
+    if (s == CUBLAS_STATUS_SUCCESS) return "CUBLAS_STATUS_SUCCESS";
+    return s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_(other)";
 }
 const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "error"; }
 void cuda_launch_check(CudaImpl*, const char*, int) {}

@@ -89,8 +89,9 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
     delete p;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
-                                                    const void* buf, size_t size) {
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void* buf,
+                                                    size_t size) {
     if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) set(&p->ws, buf, size);
     else if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
@@ -100,22 +101,24 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 // cuda_fp8.cu relies on; each broken one aborts.
 static void check_shape(const HostLtDesc* d, const HostLtLayout* a, const HostLtLayout* b, const HostLtLayout* c,
                         const HostLtLayout* dl) {
-    RULE(d->compute == CUBLAS_COMPUTE_32F && d->scale_type == CUDA_R_32F, "FP8 computes in CUBLAS_COMPUTE_32F, fp32 scale type");
-    RULE(d->transa == CUBLAS_OP_T && d->transb == CUBLAS_OP_N, "FP8 on Hopper is TN only: A with CUBLAS_OP_T, B with CUBLAS_OP_N");
+    RULE(d->compute == CUBLAS_COMPUTE_32F && d->scale_type == CUDA_R_32F,
+         "FP8 computes in CUBLAS_COMPUTE_32F, fp32 scale type");
+    RULE(d->transa == CUBLAS_OP_T && d->transb == CUBLAS_OP_N,
+         "FP8 on Hopper is TN only: A with CUBLAS_OP_T, B with CUBLAS_OP_N");
     RULE(a->type == CUDA_R_8F_E4M3 && b->type == CUDA_R_8F_E4M3, "A and B are e4m3");
     RULE(c->type == dl->type && (dl->type == CUDA_R_32F || dl->type == CUDA_R_16BF), "C and D alike, 32F or 16BF");
-    RULE((d->amode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || d->amode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) &&
-             (d->bmode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || d->bmode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F),
+    const int32_t VEC = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, BLK = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    RULE((d->amode == VEC || d->amode == BLK) && (d->bmode == VEC || d->bmode == BLK),
          "A and B scale modes set to VEC128_32F or BLK128x128_32F");
-    RULE(!(d->amode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && d->bmode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F),
-         "BLK128x128 x BLK128x128 is not a supported pair");
+    RULE(!(d->amode == BLK && d->bmode == BLK), "BLK128x128 x BLK128x128 is not a supported pair");
     RULE(a->rows == b->rows, "A and B have the same k (their rows)");
-    RULE(c->rows == a->cols && c->cols == b->cols && dl->rows == c->rows && dl->cols == c->cols, "C and D are [m, n]");
+    RULE(c->rows == a->cols && c->cols == b->cols && dl->rows == c->rows && dl->cols == c->cols,
+         "C and D are [m, n]");
     RULE(a->ld >= (int64_t)a->rows && b->ld >= (int64_t)b->rows && c->ld >= (int64_t)c->rows && dl->ld == c->ld,
          "leading dimensions cover the rows (D's is C's)");
     RULE(a->ld % 16 == 0 && b->ld % 16 == 0, "A's and B's leading dimensions are multiples of 16 bytes");
     RULE(a->cols % 8 == 0, "m is a multiple of 8");
-    RULE(d->bmode != CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || b->cols % 8 == 0, "n is a multiple of 8 when B is VEC128");
+    RULE(d->bmode != VEC || b->cols % 8 == 0, "n is a multiple of 8 when B is VEC128");
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,

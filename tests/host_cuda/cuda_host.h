@@ -1,11 +1,12 @@
-// cuda_host.h — just enough of CUDA to run kernels' own source on the CPU (C++20), for the tests
-// that check CUDA source without a GPU (tests/*_host.cc). The other headers of this directory
-// stand in for CUDA's own (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h, cublasLt.h) and include this
-// one, so that cuda/*.cu compiles unchanged with -Itests/host_cuda first on the include path.
+// cuda_host.h — just enough of CUDA to run kernels' own source on the CPU (C++20), so that `make
+// test` checks CUDA source without a GPU (tests/*_host.cc, and the GPU tests built against it: the
+// Makefile's HOST_GPU_TESTS). The other headers of this directory stand in for CUDA's own
+// (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h, cublasLt.h) and include this one, so that cuda/*.cu
+// compiles unchanged with -Itests/host_cuda first on the include path.
 //
 // A launch (KLAUNCH) runs the grid's blocks one after another, each as blockDim OS threads;
-// __syncthreads and the warp-collective operations (shuffles, the mma step) are barriers, so the
-// threads of a block meet where the GPU's would. __shared__ arrays are function statics (one
+// __syncthreads and the warp-collective operations (shuffles, match, the mma step) are barriers, so
+// the threads of a block meet where the GPU's would. __shared__ arrays are function statics (one
 // block at a time uses them). The intrinsics are their IEEE host forms. Compile with
 // -ffp-contract=off: device code without fast math keeps each rounding too.
 #pragma once
@@ -131,7 +132,8 @@ static inline void mma_e4m3(mma_acc (&d)[4], uint32_t a0, uint32_t a1, uint32_t 
     const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
     memcpy(host_frag[p][w][l], mine, sizeof mine);
     host_warp[w]->arrive_and_wait();
-    // A (row r, k): lane 4·(r % 8) + (k % 16) / 4, register a0 / a1 (k < 16, rows r < 8 / ≥ 8) or a2 / a3; byte k % 4.
+    // A (row r, k): lane 4·(r % 8) + (k % 16) / 4; register a0 / a1 (k < 16; rows r < 8 / ≥ 8) or
+    // a2 / a3 (k ≥ 16); byte k % 4.
     auto a = [&](int r, int k) {
         const int reg = (r >= 8) + 2 * (k >= 16), lane = 4 * (r & 7) + (k & 15) / 4;
         return fp8_e4m3_to_f32((uint8_t)(host_frag[p][w][lane][reg] >> (8 * (k & 3))));
@@ -173,5 +175,5 @@ static inline void host_grid(dim3 g, unsigned threads, const std::function<void(
     });
     for (unsigned i = 0; i < threads / 32; i++) delete host_warp[i];
 }
-// cuda_fp8.cuh's launch, run here (the stream is ignored: one launch after another is its order)
+// cuda_common.cuh's launch, run here (the stream is ignored: one launch after another is its order)
 #define KLAUNCH(grid, threads, stream, kern, ...) host_grid(grid, threads, [&] { kern(__VA_ARGS__); })

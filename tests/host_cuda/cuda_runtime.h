@@ -1,5 +1,5 @@
 // cuda_runtime.h, as the host stand-in sees it (cuda_host.h says what this directory is): the
-// runtime's types and the few calls cuda/cuda_fp8*.cu make. A "device pointer" is a host pointer.
+// runtime's types and the few calls the compiled cuda/*.cu make. A "device pointer" is a host pointer.
 #pragma once
 #include <math.h>
 #include <stdlib.h>
