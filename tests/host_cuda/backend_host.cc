@@ -6,8 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../cuda/cuda_common.cuh"
-
 void cuda_fail(const char* what, const char* lib, const char* msg, const char* file, int line) {
     fprintf(stderr, "%s:%d: %s error: %s: %s\n", file, line, lib, what, msg);
     abort();
