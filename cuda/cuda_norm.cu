@@ -33,12 +33,12 @@ void cuda_embed_fwd(Backend* be, void* out, const void* table, const int32_t* to
     CudaImpl* c = CI(be);
     if (row % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)table % 16 == 0) {
         const int W = (int)(row / 16);
-        k_embed_fwd<uint4><<<grid_for(c, (size_t)N * W, 256), 256, 0, c->stream>>>((uint4*)out, (const uint4*)table,
-                                                                                 tok, N, W);
+        KLAUNCH(grid_for(c, (size_t)N * W, 256), 256, c->stream, k_embed_fwd<uint4>, (uint4*)out, (const uint4*)table,
+                tok, N, W);
     } else {
         const int W = (int)(row / 2);
-        k_embed_fwd<uint16_t><<<grid_for(c, (size_t)N * W, 256), 256, 0, c->stream>>>(
-            (uint16_t*)out, (const uint16_t*)table, tok, N, W);
+        KLAUNCH(grid_for(c, (size_t)N * W, 256), 256, c->stream, k_embed_fwd<uint16_t>, (uint16_t*)out,
+                (const uint16_t*)table, tok, N, W);
     }
     LAUNCH_CK(c);
 }
@@ -328,8 +328,8 @@ static void embed_bwd_launch(CudaImpl* c, float* dtable, const T* dout, const ui
     const long long sy = (chunks + EB_WARPS * EB_CPW - 1) / (EB_WARPS * EB_CPW);  // short: blocks per group
     const long long nb = nlb + (long long)((N + 31) / 32) * sy;
     CHECK(nb <= 0x7fffffffLL, "embed_bwd: %d tokens × hidden %d need too many blocks", N, H);
-    k_embed_bwd<T, C><<<(unsigned)nb, EB_THREADS, 0, c->stream>>>(dtable, dout, skey, spos, list, count, N, H, nlb,
-                                                                   (int)sy);
+    const auto kern = k_embed_bwd<T, C>;
+    KLAUNCH((unsigned)nb, EB_THREADS, c->stream, kern, dtable, dout, skey, spos, list, count, N, H, nlb, (int)sy);
 }
 
 // The widest C (columns per thread, short runs) that H and the alignment of both pointers allow.
@@ -362,11 +362,11 @@ void cuda_embed_bwd(Backend* be, float* dtable, const void* dout, const int32_t*
     int32_t* spos = (int32_t*)(s + 2 * a);
     int32_t* list = (int32_t*)(s + 3 * a);
     int32_t* count = (int32_t*)(s + 3 * a + al);
-    k_embed_iota<<<grid_for(c, (size_t)N, 256), 256, 0, c->stream>>>(pos, count, tok, N, V);
+    KLAUNCH(grid_for(c, (size_t)N, 256), 256, c->stream, k_embed_iota, pos, count, tok, N, V);
     LAUNCH_CK(c);
     CUDA_CK(cub::DeviceRadixSort::SortPairs(s + 3 * a + al + ac, tmp, key, skey, pos, spos, N, 0, bits, c->stream));
     LAUNCH_CK(c);
-    k_embed_runs<<<(unsigned)((N + 255) / 256), 256, 0, c->stream>>>(list, count, skey, N);
+    KLAUNCH((unsigned)((N + 255) / 256), 256, c->stream, k_embed_runs, list, count, skey, N);
     LAUNCH_CK(c);
     const int C = embed_cols(be, H, dout, dtable);
     if (is_bf16(be)) {
@@ -500,14 +500,18 @@ void cuda_rmsnorm_fwd(Backend* be, void* y, float* rstd, const void* x, const vo
     if (N == 0) return;
     CudaImpl* c = CI(be);
     const int nv = rms_vec_chunks(be, H, y, x, w);
-    if (nv == 1) k_rmsnorm_fwd_v<1><<<N, NORM_THREADS, 0, c->stream>>>((bf16*)y, rstd, (const bf16*)x, (const bf16*)w, H, eps);
-    else if (nv == 2) k_rmsnorm_fwd_v<2><<<N, NORM_THREADS, 0, c->stream>>>((bf16*)y, rstd, (const bf16*)x, (const bf16*)w, H, eps);
-    else if (nv == 4) k_rmsnorm_fwd_v<4><<<N, NORM_THREADS, 0, c->stream>>>((bf16*)y, rstd, (const bf16*)x, (const bf16*)w, H, eps);
+    if (nv == 1) KLAUNCH(N, NORM_THREADS, c->stream, k_rmsnorm_fwd_v<1>, (bf16*)y, rstd, (const bf16*)x, (const bf16*)w,
+            H, eps);
+    else if (nv == 2) KLAUNCH(N, NORM_THREADS, c->stream, k_rmsnorm_fwd_v<2>, (bf16*)y, rstd, (const bf16*)x,
+            (const bf16*)w, H, eps);
+    else if (nv == 4) KLAUNCH(N, NORM_THREADS, c->stream, k_rmsnorm_fwd_v<4>, (bf16*)y, rstd, (const bf16*)x,
+            (const bf16*)w, H, eps);
     else if (is_bf16(be))
-        k_rmsnorm_fwd<bf16><<<N, NORM_THREADS, 0, c->stream>>>((bf16*)y, rstd, (const bf16*)x, (const bf16*)w, H, eps);
+        KLAUNCH(N, NORM_THREADS, c->stream, k_rmsnorm_fwd<bf16>, (bf16*)y, rstd, (const bf16*)x, (const bf16*)w, H,
+                eps);
     else
-        k_rmsnorm_fwd<float><<<N, NORM_THREADS, 0, c->stream>>>((float*)y, rstd, (const float*)x, (const float*)w, H,
-                                                                eps);
+        KLAUNCH(N, NORM_THREADS, c->stream, k_rmsnorm_fwd<float>, (float*)y, rstd, (const float*)x, (const float*)w, H,
+                eps);
     LAUNCH_CK(c);
 }
 
@@ -564,17 +568,17 @@ static void rms_bwd(CudaImpl* c, int nv, T* dx, float* dw, const T* dy, const T*
     float* part = (float*)c->scratch;  // [chunks, H]
     if (nv) {  // bf16 vector rows (nv = 0 for fp32, and T is bf16 whenever nv > 0): one pass
         const int threads = (H / 8 + 31) / 32 * 32;  // ≤ 4 × NORM_THREADS = 1024 (rms_vec_chunks)
-        k_rms_bwd_v<<<chunks, threads, 0, c->stream>>>((bf16*)dx, part, (const bf16*)dy, (const bf16*)x,
-                                                        (const bf16*)w, rstd, N, H, rows, acc);
+        KLAUNCH(chunks, threads, c->stream, k_rms_bwd_v, (bf16*)dx, part, (const bf16*)dy, (const bf16*)x,
+                (const bf16*)w, rstd, N, H, rows, acc);
     } else {
         const dim3 g((H + 255) / 256, chunks);
-        k_rms_dw_part<T><<<g, 256, 0, c->stream>>>(part, dy, x, rstd, N, H, rows);
+        KLAUNCH(g, 256, c->stream, k_rms_dw_part<T>, part, dy, x, rstd, N, H, rows);
     }
     LAUNCH_CK(c);
-    k_rms_dw_final<<<(H + 255) / 256, 256, 0, c->stream>>>(dw, part, chunks, H);
+    KLAUNCH((H + 255) / 256, 256, c->stream, k_rms_dw_final, dw, part, chunks, H);
     LAUNCH_CK(c);
     if (!nv) {
-        k_rms_dx<T><<<N, NORM_THREADS, 0, c->stream>>>(dx, dy, x, w, rstd, H, acc);
+        KLAUNCH(N, NORM_THREADS, c->stream, k_rms_dx<T>, dx, dy, x, w, rstd, H, acc);
         LAUNCH_CK(c);
     }
 }

@@ -2,7 +2,8 @@
 // modes: embed_fwd, embed_bwd (bit for bit, every run length and vector width), RMSNorm forward
 // and backward.
 // Outputs are poisoned (0xFF bytes) first; errors are relative L2 (test.h rel_l2). The table of
-// the worst error per check is printed at the end. Needs a GPU: without one it fails.
+// the worst error per check is printed at the end. Needs a GPU: without one it fails (`make test`
+// also runs it on the CPU, built against tests/host_cuda).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -79,6 +79,9 @@ static inline float fast_exp2(float x) {
     return y < 0x1p-126f ? 0.f : y;
 }
 using std::isfinite;
+// CUDA's min and max over two values of one type
+template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> static inline T max(T a, T b) { return a < b ? b : a; }
 
 // ---- barriers: the block and its warps ----
 // A warp-collective operation is one barrier: each lane writes its value into one of two buffers,
@@ -116,7 +119,23 @@ template <typename T> static inline T __shfl_sync(unsigned, T v, int src) {
     memcpy(&r, &host_xchi[p][w][src >= 0 && src < 32 ? src : l], 4);
     return r;
 }
+// lane l − delta's v (lanes below delta read their own)
+template <typename T> static inline T __shfl_up_sync(unsigned m, T v, unsigned delta) {
+    const int l = threadIdx.x & 31;
+    return __shfl_sync(m, v, l >= (int)delta ? l - (int)delta : l);
+}
+// bit l set where lane l's pred is true
+static inline unsigned __ballot_sync(unsigned, int pred) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = host_par ^= 1;
+    host_xchi[p][w][l] = pred != 0;
+    host_warp[w]->arrive_and_wait();
+    unsigned r = 0;
+    for (int j = 0; j < 32; j++) r |= (unsigned)host_xchi[p][w][j] << j;
+    return r;
+}
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 template <typename T> static inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
 
 // The mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 step of cuda_fp8_kernels.cu (its comment gives
