@@ -66,11 +66,11 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/m
 # CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
 # C++20): tests/*_host.cc, and the GPU tests whose ops it compiles, in `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
-HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cuda_optim cuda_rope cuda_loss \
-            cuda_router cuda_norm cublaslt_host backend_host host_pool)
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cuda_optim \
+            cuda_rope cuda_loss cuda_router cuda_norm cublaslt_host backend_host host_pool)
 HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
-            -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas -Wno-deprecated-enum-enum-conversion \
-            -pthread -Itests/host_cuda -Isrc -Icuda
+            -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
+            -Wno-deprecated-enum-enum-conversion -pthread -Itests/host_cuda -Isrc -Icuda
 HOST_DEPS := $(wildcard tests/host_cuda/*.h tests/host_cuda/cub/device/*.cuh cuda/*.cuh) src/backend.h src/fp8.h
 .SECONDARY: $(HOST_OBJ)
 # GPU tests whose ops the stand-in compiles, built against it and run on the CPU as they are
