@@ -14,18 +14,8 @@
 #include "cublasLt.h"
 #include "test.h"
 
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd() {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static Rng g_rng = {0x2545F4914F6CDD1Dull};
+static float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 // A matrix as both backends see it: fp32 values (bf16-exact when bf) and, for bf, their bf16 bits.
 struct Mat {
@@ -33,13 +23,9 @@ struct Mat {
     std::vector<float> f;
     std::vector<uint16_t> h;
     void* dev() { return bf ? (void*)h.data() : (void*)f.data(); }
-    void sync_h() {  // h from f
+    void sync_h() {  // h from f (bf16-exact values)
         h.resize(f.size());
-        for (size_t i = 0; i < f.size(); i++) {
-            uint32_t u;
-            memcpy(&u, &f[i], 4);
-            h[i] = (uint16_t)(u >> 16);
-        }
+        for (size_t i = 0; i < f.size(); i++) h[i] = f32_to_bf16(f[i]);
     }
 };
 // [R, C] with row stride ld: normal values times 2^(row exponent + column exponent) in [-12, 12],
@@ -47,15 +33,11 @@ struct Mat {
 static Mat data(int R, int C, int ld, int bf) {
     Mat m{bf, std::vector<float>((size_t)R * ld), {}};
     std::vector<int> ce(C);
-    for (int& e : ce) e = (int)(rnd() % 13) - 6;
+    for (int& e : ce) e = (int)(rng_u64(&g_rng) % 13) - 6;
     for (int r = 0; r < R; r++) {
-        const int re = (int)(rnd() % 13) - 6;
+        const int re = (int)(rng_u64(&g_rng) % 13) - 6;
         for (int c = 0; c < ld; c++) {
-            float v = 777.f;
-            if (c < C) {
-                const double u1 = ((rnd() >> 11) + 1.0) / 9007199254740993.0, u2 = (rnd() >> 11) / 9007199254740992.0;
-                v = ldexpf((float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2)), re + ce[c]);
-            }
+            const float v = c < C ? ldexpf(rng_normal(&g_rng), re + ce[c]) : 777.f;
             m.f[(size_t)r * ld + c] = bf ? bf16_round(v) : v;
         }
     }
@@ -70,10 +52,7 @@ static size_t diff(Mat& got, int out_bf, const std::vector<float>& want, int R, 
         for (int c = 0; c < C; c++) {
             const size_t i = (size_t)r * ld + c;
             if (out_bf) {
-                uint32_t u;
-                const float w = bf16_round(want[i]);
-                memcpy(&u, &w, 4);
-                bad += got.h[i] != (uint16_t)(u >> 16);
+                bad += got.h[i] != f32_to_bf16(want[i]);
             } else {
                 bad += memcmp(&got.f[i], &want[i], 4) != 0;
             }

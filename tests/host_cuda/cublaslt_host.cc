@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "cublasLt.h"
+#include "cuda_bf16.h"  // (util.h: f32_to_bf16, bf16_to_f32)
 
 size_t host_lt_matmuls, host_lt_refused;
 int host_lt_refuse;
@@ -140,20 +141,6 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 }
 
 static float dec(uint8_t q) { return fp8_e4m3_to_f32(q); }
-static float bf16_val(const void* p, size_t i) {
-    uint16_t h;
-    memcpy(&h, (const char*)p + 2 * i, 2);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t bf16_bits(float f) {  // to nearest even (the values here are finite or inf)
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // The scale of (row r, K tile t) of an operand of R rows (outer) and Kt tiles: VEC128 [Kt, R]
 // with R contiguous; BLK128x128 [⌈R/128⌉, pad4(Kt)] with the tiles contiguous.
@@ -192,14 +179,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
                 ((float*)D)[at] = v;
             } else {
                 // a bf16 D is rounded before beta·C is added (and again after)
-                uint16_t h = bf16_bits(v);
-                if (beta != 0.f) {
-                    const uint32_t u = (uint32_t)h << 16;
-                    float r;
-                    memcpy(&r, &u, 4);
-                    h = bf16_bits(r + beta * bf16_val(C, at));
-                }
-                memcpy((char*)D + 2 * at, &h, 2);
+                uint16_t h = f32_to_bf16(v);
+                if (beta != 0.f) h = f32_to_bf16(bf16_to_f32(h) + beta * bf16_to_f32(((const uint16_t*)C)[at]));
+                ((uint16_t*)D)[at] = h;
             }
         }
     host_lt_matmuls++;
