@@ -5,8 +5,8 @@
 // against), docs/fp8.md.
 //
 // ---- Quantisers (bit for bit what fp8.h specifies; the kernels are in cuda_fp8_quant.cu) -------
-// Every code is e4m3(fl(x / s)), the quotient correctly rounded (cuda_fp8_quant.cu: quot), through
-// __nv_cvt_float2_to_fp8x2 with __NV_SATFINITE (round to nearest even, saturation to ±448); a
+// Every code is e4m3(fl(x · fl(1/s))), the tile's reciprocal rounded once (cuda_fp8_quant.cu: codes2),
+// through __nv_cvt_float2_to_fp8x2 with __NV_SATFINITE (round to nearest even, saturation to ±448); a
 // non-finite x gives 0x7F; the scale is fp8_scale_of_amax over the finite elements of the tile
 // (amax / 448 rounded, 1 for amax = 0, raised to FLT_MIN). The codes of a quantised operand are
 // row-major [rows, ldq], K innermost, ldq = K rounded up to 16 with zero codes in [K, ldq) (a zero

@@ -18,43 +18,41 @@ __device__ __forceinline__ float scale_of_amax(float amax) {
     return s < FLT_MIN ? FLT_MIN : s;
 }
 
-// fl(x / s) for the elements of a tile of scale s. For s in [2^-64, 2^64] from the correctly
-// rounded reciprocal y = fl(1/s), computed once a tile: q = fl(x·y), then twice q ← fl(q + r·y)
-// with the remainder r = x − s·q exact in an FMA. The first correction leaves q within an ulp of
-// x/s, and from there one more gives the correctly rounded quotient (Markstein's theorem: y within
-// half an ulp of 1/s, q within one ulp of x/s, nothing subnormal). The range keeps every remainder
-// that matters normal: a quotient below 2^-11 codes to a zero of x's sign whatever its last bits,
-// and the sign is x's (copysign: x = −0 gives −0). Outside the range, the IEEE division itself.
-// test_cuda_fp8_quant checks the codes bit for bit against fp8.h, boundary quotients included.
-struct TileDiv {
-    float s, y;
-    bool fast;
-};
-__device__ __forceinline__ TileDiv tile_div(float s) {
-    TileDiv d;
-    d.s = s, d.y = __frcp_rn(s), d.fast = s >= 0x1p-64f && s <= 0x1p64f;
-    return d;
-}
-__device__ __forceinline__ float quot(float x, const TileDiv& d) {
-    if (!d.fast) return __fdiv_rn(x, d.s);
-    float q = __fmul_rn(x, d.y);
-    float r = __fmaf_rn(-d.s, q, x);
-    q = __fmaf_rn(r, d.y, q);
-    r = __fmaf_rn(-d.s, q, x);
-    q = __fmaf_rn(r, d.y, q);
-    return copysignf(q, x);
-}
-// e4m3 codes of two elements (a in the low byte): RNE, satfinite; a non-finite element → 0x7F.
-__device__ __forceinline__ uint32_t codes2(float a, float b, const TileDiv& d) {
-    uint32_t c = __nv_cvt_float2_to_fp8x2(make_float2(quot(a, d), quot(b, d)), __NV_SATFINITE, __NV_E4M3);
-    if (!isfinite(a)) c = (c & 0xff00u) | 0x7fu;
-    if (!isfinite(b)) c = (c & 0x00ffu) | 0x7f00u;
+// A tile of scale s codes its elements as e4m3(fl(x · y)) with y = fl(1/s), the reciprocal rounded
+// once a tile (fp8.h): one multiply and half a conversion an element, so the kernels run at memory
+// speed. SAFE: the tile holds a non-finite element, which codes to 0x7F (the tile's amax is then
+// taken over its finite elements: fin_abs); otherwise every element is finite and needs no test.
+template <bool SAFE> __device__ __forceinline__ uint32_t codes2(float a, float b, float y) {
+    uint32_t c = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, y), __fmul_rn(b, y)), __NV_SATFINITE, __NV_E4M3);
+    if (SAFE) {
+        if (!isfinite(a)) c = (c & 0xff00u) | 0x7fu;
+        if (!isfinite(b)) c = (c & 0x00ffu) | 0x7f00u;
+    }
     return c;
 }
 // Eight elements' codes, element j in byte j.
-__device__ __forceinline__ uint2 codes8(const float* v, const TileDiv& d) {
-    return make_uint2(codes2(v[0], v[1], d) | codes2(v[2], v[3], d) << 16,
-                      codes2(v[4], v[5], d) | codes2(v[6], v[7], d) << 16);
+template <bool SAFE> __device__ __forceinline__ uint2 codes8(const float* v, float y) {
+    return make_uint2(codes2<SAFE>(v[0], v[1], y) | codes2<SAFE>(v[2], v[3], y) << 16,
+                      codes2<SAFE>(v[4], v[5], y) | codes2<SAFE>(v[6], v[7], y) << 16);
+}
+__device__ __forceinline__ uint2 codes8(const float* v, float y, bool safe) {
+    return safe ? codes8<true>(v, y) : codes8<false>(v, y);
+}
+
+// The running maximum of |x| over elements, with a marker of non-finite ones: m = max(m, |x|)
+// (fmaxf passes NaN over, so m alone misses it) and nf = x·0 + nf, which stays 0 while every x is
+// finite and is NaN from the first ±inf or NaN on. A tile whose nf is not 0 takes its amax again
+// with fin_abs and its codes SAFE.
+__device__ __forceinline__ void amax_step(float& m, float& nf, float x) {
+    m = fmaxf(m, fabsf(x));
+    nf = __fmaf_rn(x, 0.f, nf);
+}
+// max |v[0..8)| over the finite elements (the SAFE tiles' amax)
+__device__ __forceinline__ float fin_max8(const float* v) {
+    float m = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) m = fmaxf(m, fin_abs(v[e]));
+    return m;
 }
 
 // Eight consecutive elements x[0..8) as fp32: one 16-byte load (bf16) or two (fp32) when vec and
@@ -104,15 +102,18 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ 
 #pragma unroll
         for (int j = 0; j < ROWS_Q; j++) {
             const int r = rb + j;
-            float m = 0.f;
+            float m = 0.f, nf = 0.f;
 #pragma unroll
-            for (int e = 0; e < 8; e++) m = fmaxf(m, fin_abs(v[j][e]));
+            for (int e = 0; e < 8; e++) amax_step(m, nf, v[j][e]);
+            const bool safe = __any_sync(0xffffffffu, nf != 0.f);  // both tiles of the warp, if either
+            if (safe) m = fin_max8(v[j]);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16 lanes of a tile
             const float s = scale_of_amax(m);
             if (r >= R || t >= sm.Kt) continue;
             if (sub == 0) smap_put(sm, r, t, s);
-            if ((size_t)c0 < ldq) store8(q + (size_t)r * ldq + c0, codes8(v[j], tile_div(s)), (int)(ldq - c0), w8);
+            if ((size_t)c0 < ldq)
+                store8(q + (size_t)r * ldq + c0, codes8(v[j], __frcp_rn(s), safe), (int)(ldq - c0), w8);
         }
     }
 }
@@ -137,15 +138,15 @@ __device__ __forceinline__ void load_tile8x8(float (*v)[8], const T* __restrict_
     }
 }
 
-// Thread's column j codes (its 8 rows, scale d[j]) into tq.
-__device__ __forceinline__ void put_cols(uint2* tq, const float (*v)[8], const TileDiv* d) {
+// Thread's column j codes (its 8 rows, reciprocal scale y[j]) into tq.
+__device__ __forceinline__ void put_cols(uint2* tq, const float (*v)[8], const float* y, bool safe) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         float col[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) col[i] = v[i][j];
-        tq[16 * (tx * 8 + j) + (ty ^ tx)] = codes8(col, d[j]);
+        tq[16 * (tx * 8 + j) + (ty ^ tx)] = codes8(col, y[j], safe);
     }
 }
 // tq's 128 output rows (output row or0 + c, of out_rows) of 128 codes at output column ok0 .. into
@@ -174,7 +175,7 @@ __device__ __forceinline__ void store_cols(uint8_t* __restrict__ qt, size_t ldk,
 // ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
 // c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, 2) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+__global__ void __launch_bounds__(Q_THREADS, 3) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
                                                              uint8_t* __restrict__ qt, size_t ldk, SMap stm,
                                                              uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
                                                              int w16, int w8) {
@@ -185,14 +186,26 @@ __global__ void __launch_bounds__(Q_THREADS, 2) k_quant_cols(const T* __restrict
     const int ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
     float v[8][8];
     load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
-    // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem
+    // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem;
+    // safe: the tile holds a non-finite element (then every column and row of it is coded SAFE)
+    bool safe;
     {
-        float m[8];
+        float m[8], nf = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             m[j] = 0.f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) m[j] = fmaxf(m[j], fin_abs(v[i][j]));
+            for (int i = 0; i < 8; i++) amax_step(m[j], nf, v[i][j]);
+        }
+        safe = __syncthreads_or(nf != 0.f);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (safe) {
+                float col[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) col[i] = v[i][j];
+                m[j] = fin_max8(col);
+            }
             m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], 16));
         }
         if ((tid & 16) == 0)
@@ -209,24 +222,28 @@ __global__ void __launch_bounds__(Q_THREADS, 2) k_quant_cols(const T* __restrict
     }
     __syncthreads();
     {
-        TileDiv d[8];
+        float y[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) d[j] = tile_div(csc[tx * 8 + j]);
-        put_cols(tq, v, d);
+        for (int j = 0; j < 8; j++) y[j] = __frcp_rn(csc[tx * 8 + j]);
+        put_cols(tq, v, y, safe);
     }
     if (q) {  // row-wise: row maxima over the 16 threads of a row
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             float m = 0.f;
+            if (safe) {
+                m = fin_max8(v[i]);
+            } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++) m = fmaxf(m, fin_abs(v[i][j]));
+                for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[i][j]));
+            }
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
             const float s = scale_of_amax(m);
             const int r = i0 + ty * 8 + i, cc = c0 + tx * 8;
             if (r >= n || c0 >= C) continue;
             if (tx == 0) smap_put(srm, r, blockIdx.x, s);
-            if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], tile_div(s)), (int)(ldq - cc), w8);
+            if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], __frcp_rn(s), safe), (int)(ldq - cc), w8);
         }
     }
     __syncthreads();
@@ -238,7 +255,7 @@ __global__ void __launch_bounds__(Q_THREADS, 2) k_quant_cols(const T* __restrict
 // trans = 1: q [C, ldq] = the transpose (ldq ≥ R), scale at s[cb·lds + rb]. Zero codes fill each
 // output row to ldq.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, 2) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
+__global__ void __launch_bounds__(Q_THREADS, 3) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
                                                                int trans, uint8_t* __restrict__ q, size_t ldq,
                                                                float* __restrict__ s, int lds, int vec, int w16, int w8) {
     __shared__ uint2 tq[TILE * 16];
@@ -248,28 +265,33 @@ __global__ void __launch_bounds__(Q_THREADS, 2) k_quant_blocks(const T* __restri
     const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
     float v[8][8];
     load_tile8x8(v, w, R, C, ldw, r0, cc0, vec);
-    float m = 0.f;
+    float m = 0.f, nf = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) m = fmaxf(m, fin_abs(v[i][j]));
+        for (int j = 0; j < 8; j++) amax_step(m, nf, v[i][j]);
+    const bool safe = __syncthreads_or(nf != 0.f);  // a non-finite element in the block
+    if (safe) {
+        m = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) m = fmaxf(m, fin_max8(v[i]));
+    }
     m = block_max(m, red);
-    const float sc = scale_of_amax(m);
-    const TileDiv d = tile_div(sc);
+    const float sc = scale_of_amax(m), y = __frcp_rn(sc);
     if (tid == 0 && r0 < R && cc0 < C) s[(size_t)(trans ? cc0 / TILE : r0 / TILE) * lds + (trans ? r0 : cc0) / TILE] = sc;
     if (!trans) {
         const int tx = tid & 15, cc = ok0 + tx * 8;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int r = or0 + (tid >> 4) * 8 + i;
-            if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], d), (int)(ldq - cc), w8);
+            if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], y, safe), (int)(ldq - cc), w8);
         }
         return;
     }
-    TileDiv dd[8];
+    float yy[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) dd[j] = d;
-    put_cols(tq, v, dd);
+    for (int j = 0; j < 8; j++) yy[j] = y;
+    put_cols(tq, v, yy, safe);
     __syncthreads();
     store_cols(q, ldq, tq, or0, C, ok0, w16);
 }

@@ -28,10 +28,11 @@ float fp8_e4m3_to_f32(uint8_t v);
 // The tile scale of amax (the largest |x| over the finite elements of a tile or block):
 // amax / 448 rounded to fp32; an all-zero (or all non-finite) tile has amax 0 and gets scale 1;
 // a scale below FLT_MIN (amax < 448·2^-126) is raised to FLT_MIN, so a scale is always a
-// positive normal fp32 and x / scale never exceeds 448 by more than its own rounding.
+// positive normal fp32 and x · fl(1/scale) never exceeds 448 by more than its own rounding.
 float fp8_scale_of_amax(float amax);
-// One element of a tile with scale s: e4m3(fl(x / s)) for finite x; a non-finite x (±inf, NaN)
-// becomes the e4m3 NaN 0x7F, so a non-finite value stays non-finite through FP8.
+// One element of a tile with scale s: e4m3(fl(x · fl(1/s))) for finite x (the tile's reciprocal
+// rounded once, then one product an element: what a GPU kernel computes at memory speed); a
+// non-finite x (±inf, NaN) becomes the e4m3 NaN 0x7F, so a non-finite value stays non-finite.
 uint8_t fp8_quant_elem(float x, float s);
 
 static inline size_t fp8_tiles(size_t n) { return (n + FP8_TILE - 1) / FP8_TILE; }

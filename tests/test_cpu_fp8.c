@@ -215,8 +215,8 @@ static float* make_data(int R, int C) {
     return x;
 }
 
-// Round trip: for each element, y = fl(x/s) and q = e4m3(y) differ by at most half an ulp of the
-// grid at y, so |x − s·q| ≤ s·(half_ulp(y) + |x/s − y|); scale = fl(amax/448); max |q| = 448 in
+// Round trip: for each element, y = fl(x · fl(1/s)) and q = e4m3(y) differ by at most half an ulp
+// of the grid at y, so |x − s·q| ≤ s·(half_ulp(y) + |x/s − y|); scale = fl(amax/448); max |q| = 448 in
 // every tile that is not all zero; all-zero tiles get scale 1 and codes 0.
 static void quant_round_trip(void) {
     const int shapes[][2] = {{64, 1000}, {3, 128}, {130, 257}, {1, 5}};
@@ -240,7 +240,7 @@ static void quant_round_trip(void) {
                 EXPECT(sc == (amax > 0 ? amax / 448.0f : 1.0f), "scale of tile (%d,%d) %g, amax %g", r, t, sc, amax);
                 for (int c = c0; c < c1; c++) {
                     const size_t i = (size_t)r * C + c;
-                    const float y = x[i] / sc;
+                    const float y = x[i] * (1.0f / sc);
                     const double qv = fp8_e4m3_to_f32(q[i]);
                     if ((q[i] & 0x7F) > maxcode) maxcode = q[i] & 0x7F;
                     const double e1 = fabs((double)y - qv), h = half_ulp(y);
@@ -285,22 +285,27 @@ static void quant_exact_on_grid(void) {
     free(x), free(want), free(q), free(qt), free(s), free(st);
 }
 
-// An element is quantised as e4m3(fl(x / s)), a correctly rounded division, not x · fl(1/s): with
-// x = 1.0625·s exact, x / s is the tie 1.0625 and must give 1.0 (0x38); the reciprocal product
-// misses the tie for some of these s (19 of the 4,298 here), which is what makes the case discriminating.
-static void quant_divides(void) {
-    int differ = 0, bad = 0;
+// An element is quantised as e4m3(fl(x · fl(1/s))), the tile's reciprocal rounded once, not as the
+// correctly rounded quotient: with x = 1.0625·s exact, x / s is the tie 1.0625 (which rounds to the
+// even 1.0, 0x38), but for some of these s fl(1/s) is rounded up and x·fl(1/s) lands above the tie
+// (1.125, 0x39); the counts make sure both kinds are here, so the case tells the two rules apart.
+static void quant_reciprocal(void) {
+    int above = 0, at = 0, bad = 0;
     for (int k = 1; k < (1 << 18) && bad < 5; k += 61) {  // s over [1, 2) with ≤ 19 significant bits
         const float s = 1.0f + (float)k * 0x1p-18f, x = 1.0625f * s;  // 17·s fits 24 bits: x exact
-        const int ok = (double)x == 1.0625 * (double)s && fp8_quant_elem(x, s) == 0x38 &&
-                       fp8_quant_elem(-x * 0x1p-20f, s * 0x1p-20f) == 0xB8;
+        const double y = (double)(float)(1.0 / (double)s);           // fl(1/s), computed apart
+        const double p = (double)x * y;                               // the exact product
+        const uint8_t want = p > 1.0625 + 0x1p-24 ? 0x39 : 0x38;      // fl(p) is above the tie, or on/below it
+        if (p > 1.0625 + 0x1p-24) above++;
+        else at++;
+        const int ok = (double)x == 1.0625 * (double)s && fp8_quant_elem(x, s) == want &&
+                       fp8_quant_elem(-x * 0x1p-20f, s * 0x1p-20f) == (want | 0x80);
         if (!ok) {
             bad++;
-            EXPECT(0, "k %d: s %a x %a → 0x%02X", k, s, x, fp8_quant_elem(x, s));
+            EXPECT(0, "k %d: s %a x %a → 0x%02X, want 0x%02X", k, s, x, fp8_quant_elem(x, s), want);
         }
-        if (x * (1.0f / s) != 1.0625f) differ++;
     }
-    EXPECT(differ > 0, "no case tells division from the reciprocal product");
+    EXPECT(above > 0 && at > 0, "the products land %d times above the tie and %d times on or below", above, at);
 }
 
 static float* transpose(const float* x, int R, int C) {
@@ -458,7 +463,7 @@ int main(void) {
     RUN(e4m3_saturation);
     RUN(quant_round_trip);
     RUN(quant_exact_on_grid);
-    RUN(quant_divides);
+    RUN(quant_reciprocal);
     RUN(quant_layouts);
     RUN(gemm_known);
     RUN(gemm_vs_fp64);

@@ -58,7 +58,8 @@ float fp8_scale_of_amax(float amax) {
 
 uint8_t fp8_quant_elem(float x, float s) {
     if (!isfinite(x)) return 0x7Fu;
-    return fp8_e4m3_from_f32(x / s);
+    const float y = 1.0f / s;  // fl(1/s): the tile's reciprocal
+    return fp8_e4m3_from_f32(x * y);
 }
 
 static inline float fabs_finite(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }

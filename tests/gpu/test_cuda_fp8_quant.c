@@ -3,7 +3,7 @@
 // the cast-transpose (both layouts from one read), 128×128 blocks as stored and transposed; partial
 // tiles, padded strides, codes with row strides of only 4 bytes, an input one element off 16 bytes,
 // NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32 subnormals, values near FLT_MAX
-// and quotients at and beside e4m3 rounding boundaries. The FP8 GEMMs that use them:
+// and scaled values x·fl(1/s) at and beside e4m3 rounding boundaries. The FP8 GEMMs that use them:
 // test_cuda_fp8.c. `make test` also runs this test on the CPU (tests/host_cuda).
 #include <float.h>
 #include <math.h>
@@ -26,15 +26,14 @@ static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
 // [R, C] (stride ld) with everything a quantiser must get right: rows over 60 binades and rows of
 // scales near 2^-120, an all-zero row tile and column tile, NaN and ±inf, fp32 subnormals, values
 // near FLT_MAX, a row of one value repeated (every element at the tile maximum: saturation at 448
-// after the division), rows whose quotients sit at e4m3 rounding boundaries (ties) and up to 3 ulp
-// beside them (what a quantiser that multiplied by 1/s instead of dividing by s would get wrong) at
-// three scales.
+// after the scaling), rows whose scaled values x/s sit at e4m3 rounding boundaries (ties) and up to
+// 3 ulp beside them, where the rounding of fl(1/s) and of the product decides the code (what a
+// quantiser that divided by s instead would get wrong), at three scales.
 static float* quant_data(int R, int C, int ld) {
     float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
     for (int r = 0; r < R; r++) {
-        // rows 10-25: scales near 2^-120, where the GPU's reciprocal-and-correction division would
-        // misround (it divides with __fdiv_rn below a scale of 2^-64); their values spread over 12
-        // binades, so many quotients are small and their remainders deep in the fp32 subnormals
+        // rows 10-25: scales near 2^-120 (reciprocals near 2^120); their values spread over 12
+        // binades, down into the fp32 subnormals
         const int tiny = r >= 10 && r < 26, e = tiny ? -104 - r / 2 : (int)(rng_u64(&g_rng) % 61) - 30;
         const float s = exp2f((float)e);
         for (int c = 0; c < ld; c++) {
@@ -57,10 +56,8 @@ static float* quant_data(int R, int C, int ld) {
         for (int c = 0; c < C; c++) x[(size_t)4 * ld + c] = 3e38f * (rng_uniform(&g_rng) - 0.5f);
     if (R > 5)
         for (int c = 0; c < C; c++) x[(size_t)5 * ld + c] = (c & 1) ? -0.3f : 0.3f;  // all at the maximum
-    // quotients at and within 3 ulp of e4m3 rounding boundaries (ties included), with scales 3
-    // (row 6), 3·2^-60 (row 8: the GPU's reciprocal-and-correction division) and 3·2^-115 (row 9:
-    // below 2^-64, where the GPU divides with __fdiv_rn, since a correction's remainder could fall
-    // into the fp32 subnormals)
+    // values x/s at and within 3 ulp of e4m3 rounding boundaries (ties included), with scales 3
+    // (row 6), 3·2^-60 (row 8) and 3·2^-115 (row 9); 1/3 is inexact, so fl(1/s) is rounded
     const struct { int row; float mul; } brow[] = {{6, 1.f}, {8, 0x1p-60f}, {9, 0x1p-115f}};
     for (int b = 0; b < 3; b++) {
         if (R <= brow[b].row) continue;

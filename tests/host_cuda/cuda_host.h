@@ -133,6 +133,19 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
     for (int j = 0; j < 32; j++) r |= (unsigned)host_xchi[p][w][j] << j;
     return r;
 }
+static inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+// whether any thread of the block has pred ≠ 0: contributions, a barrier, the reads, a barrier, the
+// reset, a barrier (no thread can contribute to the next call before the reset)
+inline std::atomic<int> host_any;
+static inline int __syncthreads_or(int pred) {
+    if (pred) host_any.store(1);
+    __syncthreads();
+    const int r = host_any.load();
+    __syncthreads();
+    if (threadIdx.x == 0) host_any.store(0);
+    __syncthreads();
+    return r;
+}
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __ffs(int x) { return __builtin_ffs(x); }
 static inline int __ffsll(long long x) { return __builtin_ffsll(x); }
