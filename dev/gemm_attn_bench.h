@@ -83,8 +83,13 @@ void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, co
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, in bf16 (the heuristic's first pick) and then in FP8 (e4m3 operands,
 // bf16 output, cuBLASLt's first 4 candidates), each back to back at the card's power limit: what
 // FP8 expert GEMMs would run at where the step runs (docs/performance.md, "Where the rest is").
-void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C, int max_algos,
-                          const char* label, float hot_ms);
+// survey fp8blk (hot_ms 600): the same six products with the step's block scales (the forward and
+// data gradients W 128×128 × X 1×128, the weight gradients 1×128 × 1×128 along 8,192 rows: the
+// step's own orientation, cuBLASLt's m = the gradient's columns), the first 8 candidates each: whether
+// a candidate other than the first pick runs the step's FP8 products faster.
+enum { FP8_SURVEY_TENSOR = 0, FP8_SURVEY_BLK = 1, FP8_SURVEY_VEC = 2 };
+void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C, int scale,
+                          int max_algos, const char* label, float hot_ms);
 
 // The six expert GEMMs of a step at `rows` rows per expert, in the step's layouts (Mixtral-8x7B:
 // H 4,096, F 14,336; the weight gradients written in the act dtype, as precision.expert_grad=auto).
@@ -102,7 +107,7 @@ static void expert_gemms(int rows, NamedGemm g[6]) {
     memcpy(g, e, sizeof e);
 }
 
-enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4 };
+enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4, SURVEY_FP8BLK = 5 };
 static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
@@ -133,7 +138,21 @@ static void gemm_survey(float hot_ms, int which) {
             snprintf(nm, sizeof nm, "%s bf16", g[i].name);
             cuda_gemm_survey(be, &d, A, B, C, 1, nm, hot_ms);
             snprintf(nm, sizeof nm, "%s fp8", g[i].name);
-            cuda_gemm_survey_fp8(be, d.M, d.N, d.K, A, B, C, 4, nm, hot_ms);
+            cuda_gemm_survey_fp8(be, d.M, d.N, d.K, A, B, C, FP8_SURVEY_TENSOR, 4, nm, hot_ms);
+        }
+        free(r);
+        dev_free_all();
+        return;
+    }
+    if (which == SURVEY_FP8BLK) {  // the step's FP8 products: X·Wᵀ for the forward and data
+        NamedGemm g[6];            // gradients, dYᵀ·X (dB [M, N], K = rows) for the weight gradients
+        expert_gemms(8192, g);
+        for (int i = 0; i < 6; i++) {
+            const int wgrad = g[i].d.trans_a;
+            char nm[40];
+            snprintf(nm, sizeof nm, "%s fp8 %s", g[i].name, wgrad ? "vec" : "blk");
+            cuda_gemm_survey_fp8(be, g[i].d.M, g[i].d.N, g[i].d.K, A, B, C, wgrad ? FP8_SURVEY_VEC : FP8_SURVEY_BLK, 8,
+                                 nm, hot_ms);
         }
         free(r);
         dev_free_all();

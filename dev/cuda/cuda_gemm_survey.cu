@@ -94,27 +94,34 @@ extern "C" void cuda_gemm_survey(Backend* be, const GemmDesc* d, const void* A, 
     gemm_shape_plan_release(&p);
 }
 
-// FP8 (what a grouped FP8 kernel would run at): Y[M,N] = X[M,K]·W[N,K]ᵀ with X
-// and W in e4m3, fp32 accumulation, Y in bf16, per-tensor scales of 1: cuBLASLt's FP8 on Hopper,
-// which takes only this layout (both operands K-major; the step's data and weight gradients would
-// run on transposed copies in the same form). A [M,K] and B [N,K] are bf16 (random), cast to
-// e4m3 here; C [M,N] bf16.
+// FP8: Y[M,N] = X[M,K]·W[N,K]ᵀ with X and W in e4m3, fp32 accumulation, Y in bf16: cuBLASLt's FP8
+// on Hopper, which takes only this layout (both operands K-major). scale: FP8_SURVEY_TENSOR, one
+// scale of 1 an operand; FP8_SURVEY_BLK, W in 128×128 blocks and X in 1×128 tiles (the step's
+// forward and data gradients, cuda_fp8.cu); FP8_SURVEY_VEC, both in 1×128 tiles (the step's weight
+// gradients, K being a group's rows). Block scales are 1 too: their layout, not their values, is
+// what the kernels read differently. A [M,K] and B [N,K] are bf16 (random), cast to e4m3 here;
+// C [M,N] bf16.
 __global__ void k_bf16_to_e4m3(__nv_fp8_e4m3* y, const bf16* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = __nv_fp8_e4m3(__bfloat162float(x[i]));
 }
 
+enum { FP8_SURVEY_TENSOR = 0, FP8_SURVEY_BLK = 1, FP8_SURVEY_VEC = 2 };  // as dev/gemm_attn_bench.h declares them
+__global__ void k_fill_f32(float* y, float v, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = v;
+}
+
 extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C,
-                                     int max_algos, const char* label, float hot_ms) {
+                                     int scale, int max_algos, const char* label, float hot_ms) {
     CudaImpl* c = CI(be);
     const size_t na = (size_t)M * K, nb = (size_t)N * K;
+    const size_t kt = (size_t)(K + 127) / 128, ns = scale == FP8_SURVEY_TENSOR ? 1 : kt * (M > N ? M : N) + 4 * kt * N;
     __nv_fp8_e4m3 *a8, *b8;
-    float* one;
+    float* one;  // every scale 1 (ns of them: enough for either block layout)
     CUDA_CK(cudaMalloc(&a8, na));
     CUDA_CK(cudaMalloc(&b8, nb));
-    CUDA_CK(cudaMalloc(&one, sizeof(float)));
-    const float h1 = 1.0f;
-    CUDA_CK(cudaMemcpy(one, &h1, sizeof h1, cudaMemcpyHostToDevice));
+    CUDA_CK(cudaMalloc(&one, ns * sizeof(float)));
+    k_fill_f32<<<256, 256, 0, c->stream>>>(one, 1.0f, ns);
     k_bf16_to_e4m3<<<1024, 256, 0, c->stream>>>(a8, (const bf16*)A, na);
     k_bf16_to_e4m3<<<1024, 256, 0, c->stream>>>(b8, (const bf16*)B, nb);
     GemmShapePlan p;
@@ -124,6 +131,13 @@ extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const voi
     CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
     CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &one, sizeof one));
     CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &one, sizeof one));
+    if (scale != FP8_SURVEY_TENSOR) {  // cuBLASLt's A is W, its B is X
+        const int32_t ma = scale == FP8_SURVEY_BLK ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                      mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+        CUBLAS_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    }
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_8F_E4M3, K, N, K));  // W: column-major K × N, op T
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_8F_E4M3, K, M, K));  // X: column-major K × M
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, N, M, N));     // Y: column-major N × M
