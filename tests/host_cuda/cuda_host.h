@@ -5,9 +5,9 @@
 // compiles unchanged with -Itests/host_cuda first on the include path.
 //
 // A launch (KLAUNCH) runs the grid's blocks one after another, each as blockDim OS threads;
-// __syncthreads and the warp-collective operations (shuffles, match, the mma step) are barriers, so
-// the threads of a block meet where the GPU's would. __shared__ arrays are function statics (one
-// block at a time uses them). The intrinsics are their IEEE host forms. Compile with
+// __syncthreads (and __syncthreads_or) and the warp-collective operations (shuffles, ballots and
+// votes, match, the mma step) are barriers, so the threads of a block meet where the GPU's would.
+// __shared__ arrays are function statics (one block at a time uses them). The intrinsics are their IEEE host forms. Compile with
 // -ffp-contract=off: device code without fast math keeps each rounding too.
 #pragma once
 #include <atomic>
