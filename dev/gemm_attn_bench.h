@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/survey.h"
 #include "dev_bench.h"
 
 // ---- timings (a measurement, not a test) --------------------------------
@@ -87,7 +88,6 @@ void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, co
 // data gradients W 128×128 × X 1×128, the weight gradients 1×128 × 1×128 along 8,192 rows: the
 // step's own orientation, cuBLASLt's m = the gradient's columns), the first 8 candidates each: whether
 // a candidate other than the first pick runs the step's FP8 products faster.
-enum { FP8_SURVEY_TENSOR = 0, FP8_SURVEY_BLK = 1, FP8_SURVEY_VEC = 2 };
 void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C, int scale,
                           int max_algos, const char* label, float hot_ms);
 

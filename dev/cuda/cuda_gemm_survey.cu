@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_gemm.cuh"
+#include "survey.h"
 
 // ---- the heuristic's candidates for one plan, each timed ----------------------------------------
 // pl: the descriptor and layouts (its algo unused); the products are C = alpha · (B as la)·(A as
@@ -106,7 +107,6 @@ __global__ void k_bf16_to_e4m3(__nv_fp8_e4m3* y, const bf16* x, size_t n) {
         y[i] = __nv_fp8_e4m3(__bfloat162float(x[i]));
 }
 
-enum { FP8_SURVEY_TENSOR = 0, FP8_SURVEY_BLK = 1, FP8_SURVEY_VEC = 2 };  // as dev/gemm_attn_bench.h declares them
 __global__ void k_fill_f32(float* y, float v, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = v;
 }
