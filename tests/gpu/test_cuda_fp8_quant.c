@@ -28,7 +28,8 @@ static int tiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
 // near FLT_MAX, a row of one value repeated (every element at the tile maximum: saturation at 448
 // after the scaling), rows whose scaled values x/s sit at e4m3 rounding boundaries (ties) and up to
 // 3 ulp beside them, where the rounding of fl(1/s) and of the product decides the code (what a
-// quantiser that divided by s instead would get wrong), at three scales.
+// quantiser that divided by s instead would get wrong), at three scales; and 128×128 tiles without
+// a non-finite element whose column maxima sit at random rows.
 static float* quant_data(int R, int C, int ld) {
     float* x = xmalloc(sizeof(float) * ((size_t)R * ld + 1));
     for (int r = 0; r < R; r++) {
@@ -75,9 +76,22 @@ static float* quant_data(int R, int C, int ld) {
             xr[c] = (c & 1) ? -y : y;
         }
     }
-    for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements
-        const size_t i = (size_t)(rng_u64(&g_rng) % R) * ld + rng_u64(&g_rng) % C;
-        x[i] = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
+    // The 128×128 tiles of odd (row tile + column tile) hold no non-finite element (the kernels' fast
+    // path) and, from row 26 on, one element of each column 2^40 times larger: each column's maximum
+    // at a random row, not where the rows' own scales put it.
+    for (int c = 0; c < C; c++)
+        for (int r0 = 0; r0 < R; r0 += FP8_TILE) {
+            const int lo = r0 < 26 ? 26 : r0, hi = r0 + FP8_TILE < R ? r0 + FP8_TILE : R;
+            if ((r0 / FP8_TILE + c / FP8_TILE) % 2 == 0 || lo >= hi) continue;
+            x[(size_t)(lo + (int)(rng_u64(&g_rng) % (uint64_t)(hi - lo))) * ld + c] *= 0x1p40f;
+        }
+    for (int k = 0; k < R * C / 500 + 3; k++) {  // non-finite elements, in the tiles of even (row + column tile)
+        int r = (int)(rng_u64(&g_rng) % R), c = (int)(rng_u64(&g_rng) % C);
+        if ((r / FP8_TILE + c / FP8_TILE) % 2) {  // into the tile to the left, or else above: even
+            if (c >= FP8_TILE) c -= FP8_TILE;
+            else r -= FP8_TILE;
+        }
+        x[(size_t)r * ld + c] = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
     }
     return x;
 }
