@@ -39,37 +39,157 @@ __device__ __forceinline__ uint2 codes8(const float* v, float y, bool safe) {
     return safe ? codes8<true>(v, y) : codes8<false>(v, y);
 }
 
-// The running maximum of |x| over elements, with a marker of non-finite ones: m = max(m, |x|)
-// (fmaxf passes NaN over, so m alone misses it) and nf = x·0 + nf, which stays 0 while every x is
-// finite and is NaN from the first ±inf or NaN on. A tile whose nf is not 0 takes its amax again
-// with fin_abs and its codes SAFE.
+// ---- a thread's elements, kept as loaded ---------------------------------------------------------
+// Tile<T, N>: N rows of 8 consecutive elements. fp32 as floats; bf16 as the 16-byte words loaded,
+// half the registers, each element widened to fp32 (exactly: its bits shifted) only where it is
+// coded. The maxima of bf16 magnitudes are taken on the bits, two at a time: x & 0x7fff orders as
+// |x| for every finite value and ±inf (0x7f80), and every NaN's bits are above inf's, so a maximum
+// ≥ 0x7f80 says the elements hold a non-finite one (`bad`), and below it is the finite amax exactly.
+// fp32 magnitudes: m = max(m, |x|) (fmaxf passes NaN over, so m alone misses it) and nf = x·0 +
+// nf, which stays 0 while every x is finite and is NaN from the first ±inf or NaN on. A tile with
+// a non-finite element takes its amax again over its finite elements (fin_abs) and codes SAFE.
+template <typename T, int N> struct Tile;
+template <int N> struct Tile<float, N> {
+    float v[N][8];
+    __device__ __forceinline__ float at(int i, int j) const { return v[i][j]; }
+};
+template <int N> struct Tile<bf16, N> {
+    uint32_t w[N][4];  // row i, elements 2p (low half) and 2p + 1 (high half) in w[i][p]
+    __device__ __forceinline__ float at(int i, int j) const {
+        const uint32_t x = w[i][j >> 1];
+        return __uint_as_float((j & 1) ? x & 0xffff0000u : x << 16);
+    }
+};
+
+// Row i of the tile: eight consecutive elements x[0..8), one 16-byte load (bf16) or two (fp32) when
+// vec and all eight exist (n ≥ 8), else element by element with zeros past n.
+template <int N>
+__device__ __forceinline__ void load_row(Tile<float, N>& t, int i, const float* __restrict__ x, int n, bool vec) {
+    if (vec && n >= 8) {
+        const float4 a = __ldg((const float4*)x), b = __ldg((const float4*)x + 1);
+        float* f = t.v[i];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) t.v[i][j] = j < n ? x[j] : 0.f;
+}
+template <int N>
+__device__ __forceinline__ void load_row(Tile<bf16, N>& t, int i, const bf16* __restrict__ x, int n, bool vec) {
+    if (vec && n >= 8) {
+        const uint4 u = __ldg((const uint4*)x);
+        t.w[i][0] = u.x, t.w[i][1] = u.y, t.w[i][2] = u.z, t.w[i][3] = u.w;
+        return;
+    }
+    const unsigned short* b = (const unsigned short*)x;
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+        t.w[i][p] = (2 * p < n ? (uint32_t)b[2 * p] : 0u) | (2 * p + 1 < n ? (uint32_t)b[2 * p + 1] << 16 : 0u);
+}
+
 __device__ __forceinline__ void amax_step(float& m, float& nf, float x) {
     m = fmaxf(m, fabsf(x));
     nf = __fmaf_rn(x, 0.f, nf);
 }
-// max |v[0..8)| over the finite elements (the SAFE tiles' amax)
-__device__ __forceinline__ float fin_max8(const float* v) {
-    float m = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) m = fmaxf(m, fin_abs(v[e]));
-    return m;
+// the larger of each pair of 16-bit halves, unsigned
+__device__ __forceinline__ uint32_t vmax_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t d;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+#else
+    return __vmaxu2(a, b);
+#endif
+}
+__device__ __forceinline__ uint32_t mag2(uint32_t x) { return x & 0x7fff7fffu; }
+// A bf16 magnitude's bits (< 2^16) as the float amax; bad when non-finite.
+__device__ __forceinline__ float mag_f(uint32_t h, bool& bad) {
+    bad = bad || h >= 0x7f80u;
+    return __uint_as_float(h << 16);
+}
+__device__ __forceinline__ uint32_t hmax_halves(uint32_t a) {
+    const uint32_t lo = a & 0xffffu, hi = a >> 16;
+    return lo > hi ? lo : hi;
 }
 
-// Eight consecutive elements x[0..8) as fp32: one 16-byte load (bf16) or two (fp32) when vec and
-// all eight exist (n ≥ 8), else element by element with zeros past n.
-template <typename T> __device__ __forceinline__ void load8(float* f, const T* __restrict__ x, int n, bool vec) {
-    if (vec && n >= 8) {
-        if (sizeof(T) == 2) {
-            unpack8(f, __ldg((const uint4*)x));
-        } else {
-            const float4 a = __ldg((const float4*)x), b = __ldg((const float4*)x + 1);
-            f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-        }
-        return;
-    }
+// max |x| over row i; bad: it holds a non-finite element
+template <int N> __device__ __forceinline__ float row_max(const Tile<float, N>& t, int i, bool& bad) {
+    float m = 0.f, nf = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = j < n ? to_f(x[j]) : 0.f;
+    for (int j = 0; j < 8; j++) amax_step(m, nf, t.v[i][j]);
+    bad = bad || nf != 0.f;
+    return m;
 }
+template <int N> __device__ __forceinline__ float row_max(const Tile<bf16, N>& t, int i, bool& bad) {
+    const uint32_t a = vmax_u16x2(vmax_u16x2(mag2(t.w[i][0]), mag2(t.w[i][1])), vmax_u16x2(mag2(t.w[i][2]), mag2(t.w[i][3])));
+    return mag_f(hmax_halves(a), bad);
+}
+// max |x| over all the tile's elements
+template <int N> __device__ __forceinline__ float all_max(const Tile<float, N>& t, bool& bad) {
+    float m = 0.f, nf = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax_step(m, nf, t.v[i][j]);
+    bad = bad || nf != 0.f;
+    return m;
+}
+template <int N> __device__ __forceinline__ float all_max(const Tile<bf16, N>& t, bool& bad) {
+    uint32_t a = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int p = 0; p < 4; p++) a = vmax_u16x2(a, mag2(t.w[i][p]));
+    return mag_f(hmax_halves(a), bad);
+}
+// m[j] = max |x| over column j's N elements
+template <int N> __device__ __forceinline__ void col_max(const Tile<float, N>& t, float* m, bool& bad) {
+    float nf = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        m[j] = 0.f;
+#pragma unroll
+        for (int i = 0; i < N; i++) amax_step(m[j], nf, t.v[i][j]);
+    }
+    bad = bad || nf != 0.f;
+}
+template <int N> __device__ __forceinline__ void col_max(const Tile<bf16, N>& t, float* m, bool& bad) {
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        uint32_t a = mag2(t.w[0][p]);
+#pragma unroll
+        for (int i = 1; i < N; i++) a = vmax_u16x2(a, mag2(t.w[i][p]));
+        m[2 * p] = mag_f(a & 0xffffu, bad);
+        m[2 * p + 1] = mag_f(a >> 16, bad);
+    }
+}
+// The SAFE tiles' maxima: over the finite elements only (element by element; rare).
+template <typename T, int N> __device__ __forceinline__ float fin_row_max(const Tile<T, N>& t, int i) {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fin_abs(t.at(i, j)));
+    return m;
+}
+template <typename T, int N> __device__ __forceinline__ float fin_col_max(const Tile<T, N>& t, int j) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; i++) m = fmaxf(m, fin_abs(t.at(i, j)));
+    return m;
+}
+// Codes of row i, or of column j (N = 8), with reciprocal scale y.
+template <typename T, int N> __device__ __forceinline__ uint2 row_codes(const Tile<T, N>& t, int i, float y, bool safe) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = t.at(i, j);
+    return codes8(f, y, safe);
+}
+template <typename T> __device__ __forceinline__ uint2 col_codes(const Tile<T, 8>& t, int j, float y, bool safe) {
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = t.at(i, j);
+    return codes8(f, y, safe);
+}
+
 // Eight codes at q[0..8), of which the first n ≤ 8 exist (n ≥ 8 and w8: one 8-byte store; else
 // 4-byte words, n a multiple of 4: ldq % 4 = 0).
 __device__ __forceinline__ void store8(uint8_t* q, uint2 c, int n, bool w8) {
@@ -93,30 +213,33 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ 
     const int sub = threadIdx.x & 15, t = blockIdx.x * (Q_THREADS / 16) + (threadIdx.x >> 4);
     const int c0 = t * TILE + sub * 8;
     for (int rb = blockIdx.y * ROWS_Q; rb < R; rb += gridDim.y * ROWS_Q) {
-        float v[ROWS_Q][8];
+        Tile<T, ROWS_Q> v;
 #pragma unroll
         for (int j = 0; j < ROWS_Q; j++) {
             const int r = rb + j, n = (r < R && t < sm.Kt) ? C - c0 : 0;
-            load8(v[j], x + (size_t)(r < R ? r : 0) * ldx + (n > 0 ? c0 : 0), n, vec);
+            load_row(v, j, x + (size_t)(r < R ? r : 0) * ldx + (n > 0 ? c0 : 0), n, vec);
         }
 #pragma unroll
         for (int j = 0; j < ROWS_Q; j++) {
             const int r = rb + j;
-            float m = 0.f, nf = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) amax_step(m, nf, v[j][e]);
-            const bool safe = __any_sync(0xffffffffu, nf != 0.f);  // both tiles of the warp, if either
-            if (safe) m = fin_max8(v[j]);
+            bool bad = false;
+            float m = row_max(v, j, bad);
+            const bool safe = __any_sync(0xffffffffu, bad);  // both tiles of the warp, if either
+            if (safe) m = fin_row_max(v, j);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16 lanes of a tile
             const float s = scale_of_amax(m);
             if (r >= R || t >= sm.Kt) continue;
             if (sub == 0) smap_put(sm, r, t, s);
             if ((size_t)c0 < ldq)
-                store8(q + (size_t)r * ldq + c0, codes8(v[j], __frcp_rn(s), safe), (int)(ldq - c0), w8);
+                store8(q + (size_t)r * ldq + c0, row_codes(v, j, __frcp_rn(s), safe), (int)(ldq - c0), w8);
         }
     }
 }
+
+// Blocks an SM the 128×128 kernels are bounded to: bf16 tiles (32 registers of elements) leave room
+// for four, fp32 tiles (64) for three.
+#define Q_BLOCKS_SM(T) (sizeof(T) == 2 ? 4 : 3)
 
 // ---- the 128×128 tile kernels ----------------------------------------------------------------------
 // A block takes a 128×128 tile of X: thread (ty, tx) = (tid / 16, tid % 16) holds the 8×8
@@ -128,26 +251,21 @@ __global__ void __launch_bounds__(Q_THREADS) k_quant_rows(const T* __restrict__ 
 // The tile rows [r0, r0+128) ∩ [0, R), columns [c0, c0+128) ∩ [0, C) of x (row stride ld) into v,
 // zeros outside.
 template <typename T>
-__device__ __forceinline__ void load_tile8x8(float (*v)[8], const T* __restrict__ x, int R, int C, size_t ld, int r0,
+__device__ __forceinline__ void load_tile8x8(Tile<T, 8>& v, const T* __restrict__ x, int R, int C, size_t ld, int r0,
                                              int c0, bool vec) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, cc = c0 + tx * 8;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int r = r0 + ty * 8 + i, n = (r < R && cc < C) ? C - cc : 0;
-        load8(v[i], x + (n > 0 ? (size_t)r * ld + cc : 0), n, vec);
+        load_row(v, i, x + (n > 0 ? (size_t)r * ld + cc : 0), n, vec);
     }
 }
 
 // Thread's column j codes (its 8 rows, reciprocal scale y[j]) into tq.
-__device__ __forceinline__ void put_cols(uint2* tq, const float (*v)[8], const float* y, bool safe) {
+template <typename T> __device__ __forceinline__ void put_cols(uint2* tq, const Tile<T, 8>& v, const float* y, bool safe) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float col[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) col[i] = v[i][j];
-        tq[16 * (tx * 8 + j) + (ty ^ tx)] = codes8(col, y[j], safe);
-    }
+    for (int j = 0; j < 8; j++) tq[16 * (tx * 8 + j) + (ty ^ tx)] = col_codes(v, j, y[j], safe);
 }
 // tq's 128 output rows (output row or0 + c, of out_rows) of 128 codes at output column ok0 .. into
 // qt [out_rows, ldk]; codes up to ldk (the zero padding included).
@@ -175,7 +293,7 @@ __device__ __forceinline__ void store_cols(uint8_t* __restrict__ qt, size_t ldk,
 // ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
 // c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, 3) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
                                                              uint8_t* __restrict__ qt, size_t ldk, SMap stm,
                                                              uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
                                                              int w16, int w8) {
@@ -184,28 +302,19 @@ __global__ void __launch_bounds__(Q_THREADS, 3) k_quant_cols(const T* __restrict
     __shared__ __align__(16) float csc[TILE];
     const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
     const int ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
-    float v[8][8];
+    Tile<T, 8> v;
     load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
     // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem;
     // safe: the tile holds a non-finite element (then every column and row of it is coded SAFE)
     bool safe;
     {
-        float m[8], nf = 0.f;
+        float m[8];
+        bool bad = false;
+        col_max(v, m, bad);
+        safe = __syncthreads_or(bad);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            m[j] = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) amax_step(m[j], nf, v[i][j]);
-        }
-        safe = __syncthreads_or(nf != 0.f);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            if (safe) {
-                float col[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++) col[i] = v[i][j];
-                m[j] = fin_max8(col);
-            }
+            if (safe) m[j] = fin_col_max(v, j);
             m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], 16));
         }
         if ((tid & 16) == 0)
@@ -230,20 +339,15 @@ __global__ void __launch_bounds__(Q_THREADS, 3) k_quant_cols(const T* __restrict
     if (q) {  // row-wise: row maxima over the 16 threads of a row
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            float m = 0.f;
-            if (safe) {
-                m = fin_max8(v[i]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[i][j]));
-            }
+            bool bad = false;
+            float m = safe ? fin_row_max(v, i) : row_max(v, i, bad);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
             const float s = scale_of_amax(m);
             const int r = i0 + ty * 8 + i, cc = c0 + tx * 8;
             if (r >= n || c0 >= C) continue;
             if (tx == 0) smap_put(srm, r, blockIdx.x, s);
-            if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], __frcp_rn(s), safe), (int)(ldq - cc), w8);
+            if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, row_codes(v, i, __frcp_rn(s), safe), (int)(ldq - cc), w8);
         }
     }
     __syncthreads();
@@ -255,7 +359,7 @@ __global__ void __launch_bounds__(Q_THREADS, 3) k_quant_cols(const T* __restrict
 // trans = 1: q [C, ldq] = the transpose (ldq ≥ R), scale at s[cb·lds + rb]. Zero codes fill each
 // output row to ldq.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, 3) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
+__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
                                                                int trans, uint8_t* __restrict__ q, size_t ldq,
                                                                float* __restrict__ s, int lds, int vec, int w16, int w8) {
     __shared__ uint2 tq[TILE * 16];
@@ -263,18 +367,15 @@ __global__ void __launch_bounds__(Q_THREADS, 3) k_quant_blocks(const T* __restri
     // grid: x over the output's K (C, or R transposed, up to ldq), y over the output's rows
     const int ok0 = blockIdx.x * TILE, or0 = blockIdx.y * TILE, tid = threadIdx.x;
     const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
-    float v[8][8];
+    Tile<T, 8> v;
     load_tile8x8(v, w, R, C, ldw, r0, cc0, vec);
-    float m = 0.f, nf = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) amax_step(m, nf, v[i][j]);
-    const bool safe = __syncthreads_or(nf != 0.f);  // a non-finite element in the block
+    bool bad = false;
+    float m = all_max(v, bad);
+    const bool safe = __syncthreads_or(bad);  // a non-finite element in the block
     if (safe) {
         m = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) m = fmaxf(m, fin_max8(v[i]));
+        for (int i = 0; i < 8; i++) m = fmaxf(m, fin_row_max(v, i));
     }
     m = block_max(m, red);
     const float sc = scale_of_amax(m), y = __frcp_rn(sc);
@@ -284,7 +385,7 @@ __global__ void __launch_bounds__(Q_THREADS, 3) k_quant_blocks(const T* __restri
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int r = or0 + (tid >> 4) * 8 + i;
-            if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, codes8(v[i], y, safe), (int)(ldq - cc), w8);
+            if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, row_codes(v, i, y, safe), (int)(ldq - cc), w8);
         }
         return;
     }

@@ -54,6 +54,12 @@ static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 
+// the larger of each pair of 16-bit halves, unsigned
+static inline uint32_t __vmaxu2(uint32_t a, uint32_t b) {
+    const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    const uint32_t hi = (a >> 16) > (b >> 16) ? a >> 16 : b >> 16;
+    return lo | hi << 16;
+}
 static inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
