@@ -80,6 +80,7 @@ typedef struct CudaImpl {
     size_t fp8_wgrad_acc;    // bytes of fp32 sums a chunked bf16 FP8 weight gradient keeps (FP8_WGRAD_ACC_BYTES)
     size_t fp8_epi_bytes;    // bytes of fp32 product rows the FP8 epilogue path stages at a time (FP8_EPI_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
+    size_t fp8_fused_groups;  // groups gemm_grouped_swiglu_bwd took through its fused kernel
     size_t fp8_wgrad_split;  // FP8 weight-gradient groups too large for ws, taken in row chunks
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name
@@ -134,6 +135,18 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 // silu(g) = g·σ(g), as the SwiGLU kernels (cuda_moe.cu) and the grouped GEMM's epilogue compute it.
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 
+// The SwiGLU backward of one element (gate g, up u, incoming gradient d, routing scale s): the
+// gate's gradient d·s·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))), the up's d·s·silu(g), and
+// this element's term d·silu(g)·u of the scale's gradient. Every kernel that computes it calls
+// this (cuda_moe.cu's SwiGLU backward, cuda_fp8_quant.cu's fused FP8 one), so they agree bit for bit.
+__device__ __forceinline__ void swiglu_bwd_elem(float g, float u, float d, float s, float* dg, float* du, float* ds) {
+    const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
+    *ds = d * (si * u);
+    const float da = d * s;
+    *du = da * si;
+    *dg = da * u * (sg * (1.0f + g * (1.0f - sg)));
+}
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -167,6 +180,9 @@ extern "C" void cuda_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc
                                       void* C);
 extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X,
                                             void* dB, float beta);
+extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend*, const GemmDesc*, const GroupDesc*, const void* dh, void* gu,
+                                              const float* scale, float* dscale, const void* X, const void* W, void* dW,
+                                              float beta, void* dX);
 extern "C" size_t cuda_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
 extern "C" int cuda_fp8_kernels_built(void);
 void fp8_cache_destroy(struct Fp8Cache*);

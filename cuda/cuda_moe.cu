@@ -277,8 +277,8 @@ void cuda_swiglu_fwd(Backend* be, void* h, const void* gu, const float* scale, i
     LAUNCH_CK(c);
 }
 
-// One block per row. du = dh·s·silu(g), dg = dh·s·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))),
-// dscale = Σ_f dh·silu(g)·u. Each (g, u) pair is read and written by one thread: dgu may alias gu.
+// One block per row: swiglu_bwd_elem per element, dscale = Σ_f dh·silu(g)·u. Each (g, u) pair is
+// read and written by one thread: dgu may alias gu.
 template <typename T>
 __global__ void k_swiglu_bwd(T* dgu, float* dscale, const T* dh, const T* gu, const float* scale, int F) {
     __shared__ float sh[32];
@@ -286,12 +286,11 @@ __global__ void k_swiglu_bwd(T* dgu, float* dscale, const T* dh, const T* gu, co
     const float s = scale ? scale[r] : 1.0f;
     float ds = 0.f;
     for (int f = threadIdx.x; f < F; f += blockDim.x) {
-        const float g = to_f(gu[r * 2 * F + f]), u = to_f(gu[r * 2 * F + F + f]), d = to_f(dh[r * F + f]);
-        const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
-        ds += d * (si * u);
-        const float da = d * s;
-        dgu[r * 2 * F + F + f] = from_f<T>(da * si);
-        dgu[r * 2 * F + f] = from_f<T>(da * u * (sg * (1.0f + g * (1.0f - sg))));
+        float dg, du, t;
+        swiglu_bwd_elem(to_f(gu[r * 2 * F + f]), to_f(gu[r * 2 * F + F + f]), to_f(dh[r * F + f]), s, &dg, &du, &t);
+        ds += t;
+        dgu[r * 2 * F + F + f] = from_f<T>(du);
+        dgu[r * 2 * F + f] = from_f<T>(dg);
     }
     if (dscale) {
         ds = block_sum(ds, sh);
@@ -319,12 +318,11 @@ __global__ void k_swiglu_bwd_v8(bf16* dgu, float* dscale, const bf16* dh, const 
         bf16 *ogb = (bf16*)&og, *oub = (bf16*)&ou;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const float g = __bfloat162float(gb[i]), u = __bfloat162float(ub[i]), d = __bfloat162float(db[i]);
-            const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
-            ds += d * (si * u);
-            const float da = d * s;
-            oub[i] = __float2bfloat16_rn(da * si);
-            ogb[i] = __float2bfloat16_rn(da * u * (sg * (1.0f + g * (1.0f - sg))));
+            float dg, du, t;
+            swiglu_bwd_elem(__bfloat162float(gb[i]), __bfloat162float(ub[i]), __bfloat162float(db[i]), s, &dg, &du, &t);
+            ds += t;
+            oub[i] = __float2bfloat16_rn(du);
+            ogb[i] = __float2bfloat16_rn(dg);
         }
         du4[w] = ou;
         dg4[w] = og;

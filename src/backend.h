@@ -233,6 +233,19 @@ struct Backend {
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
                        const float* scale, int n, int F);
 
+    // The backward of gemm_grouped_swiglu's product and SwiGLU in one op (the experts' w13):
+    //   swiglu_bwd(gu, dscale, dh, gu, scale, rows, F)   d(gate|up) in place of gu, every group's rows
+    //   gemm_grouped_wgrad(g, 2F, K, gu, X, dW, beta)     dW_g [2F, K] (+)= d(gate|up)_gᵀ · X_g
+    //   gemm_grouped(d, g, gu, W, dX)                     dX = d(gate|up) · W_g, W_g [2F, K]
+    // with d->K = 2F, d->N = K, d->trans_b = 0 (the data gradient's descriptor, its fp8 and ws), g
+    // the groups with b_stride between both W_g and dW_g (and db_act, and the weight gradient's fp8
+    // and ws; the two may share one ws). gu's contents are undefined afterwards: the CPU backend
+    // leaves d(gate|up) there; the CUDA one with FP8 writes d(gate|up) only as the two products'
+    // codes, from one kernel (docs/fp8.md), with the products as the three ops would give them.
+    void (*gemm_grouped_swiglu_bwd)(Backend*, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
+                                    const float* scale, float* dscale, const void* X, const void* W, void* dW,
+                                    float beta, void* dX);
+
     // ---- router ------------------------------------------------------------------------------
     // probs[N,E] = softmax(logits); topk_idx[N,k] descending by prob (ties → lower index);
     // topk_w[N,k] = renormalised top-k probs. stats (fp32 [2E], +=): [0,E) count of tokens
@@ -371,3 +384,10 @@ static inline void be_host_free(Backend* be, void* p) {
     if (be->host_free) be->host_free(be, p);
     else free(p);
 }
+
+// gemm_grouped_swiglu_bwd as the three ops it is defined by (above), for a backend that does not
+// fuse them, or fuses only some groups; its checks too.
+void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g);
+void gemm_grouped_swiglu_bwd_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
+                                 const float* scale, float* dscale, const void* X, const void* W, void* dW, float beta,
+                                 void* dX);

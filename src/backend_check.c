@@ -1,4 +1,5 @@
-// backend_check.c — the descriptor checks every backend runs (backend.h), written once.
+// backend_check.c — the descriptor checks every backend runs (backend.h), written once, and the
+// composed op gemm_grouped_swiglu_bwd as the ops that define it.
 #include "backend.h"
 #include "util.h"
 
@@ -28,4 +29,20 @@ void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g) {
 void gemm_grouped_wgrad_check(const GroupDesc* g, float beta) {
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     offsets_check("gemm_grouped_wgrad", g);
+}
+
+void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g) {
+    CHECK(!d->trans_b && d->K % 2 == 0, "gemm_grouped_swiglu_bwd: wants trans_b 0 and K = 2F (trans_b %d, K %d)",
+          d->trans_b, d->K);
+    gemm_grouped_check("gemm_grouped_swiglu_bwd", d, g);
+}
+
+void gemm_grouped_swiglu_bwd_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
+                                 const float* scale, float* dscale, const void* X, const void* W, void* dW, float beta,
+                                 void* dX) {
+    gemm_grouped_swiglu_bwd_check(d, g);
+    const int rows = g->host_off[g->groups], F = d->K / 2;
+    be->swiglu_bwd(be, gu, dscale, dh, gu, scale, rows, F);
+    be->gemm_grouped_wgrad(be, g, 2 * F, d->N, gu, X, dW, beta);
+    be->gemm_grouped(be, d, g, gu, W, dX);
 }

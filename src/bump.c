@@ -58,6 +58,14 @@ void* bump_alloc(Bump* b, size_t bytes) {
     }
 }
 
+void* bump_rest(Bump* b, size_t bytes, size_t* got) {
+    char* p = bump_alloc(b, bytes);
+    BumpChunk* c = b->cur;
+    *got = c->size - (size_t)(p - c->base);
+    c->used = c->size;
+    return p;
+}
+
 void bump_free(Bump* b) {
     BumpChunk* c = b->chunks;
     while (c) {

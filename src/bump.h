@@ -21,6 +21,10 @@ void bump_reset(Bump* b);
 // Resets b and hands out its first (planned) chunk whole, *bytes of it: one op's workspace
 // (the attention backward's dS), valid until the next bump_alloc or reset.
 void* bump_all(Bump* b, size_t* bytes);
+// At least `bytes`, and all that is left of the chunk it comes from (*got ≥ bytes): a workspace
+// that uses the room the arena holds anyway. Nothing more is handed out of that chunk until the
+// next reset.
+void* bump_rest(Bump* b, size_t bytes, size_t* got);
 // Bytes of the planned (first) chunk.
 size_t bump_planned(const Bump* b);
 void bump_free(Bump* b);

@@ -183,9 +183,9 @@ static void grouped(Model* m, const int* off, void* C, const void* A, const void
     m->be->gemm_grouped(m->be, &d, &g, A, B, C);
 }
 
-// One layer pass's FP8 workspace from the per-layer scratch (NULL, 0 with precision.fp8=none).
-static void* fp8_ws(Model* m, int R, int fwd, size_t* bytes) {
-    *bytes = expert_fp8_ws(m, R, fwd);
+// The forward's FP8 workspace from the per-layer scratch (NULL, 0 with precision.fp8=none).
+static void* fp8_fwd_ws(Model* m, int R, size_t* bytes) {
+    *bytes = expert_fp8_ws(m, R, 1);
     return *bytes ? bump_alloc(&m->tmp, *bytes) : NULL;
 }
 
@@ -261,7 +261,7 @@ static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
     void* h = s->h ? s->h : bump_alloc(&m->tmp, (size_t)R * F * esz(m));
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     size_t wsb;
-    void* ws = fp8_ws(m, R, 1, &wsb);
+    void* ws = fp8_fwd_ws(m, R, &wsb);
     // gu and h in one op (one kernel where the backend fuses them)
     GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
                   .ws = ws, .ws_bytes = wsb};
@@ -321,7 +321,8 @@ static void* dy_to_experts(Model* m, const MoeSaved* s, const void* dout, int xc
 // swiglu, w13 backward, into the weight gradients and *dxe, *dsc: the gradients of the received
 // rows and of their routing weights. Memory: dh overwrites h once w2's weight gradient has read
 // it (the saved h too: it is dead after that), and d(gate|up) overwrites the saved gu in place
-// (swiglu_bwd allows it; gu is dead after this layer's backward).
+// (swiglu_bwd allows it; gu is dead after this layer's backward). With FP8 the SwiGLU backward and
+// w13's products are one op (gemm_grouped_swiglu_bwd), which may never write d(gate|up) in bf16.
 static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, const void* dye, void** dxe,
                         float** dsc) {
     Backend* be = m->be;
@@ -333,8 +334,10 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     void* dgu = s->gu;
     *dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     *dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-    size_t wsb;
-    void* ws = fp8_ws(m, R, 0, &wsb);
+    // the FP8 workspace: what the layer's rows leave of the arena, at least what the GEMMs need (the
+    // fused SwiGLU backward takes a group through its one kernel where the group fits: cuda_fp8.cu)
+    size_t wsb = expert_fp8_ws(m, R, 0);
+    void* ws = wsb ? bump_rest(&m->tmp, wsb, &wsb) : NULL;
     GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT],
                    .fp8 = ws ? FP8_ACT : FP8_OFF, .ws = ws, .ws_bytes = wsb};
     if (!s->h) {
@@ -346,6 +349,14 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     prof_mark("bwd.w2_wgrad");
     grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb);
     prof_mark("bwd.w2_dgrad");
+    if (ws) {  // FP8: the SwiGLU backward and w13's two products as one op
+        GemmDesc d = {.N = H, .K = 2 * F, .alpha = 1, .beta = 0, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb};
+        g.b_stride = (size_t)2 * F * H;
+        be->gemm_grouped_swiglu_bwd(be, &d, &g, dh, s->gu, s->scale_e, *dsc, s->xe, at(m, m->w[1], o->w13),
+                                    grad_at(m, ARENA_EXPERT, o->w13), beta, *dxe);
+        prof_mark("bwd.swiglu_w13");
+        return;
+    }
     be->swiglu_bwd(be, dgu, *dsc, dh, s->gu, s->scale_e, R, F);
     prof_mark("bwd.swiglu");
     g.b_stride = (size_t)2 * F * H;
@@ -357,13 +368,13 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
 
 // Back to this rank's (n, slot) rows (the reverse of dispatch): dx = Σ_slot dxe, and the routing
 // weights' gradients into m->s_dw.
-static void dx_to_tokens(Model* m, const MoeSaved* s, const void* dxe, const float* dsc, void* dx, int xchg) {
-    const int N = m->N, H = m->c.hidden, K = m->c.top_k, R = s->R;
+// bx, bw: scratch for the exchange's rows and weights (xchg).
+static void dx_to_tokens(Model* m, const MoeSaved* s, const void* dxe, const float* dsc, void* dx, int xchg, void* bx,
+                         float* bw) {
+    const int N = m->N, H = m->c.hidden, K = m->c.top_k;
     const void* dxp = dxe;
     const float* dwp = dsc;
     if (xchg) {
-        void* bx = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
-        float* bw = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
         rows_out(m, s, m->s_xp, dxe, bx, (size_t)H * esz(m));
         rows_out(m, s, m->s_wp, dsc, bw, sizeof(float));
         dxp = m->s_xp;
@@ -399,10 +410,13 @@ void moe_backward(Model* m, int l, const void* dout, void* dx) {
     int off[65];
     expert_offsets(m, s, off);
     const void* dye = dy_to_experts(m, s, dout, xchg);
+    // the exchange's scratch before the experts' (whose FP8 workspace takes the rest of the arena)
+    void* bx = xchg ? bump_alloc(&m->tmp, (size_t)s->R * m->c.hidden * esz(m)) : NULL;
+    float* bw = xchg ? bump_alloc(&m->tmp, (size_t)s->R * sizeof(float)) : NULL;
     void* dxe;
     float* dsc;
     experts_bwd(m, l, s, off, dye, &dxe, &dsc);
-    dx_to_tokens(m, s, dxe, dsc, dx, xchg);
+    dx_to_tokens(m, s, dxe, dsc, dx, xchg, bx, bw);
     router_bwd(m, l, dx);
 }
 

@@ -5,7 +5,8 @@
 // is a bug of cuda_fp8.cu's own: the workspace's layout (each ws exactly fp8_ws_bytes, unaligned
 // too, under AddressSanitizer), the rows' chunks and their scale maps, the split between cuBLASLt
 // and the fallback kernel (counted), a group's product running on into the next group's rows,
-// the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, and every
+// the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, the fused
+// SwiGLU backward with w13's products (gemm_grouped_swiglu_bwd), and every
 // cuBLASLt call against the documented rules (the stand-in aborts on a broken one). The GPU's
 // numerics inside a tile are tests/gpu/test_cuda_fp8.c's to bound.
 #include <vector>
@@ -338,10 +339,107 @@ static void test_wgrad() {
     wgrad_case(136, 72, 1.f, 1, 1, LT, 0, 24);  // dB's epilogue in passes of 24 rows
 }
 
+// ---- gemm_grouped_swiglu_bwd -----------------------------------------------------------------------
+
+// The experts' SwiGLU backward and w13's two products as one op, against the spec on the same
+// d(gate|up): the stand-in's SwiGLU backward (cuda_moe.cu's kernel: the bits the fused kernel must
+// compute; cpu_moe.c's is fp32 and exact), then the CPU's weight gradient and data gradient of
+// those bf16 values, every group whole. dscale within a relative 1e-5 of the same kernel's (the
+// fused kernel sums a row's 128-column tiles, then the tiles; the other, the row's threads).
+// ws: room for groups of up to `fit` rows through the fused kernel (0: every group); the others
+// take the three ops (counted). F % 128 ≠ 0 or fp32: all of them.
+static void swiglu_bwd_case(int F, int K, float beta, int db_act, int bf, Path path, int fit, int scaled = 1,
+                            int chunk = 4096) {
+    Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+    cuda_fp8_set_row_chunk(be, chunk);
+    const int F2 = 2 * F, R = ROWS;
+    const int db_bf = bf && db_act;
+    Mat dh = data(R, F, F, bf), gu = data(R, F2, F2, bf), X = data(R, K, K, bf), W = data(G * F2, K, K, bf);
+    for (float& v : gu.f) v = bf ? bf16_round(v * 1e-2f) : v * 1e-2f;  // gates and ups of a few units at most
+    if (bf) gu.sync_h();
+    Mat dW = data(G * F2, K, K, db_bf), dX = data(R, K, K, bf);
+    std::vector<float> scale(R);
+    for (float& v : scale) v = 0.25f + 0.5f * (float)(rng_u64(&g_rng) % 1000) / 1000.f;
+
+    // the spec: d(gate|up) from the stand-in's SwiGLU backward (in place, as the op defines it)
+    Mat dgu = gu;
+    std::vector<float> want_ds(R);
+    cuda_swiglu_bwd(be, dgu.dev(), want_ds.data(), dh.dev(), dgu.dev(), scaled ? scale.data() : nullptr, R, F);
+    if (bf)
+        for (size_t i = 0; i < dgu.f.size(); i++) dgu.f[i] = bf16_to_f32(dgu.h[i]);
+    std::vector<float> want_dW = dW.f, want_dX((size_t)R * K);
+    for (int g = 0; g < G; g++) {
+        const int r0 = OFF[g], rows = OFF[g + 1] - r0;
+        float* dwg = want_dW.data() + (size_t)g * F2 * K;
+        if (rows == 0) {
+            if (beta == 0.f) memset(dwg, 0, sizeof(float) * F2 * K);
+        } else {
+            cpu_wgrad_rows(dgu, X, F2, K, r0, rows, dwg, beta);
+        }
+    }
+    GemmDesc d = {};
+    d.N = K, d.K = F2, d.alpha = 1, d.beta = 0, d.fp8 = FP8_WEIGHT;
+    GroupDesc gd = {};
+    gd.groups = G, gd.host_off = OFF, gd.b_stride = (size_t)F2 * K, gd.db_act = db_act, gd.fp8 = FP8_ACT;
+    std::vector<char> keep;
+    d.ws = cpu_ws(FP8_OP_GROUPED, FP8_WEIGHT, R, K, F2, G, keep, &d.ws_bytes);
+    g_cpu->gemm_grouped(g_cpu, &d, &gd, dgu.f.data(), W.f.data(), want_dX.data());
+
+    // the op: ws for the three ops, and for the fused kernel's groups of up to `fit` rows
+    size_t need = std::max(cuda_fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, F2, K, G),
+                           cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, K, F2, G));
+    need = std::max(need, cuda_fp8_swiglu_bwd_ws(be, fit ? fit : R, F, K));
+    Ws ws(need);
+    d.ws = ws.p, d.ws_bytes = ws.bytes, gd.ws = ws.p, gd.ws_bytes = ws.bytes;
+    std::vector<float> got_ds(R, NAN);
+    set_path(be, path);
+    const size_t f0 = cuda_fp8_fused_groups(be);
+    cuda_gemm_grouped_swiglu_bwd(be, &d, &gd, dh.dev(), gu.dev(), scaled ? scale.data() : nullptr,
+                                 scaled ? got_ds.data() : nullptr, X.dev(), W.dev(), dW.dev(), beta, dX.dev());
+    const size_t fused = cuda_fp8_fused_groups(be) - f0;
+    set_path(be, LT);
+    char what[200];
+    snprintf(what, sizeof what, "gemm_grouped_swiglu_bwd F %d K %d beta %g %s dW, %s, %s, fit %d%s, chunk %d", F, K,
+             beta, db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], fit, scaled ? "" : ", no scale",
+             chunk);
+    const size_t bw = diff(dW, db_bf, want_dW, G * F2, K, K), bx = diff(dX, bf, want_dX, R, K, K);
+    EXPECT(bw == 0, "%s: %zu of %d dW elements differ from the spec", what, bw, G * F2 * K);
+    EXPECT(bx == 0, "%s: %zu of %d dX elements differ from the spec", what, bx, R * K);
+    size_t want_fused = 0;
+    if (bf && F % 128 == 0)
+        for (int g = 0; g < G; g++) want_fused += OFF[g + 1] > OFF[g] && (fit == 0 || OFF[g + 1] - OFF[g] <= fit);
+    EXPECT(fused == want_fused, "%s: %zu groups fused, want %zu", what, fused, want_fused);
+    if (scaled) {
+        size_t bad = 0;
+        for (int r = 0; r < R; r++) {
+            double mag = 0;  // Σ |dh·silu(g)·u| over the row
+            for (int f = 0; f < F; f++) {
+                const double g = gu.f[(size_t)r * F2 + f], u = gu.f[(size_t)r * F2 + F + f];
+                mag += fabs(dh.f[(size_t)r * F + f] * g / (1 + exp(-g)) * u);
+            }
+            bad += !(fabs((double)got_ds[r] - want_ds[r]) <= 1e-5 * mag + 1e-30);
+        }
+        EXPECT(bad == 0, "%s: %zu of %d dscale rows off", what, bad, R);
+    }
+    host_cuda_backend_free(be);
+}
+
+static void test_swiglu_bwd() {
+    for (int db_act = 0; db_act < 2; db_act++)
+        for (float beta : {0.f, 1.f}) swiglu_bwd_case(256, 136, beta, db_act, 1, LT, 0);
+    swiglu_bwd_case(256, 136, 1.f, 1, 1, LT, 200);             // the group of 300 rows through the three ops
+    swiglu_bwd_case(256, 136, 1.f, 1, 1, LT, 200, 1, 128);     // ... in row chunks
+    swiglu_bwd_case(128, 72, 0.f, 0, 1, FORCED, 0);             // the fallback kernel
+    swiglu_bwd_case(128, 72, 1.f, 1, 1, REFUSED, 0, 0);         // cuBLASLt refusing; no scale, no dscale
+    swiglu_bwd_case(192, 136, 1.f, 1, 1, LT, 0);                // F % 128 ≠ 0: the three ops
+    swiglu_bwd_case(128, 136, 1.f, 0, 0, LT, 0);                // fp32: the three ops
+}
+
 int main() {
     g_cpu = cpu_backend_create();
     RUN(test_gemm);
     RUN(test_grouped);
     RUN(test_wgrad);
+    RUN(test_swiglu_bwd);
     TEST_END();
 }

@@ -5,7 +5,9 @@
 //     multiple of 8; gemm_grouped_wgrad with beta 0 and 1, db_act, empty groups) against
 //     fp8_gemm_tn on the spec's quantisation of the same operands, element by element within a
 //     bound computed from the operands (below), through cuBLASLt (sm_90) and through the fallback
-//     kernel, and at Mixtral-8x7B's expert shapes (H 4,096, F 14,336).
+//     kernel, and at Mixtral-8x7B's expert shapes (H 4,096, F 14,336);
+//   - gemm_grouped_swiglu_bwd (the SwiGLU backward fused with w13's products) against the three
+//     ops that define it, bit for bit, at small and Mixtral shapes.
 //
 // The bound (docs/fp8.md, "Error bounds"). For output element (i, j) with K tiles t = 0..T−1,
 // w_t = sa·sb and p_k = e4m3(qa_k)·e4m3(qb_k) (exact):
@@ -38,6 +40,8 @@ void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes);
 void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 size_t cuda_fp8_wgrad_splits(Backend* be);
+size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K);
+size_t cuda_fp8_fused_groups(Backend* be);
 int cuda_compute_capability(Backend* be);
 
 static int g_hopper;         // cuBLASLt's block-scaled modes available (compute capability 9.0)
@@ -451,6 +455,92 @@ static void test_wgrad_fp8(void) {
     }
 }
 
+// gemm_grouped_swiglu_bwd (the SwiGLU backward with w13's two products, fused per group in bf16)
+// against the three ops it is defined by, run on the GPU on the same inputs: dW and dX bit for
+// bit (the fused kernel's codes are those the quantisers make of the SwiGLU kernel's bf16 output,
+// and each product is the same cuBLASLt call; the three ops are checked against the spec above),
+// dscale within 1e-5 of Σ |dh·silu(g)·u| per row (the two sum a row in different orders). In bf16
+// every non-empty group must take the fused kernel (ws holds them all), in fp32 none.
+static size_t g_fused;  // groups fused so far, over every run
+static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, float beta, int db_act, int path,
+                           const char* name) {
+    Backend* be = m->gpu;
+    const int R = off[G], F2 = 2 * F;
+    const size_t nh = (size_t)R * F, ng = (size_t)R * F2, nx = (size_t)R * K, nw = (size_t)G * F2 * K;
+    float *dh = act_data(R, F, F, 1e-3f), *gu = act_data(R, F2, F2, 1.f), *X = act_data(R, K, K, 1.f);
+    float *W = act_data(G * F2, K, K, 0.02f), *W0 = act_data(G * F2, K, K, 0.05f), *sc = xmalloc(sizeof(float) * R);
+    for (int r = 0; r < R; r++) sc[r] = 0.25f + 0.5f * rng_uniform(&g_rng);
+    round_act(m, dh, nh), round_act(m, gu, ng), round_act(m, X, nx), round_act(m, W, nw);
+    const int bf = db_act && m->bf16;
+    if (bf) round_act(m, W0, nw);
+    size_t wsb = be->fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, R, F2, K, G);
+    const size_t w2 = be->fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, K, F2, G), w3 = cuda_fp8_swiglu_bwd_ws(be, R, F, K);
+    wsb = wsb > w2 ? wsb : w2;
+    wsb = wsb > w3 ? wsb : w3;
+    void* ws = poison(be, wsb);
+    GemmDesc d = {.N = K, .K = F2, .alpha = 1, .beta = 0, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb};
+    GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)F2 * K, .db_act = db_act, .fp8 = FP8_ACT,
+                    .ws = ws, .ws_bytes = wsb};
+    void *ddh = up_act(be, dh, nh), *dx_ = up_act(be, X, nx), *dw_ = up_act(be, W, nw);
+    float* dsc = up_f32(be, sc, R);
+    void* out[2][2];  // [fused, three ops][dW, dX]
+    float* ods[2];
+    cuda_fp8_set_path(be, path);
+    for (int k = 0; k < 2; k++) {
+        void* dgu = up_act(be, gu, ng);
+        out[k][0] = beta != 0.f ? (db_act ? up_act(be, W0, nw) : (void*)up_f32(be, W0, nw))
+                                : (db_act ? poison_act(be, nw) : poison(be, 4 * nw));
+        out[k][1] = poison_act(be, nx);
+        ods[k] = poison(be, 4 * (size_t)R);
+        const size_t f0 = cuda_fp8_fused_groups(be);
+        if (k == 0) be->gemm_grouped_swiglu_bwd(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
+        else gemm_grouped_swiglu_bwd_seq(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
+        const size_t fused = cuda_fp8_fused_groups(be) - f0;
+        size_t want = 0;
+        for (int g = 0; g < G; g++) want += k == 0 && m->bf16 && F % 128 == 0 && off[g + 1] > off[g];
+        EXPECT(fused == want, "%s [%s]: %zu groups fused, want %zu", name, m->name, fused, want);
+        g_fused += fused;
+    }
+    cuda_fp8_set_path(be, 0);
+    const size_t ew = db_act ? dtype_size(be->act_dtype) : 4, ea = dtype_size(be->act_dtype);
+    unsigned char *a = xmalloc(ew * nw), *b = xmalloc(ew * nw);
+    be->to_host(be, a, out[0][0], ew * nw), be->to_host(be, b, out[1][0], ew * nw);
+    size_t bad = 0;
+    for (size_t i = 0; i < nw; i++) bad += memcmp(a + i * ew, b + i * ew, ew) != 0;
+    EXPECT(bad == 0, "%s%s [%s]: %zu of %zu dW elements differ from the three ops'", name, path ? " (fallback)" : "",
+           m->name, bad, nw);
+    free(a), free(b);
+    a = xmalloc(ea * nx), b = xmalloc(ea * nx);
+    be->to_host(be, a, out[0][1], ea * nx), be->to_host(be, b, out[1][1], ea * nx);
+    bad = 0;
+    for (size_t i = 0; i < nx; i++) bad += memcmp(a + i * ea, b + i * ea, ea) != 0;
+    EXPECT(bad == 0, "%s%s [%s]: %zu of %zu dX elements differ from the three ops'", name, path ? " (fallback)" : "",
+           m->name, bad, nx);
+    free(a), free(b);
+    float *s0 = down_f32(be, ods[0], R), *s1 = down_f32(be, ods[1], R);
+    bad = 0;
+    for (int r = 0; r < R; r++) {
+        double mag = 0;
+        for (int f = 0; f < F; f++) {
+            const double g = gu[(size_t)r * F2 + f], u = gu[(size_t)r * F2 + F + f];
+            mag += fabs(dh[(size_t)r * F + f] * g / (1 + exp(-g)) * u);
+        }
+        bad += !(fabs((double)s0[r] - s1[r]) <= 1e-5 * mag + 1e-30);
+    }
+    EXPECT(bad == 0, "%s [%s]: %d rows, %zu with dscale off", name, m->name, R, bad);
+    free(dh), free(gu), free(X), free(W), free(W0), free(sc), free(s0), free(s1);
+    dev_free_all();
+}
+
+static void test_swiglu_bwd_fp8(void) {
+    const int off[] = {0, 0, 37, 165, 181, 481};  // an empty group; runs on into the next group's rows
+    FOR_MODES for (int path = 0; path <= 2; path += 2) {
+        run_swiglu_bwd(m, off, 5, 256, 192, 0.f, 0, path, "swiglu_bwd w13 beta 0");
+        run_swiglu_bwd(m, off, 5, 256, 192, 1.f, 1, path, "swiglu_bwd w13 db_act beta 1");
+    }
+    FOR_MODES run_swiglu_bwd(m, off, 5, 192, 136, 1.f, 1, 0, "swiglu_bwd w13 F%128");
+}
+
 // The rows taken 128 at a time instead of 4,096 (the ops' row chunks: several per GEMM and group,
 // the weight gradient's chunks summed in fp32, a bf16 dB rounded once at the end)
 static void test_chunked(void) {
@@ -510,6 +600,7 @@ static void test_mixtral_shapes(void) {
     MIXTRAL("w2 dgrad", run_grouped(m, off, 2, F, H, 0, FP8_WEIGHT, 0, 0, "w2 dgrad 8x7B", 0.02f));
     MIXTRAL("w13 wgrad", run_wgrad(m, off, 2, 2 * F, H, 1.f, 0, 0, "w13 wgrad 8x7B"));
     MIXTRAL("w2 wgrad", run_wgrad(m, off, 2, H, F, 1.f, 0, 0, "w2 wgrad 8x7B"));
+    MIXTRAL("w13 swiglu bwd", run_swiglu_bwd(m, off, 2, F, H, 1.f, 1, 0, "swiglu_bwd w13 8x7B"));
 #undef MIXTRAL
     g_spread = 48, g_tail = 8;
 }
@@ -553,6 +644,7 @@ int main(int argc, char** argv) {
     RUN(test_gemm_fp8);
     RUN(test_grouped_fp8);
     RUN(test_wgrad_fp8);
+    RUN(test_swiglu_bwd_fp8);
     RUN(test_chunked);
     if (!small) RUN(test_mixtral_shapes);
     gpu_teardown();
