@@ -80,7 +80,7 @@ typedef struct CudaImpl {
     size_t fp8_wgrad_acc;    // bytes of fp32 sums a chunked bf16 FP8 weight gradient keeps (FP8_WGRAD_ACC_BYTES)
     size_t fp8_epi_bytes;    // bytes of fp32 product rows the FP8 epilogue path stages at a time (FP8_EPI_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
-    size_t fp8_fused_groups;  // groups gemm_grouped_swiglu_bwd took through its fused kernel
+    size_t fp8_w13_groups;   // groups gemm_grouped_swiglu_bwd took on its own path (cuda_fp8.cu)
     size_t fp8_wgrad_split;  // FP8 weight-gradient groups too large for ws, taken in row chunks
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name
@@ -137,8 +137,7 @@ __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g));
 
 // The SwiGLU backward of one element (gate g, up u, incoming gradient d, routing scale s): the
 // gate's gradient d·s·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))), the up's d·s·silu(g), and
-// this element's term d·silu(g)·u of the scale's gradient. Every kernel that computes it calls
-// this (cuda_moe.cu's SwiGLU backward, cuda_fp8_quant.cu's fused FP8 one), so they agree bit for bit.
+// this element's term d·silu(g)·u of the scale's gradient (cuda_moe.cu's SwiGLU backward kernels).
 __device__ __forceinline__ void swiglu_bwd_elem(float g, float u, float d, float s, float* dg, float* du, float* ds) {
     const float e = expf(-g), sg = 1.0f / (1.0f + e), si = g / (1.0f + e);
     *ds = d * (si * u);

@@ -577,82 +577,81 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
     }
 }
 
-// ---- gemm_grouped_swiglu_bwd: the SwiGLU backward written as w13's backward products read it ------
-// Per group whose buffers fit in ws: one kernel (quant_swiglu_bwd) computes d(gate|up) from dh and
-// gu and writes it only as the codes of the two products that read it: the row-wise codes (the
-// data gradient's A) and the cast-transpose along the group's rows (the weight gradient's A), so
-// d(gate|up) is never written in bf16 nor read back twice to be quantised. Then X's cast-transpose
-// and the weight gradient, W_g's transposed blocks and the data gradient, as the three ops would
-// run them. A group that does not fit, and every group where the kernel does not apply (fp32, F
-// not a multiple of 128, unaligned rows), takes the three ops.
+// ---- gemm_grouped_swiglu_bwd: the SwiGLU backward and w13's two products, per group -------------
+// Per group whose codes fit in ws: the SwiGLU backward in place of gu (the plain kernel), then one
+// read of d(gate|up) gives both the products' operands (k_quant_cols with the row-wise codes: the
+// data gradient's A along 2F, the weight gradient's A along the group's rows), where the three
+// ops read it twice, once per quantiser. Then X's cast-transpose and the weight gradient, W_g's
+// transposed blocks and the data gradient, as the separate ops run them, so the products are the
+// same bits. A group that does not fit takes the three ops. (One kernel that also computes the
+// SwiGLU backward, never writing d(gate|up) in bf16, measured slower: both halves are bound by
+// their instructions, not by memory; docs/fp8.md.)
 
-// The fused path's buffers for a group of nc rows whose data gradient takes n ≥ nc rows: the
-// weight gradient's operands (Fp8Bufs wg: d(gate|up)ᵀ [2F, ldk] and Xᵀ [K, ldk], its epilogue rows),
-// the data gradient's (dg: d(gate|up) [n, 2F] row-wise and W_gᵀ's blocks [K, 2F]), the scale
-// gradient's partial sums; with base = NULL only the size.
-typedef struct FusedBufs {
+// The buffers of one group of nc rows whose data gradient takes n ≥ nc rows: the weight
+// gradient's operands (wg: d(gate|up)ᵀ [2F, ldk] and Xᵀ [K, ldk], its epilogue rows) and the data
+// gradient's (dg: d(gate|up) [n, ldq] row-wise and W_gᵀ's blocks [K, ldq]); base NULL: the size.
+typedef struct W13Bufs {
     Fp8Bufs wg, dg;
-    float* dsp;
-} FusedBufs;
-static size_t fused_layout(int n, int nc, int F2, int K, size_t epi_max, char* base, FusedBufs* f) {
-    const int ldk = (int)up((size_t)nc, 16), Ktk = cdiv(nc, TILE), Kt2 = cdiv(F2, TILE);
-    // the weight gradient: our A = d(gate|up)ᵀ [F2, ldk], our B = Xᵀ [K, ldk] (ws_layout's own form)
-    size_t off = ws_layout(F2, K, ldk, Ktk, epi_max, base, f ? &f->wg : NULL) - WS_ALIGN;
-    char* b2 = base ? base + off : NULL;
-    // the data gradient: our A = d(gate|up) [n, F2], our B = W_gᵀ [K, F2] in blocks; no epilogue rows (beta 0)
-    off += ws_layout(n, K, F2, Kt2, 0, b2, f ? &f->dg : NULL) - WS_ALIGN;
-    if (f) f->dsp = base ? (float*)(base + off) : NULL;
-    off = up(off + 4 * (size_t)nc * (F2 / 2 / TILE), WS_ALIGN);
+} W13Bufs;
+static size_t w13_layout(int n, int nc, int F2, int K, size_t epi_max, char* base, W13Bufs* f) {
+    const int ldk = (int)up((size_t)nc, 16), ldq = (int)up((size_t)F2, 16);
+    size_t off = ws_layout(F2, K, ldk, cdiv(nc, TILE), epi_max, base, f ? &f->wg : NULL) - WS_ALIGN;
+    off += ws_layout(n, K, ldq, cdiv(F2, TILE), 0, base ? base + off : NULL, f ? &f->dg : NULL) - WS_ALIGN;
     return off + WS_ALIGN;
 }
 
-static int fusable(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* dh, const void* gu) {
-    const int F = d->K / 2;
-    return is_bf16(be) && d->fp8 == FP8_WEIGHT && g->fp8 == FP8_ACT && F % TILE == 0 && d->alpha == 1.f &&
-           d->beta == 0.f && !d->c_f32 && (uintptr_t)dh % 16 == 0 && (uintptr_t)gu % 16 == 0;
-}
-
-// One group: rows [r0, r0 + nc) of every operand, the data gradient over n rows (nc, or on into
-// the next group's to a multiple of 8).
-static void fused_group(Backend* be, const GemmDesc* d, const GroupDesc* g, int i, int r0, int nc, int n, const bf16* dh,
-                        const bf16* gu, const float* scale, float* dscale, const bf16* X, const bf16* W, void* dW,
-                        float beta, bf16* dX, char* base) {
-    const int F2 = d->K, F = F2 / 2, K = d->N, ldk = (int)up((size_t)nc, 16), Ktk = cdiv(nc, TILE), Kt2 = cdiv(F2, TILE);
-    const int c_f32 = !g->db_act;
-    const size_t eb = g->db_act ? 2 : 4;
-    FusedBufs f;
-    fused_layout(n, nc, F2, K, epi_bytes(be), base, &f);
+// One group: rows [r0, r0 + nc) of every operand; the data gradient over n rows (nc, or on into
+// the next group's rows to a multiple of 8: their codes are zeros here, their rows of dX written
+// again by their own group's product later on the stream).
+static void w13_group(Backend* be, const GemmDesc* d, const GroupDesc* g, int i, int r0, int nc, int n, const void* dh,
+                      void* gu, const float* scale, float* dscale, const void* X, const void* W, void* dW, float beta,
+                      void* dX, char* base) {
+    const int F2 = d->K, F = F2 / 2, K = d->N, ldk = (int)up((size_t)nc, 16), ldq = (int)up((size_t)F2, 16);
+    const int Ktk = cdiv(nc, TILE), Kt2 = cdiv(F2, TILE);
+    const int cw = !g->db_act || !is_bf16(be), cx = d->c_f32 || !is_bf16(be);
+    const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : 4, ex = cx ? 4 : ea;
+    W13Bufs f;
+    w13_layout(n, nc, F2, K, epi_bytes(be), base, &f);
     int ms_w, ch_w, ms_d, ch_d;
-    const int split_w = plan_split(be, F2, K, c_f32, beta, &f.wg, &ms_w, &ch_w);
-    const int split_d = plan_split(be, n, K, 0, 0.f, &f.dg, &ms_d, &ch_d);
+    const int split_w = plan_split(be, F2, K, cw, beta, &f.wg, &ms_w, &ch_w);
+    const int split_d = plan_split(be, n, K, cx, 0.f, &f.dg, &ms_d, &ch_d);
     const SMap stm = smap_vec(f.wg.sa0, f.wg.sa1, ms_w, ch_w, F2, Ktk);  // d(gate|up)ᵀ, along the rows
     const SMap srm = smap_vec(f.dg.sa0, f.dg.sa1, ms_d, ch_d, n, Kt2);   // d(gate|up), along 2F
-    quant_swiglu_bwd(be, dh + (size_t)r0 * F, gu + (size_t)r0 * F2, scale ? scale + r0 : NULL, n, nc, F, f.dg.qa,
-                     (size_t)F2, srm, f.wg.qa, (size_t)ldk, stm, f.dsp, dscale ? dscale + r0 : NULL);
+    char* dgu = (char*)gu + (size_t)r0 * F2 * ea;
+    cuda_swiglu_bwd(be, dgu, dscale ? dscale + r0 : NULL, (const char*)dh + (size_t)r0 * F * ea, dgu,
+                    scale ? scale + r0 : NULL, nc, F);
+    if (n > nc) {  // the rows run on into: zero codes, zero scales
+        be->zero(be, f.dg.qa + (size_t)nc * ldq, (size_t)(n - nc) * ldq);
+        be->zero(be, f.dg.sa0, 4 * (size_t)Kt2 * n);
+        be->zero(be, f.dg.sa1, 4 * (size_t)Kt2 * 8);
+    }
+    quant_cols(be, dgu, nc, F2, (size_t)F2, f.wg.qa, (size_t)ldk, stm, f.dg.qa, (size_t)ldq, srm);
     // the weight gradient: dW_g (+)= d(gate|up)ᵀ X, both along the group's rows
     const SMap sxm = smap_vec(f.wg.sb, f.wg.sb, K, K, K, Ktk);
-    quant_cols_t(be, X + (size_t)r0 * K, nc, K, (size_t)K, f.wg.qb, (size_t)ldk, sxm);
+    quant_cols_t(be, (const char*)X + (size_t)r0 * K * ea, nc, K, (size_t)K, f.wg.qb, (size_t)ldk, sxm);
     char* dWg = (char*)dW + g->b_stride * i * eb;
-    fp8_product(be, F2, K, nc, ldk, &f.wg, stm, sxm, 0, 1.f, beta, dWg, dWg, K, c_f32, split_w, 1);
+    fp8_product(be, F2, K, nc, ldk, &f.wg, stm, sxm, 0, 1.f, beta, dWg, dWg, K, cw, split_w, 1);
     // the data gradient: dX = d(gate|up) · W_g, W_g [2F, K] as 128×128 blocks of its transpose
     const SMap swm = smap_blk(f.dg.sb, Kt2);
-    quant_blocks(be, W + g->b_stride * i, F2, K, (size_t)K, 1, f.dg.qb, (size_t)F2, f.dg.sb, swm.lds);
-    fp8_product(be, n, K, F2, F2, &f.dg, srm, swm, 1, 1.f, 0.f, dX + (size_t)r0 * K, dX + (size_t)r0 * K, K, 0,
-                split_d, 0);
+    quant_blocks(be, (const char*)W + g->b_stride * i * ea, F2, K, (size_t)K, 1, f.dg.qb, (size_t)ldq, f.dg.sb,
+                 swm.lds);
+    char* dx = (char*)dX + (size_t)r0 * K * ex;
+    fp8_product(be, n, K, F2, ldq, &f.dg, srm, swm, 1, d->alpha, 0.f, dx, dx, K, cx, split_d, 0);
 }
 
 extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
                                               const float* scale, float* dscale, const void* X, const void* W, void* dW,
                                               float beta, void* dX) {
     gemm_grouped_swiglu_bwd_check(d, g);
-    if (!fusable(be, d, g, dh, gu) || d->N == 0) {
+    // the per-group path: both products in FP8 on one ws, the data gradient without an addend
+    const int per_group = d->fp8 == FP8_WEIGHT && g->fp8 == FP8_ACT && d->ws == g->ws && d->beta == 0.f &&
+                          d->alpha != 0.f && d->N > 0 && !d->lda && !d->ldb && !d->ldc;
+    if (!per_group) {
         gemm_grouped_swiglu_bwd_seq(be, d, g, dh, gu, scale, dscale, X, W, dW, beta, dX);
         return;
     }
-    CHECK(!d->lda && !d->ldc && !d->ldb, "gemm_grouped_swiglu_bwd: packed operands only (lda %d ldb %d ldc %d)", d->lda,
-          d->ldb, d->ldc);
-    const int R = g->host_off[g->groups], F2 = d->K, K = d->N;
-    const size_t eb = g->db_act ? 2 : 4;
+    const int R = g->host_off[g->groups], F2 = d->K, F = F2 / 2, K = d->N;
+    const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : 4, ex = (d->c_f32 || !is_bf16(be)) ? 4 : ea;
     int last = -1;  // the last non-empty group
     for (int i = 0; i < g->groups; i++)
         if (g->host_off[i + 1] > g->host_off[i]) last = i;
@@ -662,25 +661,21 @@ extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend* be, const GemmDesc* d, con
             if (beta == 0.f) be->zero(be, (char*)dW + g->b_stride * i * eb, eb * F2 * K);
             continue;
         }
-        // the data gradient may run on into the next groups' rows to a multiple of 8 (their own
-        // products write those rows again later on the stream), as gemm_grouped does
+        // the data gradient runs on into the next groups' rows to a multiple of 8, as gemm_grouped's
         const int m8 = (nc + 7) / 8 * 8, n = i != last ? (m8 < R - r0 ? m8 : R - r0) : nc;
-        if (fused_layout(n, nc, F2, K, epi_bytes(be), NULL, NULL) <= g->ws_bytes && g->ws == d->ws) {
-            CI(be)->fp8_fused_groups++;
-            fused_group(be, d, g, i, r0, nc, n, (const bf16*)dh, (const bf16*)gu, scale, dscale, (const bf16*)X,
-                        (const bf16*)W, dW, beta, (bf16*)dX, ws_base(g->ws));
+        if (w13_layout(n, nc, F2, K, epi_bytes(be), NULL, NULL) <= g->ws_bytes) {
+            CI(be)->fp8_w13_groups++;
+            w13_group(be, d, g, i, r0, nc, n, dh, gu, scale, dscale, X, W, dW, beta, dX, ws_base(g->ws));
             continue;
         }
         // this group alone through the three ops
         const int off[2] = {0, nc};
         GroupDesc one = *g;
         one.groups = 1, one.host_off = off;
-        const size_t ea = 2;
-        gemm_grouped_swiglu_bwd_seq(be, d, &one, (const char*)dh + (size_t)r0 * (F2 / 2) * ea,
-                                    (char*)gu + (size_t)r0 * F2 * ea, scale ? scale + r0 : NULL,
-                                    dscale ? dscale + r0 : NULL, (const char*)X + (size_t)r0 * K * ea,
-                                    (const char*)W + g->b_stride * i * ea, (char*)dW + g->b_stride * i * eb, beta,
-                                    (char*)dX + (size_t)r0 * K * ea);
+        gemm_grouped_swiglu_bwd_seq(be, d, &one, (const char*)dh + (size_t)r0 * F * ea, (char*)gu + (size_t)r0 * F2 * ea,
+                                    scale ? scale + r0 : NULL, dscale ? dscale + r0 : NULL,
+                                    (const char*)X + (size_t)r0 * K * ea, (const char*)W + g->b_stride * i * ea,
+                                    (char*)dW + g->b_stride * i * eb, beta, (char*)dX + (size_t)r0 * K * ex);
     }
 }
 
@@ -711,10 +706,10 @@ extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
 }
 // Weight-gradient groups taken in row chunks so far (the rest were one product each).
 extern "C" size_t cuda_fp8_wgrad_splits(Backend* be) { return CI(be)->fp8_wgrad_split; }
-// The workspace gemm_grouped_swiglu_bwd's fused kernel needs for a group of `rows` rows (its data
-// gradient running on to a multiple of 8) of F and K (the hidden size).
+// The workspace gemm_grouped_swiglu_bwd needs to take a group of `rows` rows (its data gradient
+// running on to a multiple of 8) of F and K (the hidden size) on its own path.
 extern "C" size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K) {
-    return fused_layout((rows + 7) / 8 * 8, rows, 2 * F, K, epi_bytes(be), NULL, NULL);
+    return w13_layout((rows + 7) / 8 * 8, rows, 2 * F, K, epi_bytes(be), NULL, NULL);
 }
-// Groups gemm_grouped_swiglu_bwd took through its fused kernel so far (the rest: the three ops).
-extern "C" size_t cuda_fp8_fused_groups(Backend* be) { return CI(be)->fp8_fused_groups; }
+// Groups gemm_grouped_swiglu_bwd took on its own path so far (the rest: the three ops).
+extern "C" size_t cuda_fp8_w13_groups(Backend* be) { return CI(be)->fp8_w13_groups; }

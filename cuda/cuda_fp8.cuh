@@ -15,12 +15,6 @@ void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* q
                 size_t ldq, SMap srm);
 // quant_cols without the row-wise output.
 void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* qt, size_t ldk, SMap stm);
-// The experts' SwiGLU backward of rows [0, n) of dh [n, F], gu [n, 2F] (bf16, F % 128 = 0, rows on
-// 16 bytes), written only as FP8 codes (cuda_fp8_quant.cu, k_swiglu_bwd_q): the row-wise q [n, ldq]
-// (srm) and the cast-transpose of rows [0, nc) qt [2F, ldk] (stm); dscale [nc] (non-NULL) through
-// the partial sums dsp [nc, F/128].
-void quant_swiglu_bwd(Backend* be, const void* dh, const void* gu, const float* scale, int n, int nc, int F, uint8_t* q,
-                      size_t ldq, SMap srm, uint8_t* qt, size_t ldk, SMap stm, float* dsp, float* dscale);
 // 128×128 blocks of w [R, C]: as stored (trans 0) or transposed; scales s with row stride lds.
 void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq, float* s,
                   int lds);

@@ -289,22 +289,23 @@ __device__ __forceinline__ void store_cols(uint8_t* __restrict__ qt, size_t ldk,
 }
 
 // ---- k_quant_cols: the cast-transpose ------------------------------------------------------------
-
-// A 128×128 tile's column stage in shared memory: the transposed codes, the warps' column maxima,
-// the columns' scales.
-struct ColSmem {
-    uint2 tq[TILE * 16];
-    float cmax[Q_THREADS / 32][TILE];
-    __align__(16) float csc[TILE];
-};
-// The column stage of the tile v (source columns [c0, c0+128) ∩ [0, C), the output's rows): each
-// column's maximum over the tile's rows (the thread's 8, the other half-warp's, then the 8 warps
-// through sm.cmax), its scale to stm (row c0 + j, tile ti) when put, and its codes, transposed,
-// into sm.tq for store_cols. Returns safe: the tile holds a non-finite element (then every column
-// of it is coded SAFE).
+// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block: qt [C, ldk] (ldk % 4 = 0,
+// ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
+// c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
 template <typename T>
-__device__ __forceinline__ bool cols_to_smem(const Tile<T, 8>& v, ColSmem& sm, SMap stm, int C, int c0, int ti, bool put) {
-    const int tid = threadIdx.x, tx = tid & 15, warp = tid >> 5;
+__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+                                                             uint8_t* __restrict__ qt, size_t ldk, SMap stm,
+                                                             uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
+                                                             int w16, int w8) {
+    __shared__ uint2 tq[TILE * 16];
+    __shared__ float cmax[Q_THREADS / 32][TILE];
+    __shared__ __align__(16) float csc[TILE];
+    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
+    const int ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
+    Tile<T, 8> v;
+    load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
+    // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem;
+    // safe: the tile holds a non-finite element (then every column and row of it is coded SAFE)
     bool safe;
     {
         float m[8];
@@ -318,38 +319,23 @@ __device__ __forceinline__ bool cols_to_smem(const Tile<T, 8>& v, ColSmem& sm, S
         }
         if ((tid & 16) == 0)
 #pragma unroll
-            for (int j = 0; j < 8; j++) sm.cmax[warp][tx * 8 + j] = m[j];
+            for (int j = 0; j < 8; j++) cmax[warp][tx * 8 + j] = m[j];
     }
     __syncthreads();
     if (tid < TILE) {
         float m = 0.f;
 #pragma unroll
-        for (int w = 0; w < Q_THREADS / 32; w++) m = fmaxf(m, sm.cmax[w][tid]);
-        sm.csc[tid] = scale_of_amax(m);
-        if (put && c0 + tid < C) smap_put(stm, c0 + tid, ti, sm.csc[tid]);
+        for (int w = 0; w < Q_THREADS / 32; w++) m = fmaxf(m, cmax[w][tid]);
+        csc[tid] = scale_of_amax(m);
+        if (i0 < n && c0 + tid < C) smap_put(stm, c0 + tid, blockIdx.y, csc[tid]);
     }
     __syncthreads();
-    float y[8];
+    {
+        float y[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) y[j] = __frcp_rn(sm.csc[tx * 8 + j]);
-    put_cols(sm.tq, v, y, safe);
-    return safe;
-}
-
-// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block: qt [C, ldk] (ldk % 4 = 0,
-// ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
-// c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
-template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
-                                                             uint8_t* __restrict__ qt, size_t ldk, SMap stm,
-                                                             uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
-                                                             int w16, int w8) {
-    __shared__ ColSmem sm;
-    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
-    const int ty = tid >> 4, tx = tid & 15;
-    Tile<T, 8> v;
-    load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
-    const bool safe = cols_to_smem(v, sm, stm, C, c0, blockIdx.y, i0 < n);
+        for (int j = 0; j < 8; j++) y[j] = __frcp_rn(csc[tx * 8 + j]);
+        put_cols(tq, v, y, safe);
+    }
     if (q) {  // row-wise: row maxima over the 16 threads of a row
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -365,108 +351,7 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const 
         }
     }
     __syncthreads();
-    store_cols(qt, ldk, sm.tq, c0, C, i0, w16);
-}
-
-// ---- k_swiglu_bwd_q: the experts' SwiGLU backward, written as w13's backward products read it ----
-// d(gate|up) [n, 2F] of the SwiGLU backward (swiglu_bwd_elem: the bits cuda_moe.cu's kernel
-// writes), never stored in bf16: a block computes 128 rows × 128 columns of F, the gate tile and
-// the up tile (columns c0 and F + c0 of dgu), and writes
-//   q [n, ldq]: the row-wise codes (1×128 tiles along 2F; the data gradient's A), scales srm;
-//   qt [2F, ldk]: the cast-transpose of rows [0, nc) (1×128 tiles along the rows from row 0; the
-//     weight gradient's A), scales stm, zero codes in [nc, ldk);
-//   dsp [nc, F/128]: each row's Σ dh·silu(g)·u over the tile's 128 columns (k_ds_sum adds them up).
-// n ≥ nc: rows [nc, n) get row codes only (a group's data gradient may run on into the next
-// group's rows: cuda_fp8.cu). bf16 rows, F % 128 = 0, 16-byte aligned (the caller checks).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    return u;
-}
-__device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-__global__ void __launch_bounds__(Q_THREADS, 2)
-    k_swiglu_bwd_q(const bf16* __restrict__ dh, const bf16* __restrict__ gu, const float* __restrict__ scale, int n,
-                   int nc, int F, uint8_t* __restrict__ q, size_t ldq, SMap srm, uint8_t* __restrict__ qt, size_t ldk,
-                   SMap stm, float* __restrict__ dsp, int w16, int w8) {
-    __shared__ ColSmem sm;
-    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-    const int nft = F / TILE;
-    Tile<bf16, 8> g8, u8;  // d(gate), d(up): rows 8·ty + i, columns 8·tx + j of the tile
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int r = i0 + ty * 8 + i;
-        float ds = 0.f;
-        if (r < n) {
-            const size_t o = (size_t)r * 2 * F + c0 + tx * 8;
-            const uint4 gv = __ldg((const uint4*)(gu + o)), uv = __ldg((const uint4*)(gu + o + F));
-            const uint4 dv = __ldg((const uint4*)(dh + (size_t)r * F + c0 + tx * 8));
-            const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-            const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
-            const float s = scale ? scale[r] : 1.0f;
-#pragma unroll
-            for (int p = 0; p < 4; p++) {
-                float dg0, du0, t0, dg1, du1, t1;
-                swiglu_bwd_elem(lo_f(gw[p]), lo_f(uw[p]), lo_f(dw[p]), s, &dg0, &du0, &t0);
-                swiglu_bwd_elem(hi_f(gw[p]), hi_f(uw[p]), hi_f(dw[p]), s, &dg1, &du1, &t1);
-                ds += t0;
-                ds += t1;
-                g8.w[i][p] = pack_bf16x2(dg0, dg1);
-                u8.w[i][p] = pack_bf16x2(du0, du1);
-            }
-        } else {
-#pragma unroll
-            for (int p = 0; p < 4; p++) g8.w[i][p] = u8.w[i][p] = 0u;
-        }
-        // the row's sum over the tile: its 16 threads, in a fixed order
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) ds += __shfl_xor_sync(0xffffffffu, ds, o);
-        if (tx == 0 && r < nc) dsp[(size_t)r * nft + blockIdx.x] = ds;
-    }
-    // row-wise codes of rows [0, n): the gate tile at column c0 of dgu, the up tile at F + c0
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const Tile<bf16, 8>& v = half ? u8 : g8;
-        const int oc = half * F + c0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            bool bad = false;
-            float m = row_max(v, i, bad);
-            const bool safe = __any_sync(0xffffffffu, bad);  // both rows of the warp, if either
-            if (safe) m = fin_row_max(v, i);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float sc = scale_of_amax(m);
-            const int r = i0 + ty * 8 + i;
-            if (r >= n) continue;
-            if (tx == 0) smap_put(srm, r, oc / TILE, sc);
-            store8(q + (size_t)r * ldq + oc + tx * 8, row_codes(v, i, __frcp_rn(sc), safe), 8, w8);
-        }
-    }
-    // the cast-transpose of rows [0, nc): the rows past nc count as zeros
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i0 + ty * 8 + i >= nc)
-#pragma unroll
-            for (int p = 0; p < 4; p++) g8.w[i][p] = u8.w[i][p] = 0u;
-    cols_to_smem(g8, sm, stm, 2 * F, c0, blockIdx.y, i0 < nc);
-    __syncthreads();
-    store_cols(qt, ldk, sm.tq, c0, 2 * F, i0, w16);
-    __syncthreads();
-    cols_to_smem(u8, sm, stm, 2 * F, F + c0, blockIdx.y, i0 < nc);
-    __syncthreads();
-    store_cols(qt, ldk, sm.tq, F + c0, 2 * F, i0, w16);
-}
-
-// dscale[r] = Σ_t dsp[r, t] over the nft column tiles, in order
-__global__ void k_ds_sum(const float* __restrict__ dsp, int nc, int nft, float* __restrict__ dscale) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= nc) return;
-    float s = 0.f;
-    for (int t = 0; t < nft; t++) s += dsp[(size_t)r * nft + t];
-    dscale[r] = s;
+    store_cols(qt, ldk, tq, c0, C, i0, w16);
 }
 
 // ---- k_quant_blocks: 128×128 blocks --------------------------------------------------------------
@@ -542,22 +427,6 @@ void quant_cols(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t* q
         QLAUNCH(grid, k_quant_cols<float>, (const float*)x, n, C, ldx, qt, ldk, stm, q, ldq, srm, vec,
                                                             w16, w8);
     LAUNCH_CK(CI(be));
-}
-
-void quant_swiglu_bwd(Backend* be, const void* dh, const void* gu, const float* scale, int n, int nc, int F, uint8_t* q,
-                      size_t ldq, SMap srm, uint8_t* qt, size_t ldk, SMap stm, float* dsp, float* dscale) {
-    CHECK(is_bf16(be) && F % TILE == 0 && vec_ok(dh, (size_t)F, 2) && vec_ok(gu, (size_t)2 * F, 2) && ldq % 8 == 0,
-          "quant_swiglu_bwd: wants bf16 rows of F %% 128 = 0 on 16 bytes (F = %d)", F);
-    if (n == 0 || F == 0) return;
-    const int rows = (int)(ldk > (size_t)n ? ldk : (size_t)n);
-    const dim3 grid((unsigned)(F / TILE), (unsigned)cdiv(rows, TILE));
-    QLAUNCH(grid, k_swiglu_bwd_q, (const bf16*)dh, (const bf16*)gu, scale, n, nc, F, q, ldq, srm, qt, ldk, stm, dsp,
-            store_ok(qt, ldk, 16), store_ok(q, ldq, 8));
-    LAUNCH_CK(CI(be));
-    if (dscale && nc > 0) {
-        KLAUNCH((unsigned)cdiv(nc, Q_THREADS), Q_THREADS, ST(be), k_ds_sum, dsp, nc, F / TILE, dscale);
-        LAUNCH_CK(CI(be));
-    }
 }
 
 // quant_cols with the column-wise output alone (no row-wise codes).

@@ -109,6 +109,7 @@ void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint
 void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
                          int ldq, float* s);
 void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
+size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K);
 
 // fp8: each expert GEMM op (gemm_grouped, gemm_grouped_wgrad with one group of `rows` rows) in bf16
 // and in FP8 (FP8_WEIGHT for the forward and data gradients, FP8_ACT for the weight gradients),
@@ -192,6 +193,33 @@ static void time_fp8_experts(int rows) {
             const double t = (now_sec() - t0) / 10 * 1e3, bytes = (kd == 4 ? 4.0 : 3.0) * QR * QC;
             printf("quantise %-12s %dx%d: %.3f ms (%.0f GB/s)\n", qs[k].what, QR, QC, t, bytes / t / 1e6);
         }
+    }
+    // the w13 backward: the SwiGLU backward and w13's two products as one op (gemm_grouped_swiglu_bwd:
+    // d(gate|up) quantised both ways from one read) and as the three ops (gemm_grouped_swiglu_bwd_seq);
+    // d(gate|up) in place of gu each time
+    {
+        float *sc = dev_alloc(be, 4 * (size_t)R), *ds = dev_alloc(be, 4 * (size_t)R), *ones = xmalloc(4 * (size_t)R);
+        for (int i = 0; i < R; i++) ones[i] = 0.5f;
+        be->to_device(be, sc, ones, 4 * (size_t)R);
+        free(ones);
+        size_t b2 = cuda_fp8_swiglu_bwd_ws(be, R, F, H);
+        if (b2 < wsb) b2 = wsb;
+        void* ws2 = dev_alloc(be, b2);
+        double t[2];
+        for (int f = 0; f < 2; f++) {
+            GemmDesc d = {.N = H, .K = 2 * F, .alpha = 1, .fp8 = FP8_WEIGHT, .ws = ws2, .ws_bytes = b2};
+            GroupDesc g = {.groups = 1, .host_off = off, .db_act = 1, .fp8 = FP8_ACT, .ws = ws2, .ws_bytes = b2};
+            double t0 = 0;
+            for (int it = -3; it < 10; it++) {
+                if (it == 0) be->sync(be), t0 = now_sec();
+                if (f == 0) be->gemm_grouped_swiglu_bwd(be, &d, &g, h, gu, sc, ds, x, w13, dw, 0.f, out);
+                else gemm_grouped_swiglu_bwd_seq(be, &d, &g, h, gu, sc, ds, x, w13, dw, 0.f, out);
+            }
+            be->sync(be);
+            t[f] = (now_sec() - t0) / 10 * 1e3;
+        }
+        printf("w13 backward (SwiGLU backward, weight and data gradients): one op %.3f ms, three ops %.3f ms\n", t[0],
+               t[1]);
     }
     free(r), free(rw);
     dev_free_all();

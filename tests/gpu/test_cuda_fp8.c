@@ -6,8 +6,8 @@
 //     fp8_gemm_tn on the spec's quantisation of the same operands, element by element within a
 //     bound computed from the operands (below), through cuBLASLt (sm_90) and through the fallback
 //     kernel, and at Mixtral-8x7B's expert shapes (H 4,096, F 14,336);
-//   - gemm_grouped_swiglu_bwd (the SwiGLU backward fused with w13's products) against the three
-//     ops that define it, bit for bit, at small and Mixtral shapes.
+//   - gemm_grouped_swiglu_bwd (the SwiGLU backward with w13's products on one quantising read)
+//     against the three ops that define it, bit for bit, at small and Mixtral shapes.
 //
 // The bound (docs/fp8.md, "Error bounds"). For output element (i, j) with K tiles t = 0..T−1,
 // w_t = sa·sb and p_k = e4m3(qa_k)·e4m3(qb_k) (exact):
@@ -41,7 +41,7 @@ void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes);
 void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 size_t cuda_fp8_wgrad_splits(Backend* be);
 size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K);
-size_t cuda_fp8_fused_groups(Backend* be);
+size_t cuda_fp8_w13_groups(Backend* be);
 int cuda_compute_capability(Backend* be);
 
 static int g_hopper;         // cuBLASLt's block-scaled modes available (compute capability 9.0)
@@ -455,13 +455,11 @@ static void test_wgrad_fp8(void) {
     }
 }
 
-// gemm_grouped_swiglu_bwd (the SwiGLU backward with w13's two products, fused per group in bf16)
-// against the three ops it is defined by, run on the GPU on the same inputs: dW and dX bit for
-// bit (the fused kernel's codes are those the quantisers make of the SwiGLU kernel's bf16 output,
-// and each product is the same cuBLASLt call; the three ops are checked against the spec above),
-// dscale within 1e-5 of Σ |dh·silu(g)·u| per row (the two sum a row in different orders). In bf16
-// every non-empty group must take the fused kernel (ws holds them all), in fp32 none.
-static size_t g_fused;  // groups fused so far, over every run
+// gemm_grouped_swiglu_bwd (the SwiGLU backward with w13's two products, per group on one read of
+// d(gate|up) for both quantisations) against the three ops it is defined by, run on the GPU on
+// the same inputs: dW, dX and dscale bit for bit (the same kernels on the same values, each
+// product the same cuBLASLt call; the three ops are checked against the spec above). ws holds
+// every group, so each must take the op's own path (counted).
 static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, float beta, int db_act, int path,
                            const char* name) {
     Backend* be = m->gpu;
@@ -492,14 +490,13 @@ static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, f
                                 : (db_act ? poison_act(be, nw) : poison(be, 4 * nw));
         out[k][1] = poison_act(be, nx);
         ods[k] = poison(be, 4 * (size_t)R);
-        const size_t f0 = cuda_fp8_fused_groups(be);
+        const size_t f0 = cuda_fp8_w13_groups(be);
         if (k == 0) be->gemm_grouped_swiglu_bwd(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
         else gemm_grouped_swiglu_bwd_seq(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
-        const size_t fused = cuda_fp8_fused_groups(be) - f0;
+        const size_t fused = cuda_fp8_w13_groups(be) - f0;
         size_t want = 0;
-        for (int g = 0; g < G; g++) want += k == 0 && m->bf16 && F % 128 == 0 && off[g + 1] > off[g];
-        EXPECT(fused == want, "%s [%s]: %zu groups fused, want %zu", name, m->name, fused, want);
-        g_fused += fused;
+        for (int g = 0; g < G; g++) want += k == 0 && off[g + 1] > off[g];
+        EXPECT(fused == want, "%s [%s]: %zu groups on the op's own path, want %zu", name, m->name, fused, want);
     }
     cuda_fp8_set_path(be, 0);
     const size_t ew = db_act ? dtype_size(be->act_dtype) : 4, ea = dtype_size(be->act_dtype);
@@ -519,15 +516,8 @@ static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, f
     free(a), free(b);
     float *s0 = down_f32(be, ods[0], R), *s1 = down_f32(be, ods[1], R);
     bad = 0;
-    for (int r = 0; r < R; r++) {
-        double mag = 0;
-        for (int f = 0; f < F; f++) {
-            const double g = gu[(size_t)r * F2 + f], u = gu[(size_t)r * F2 + F + f];
-            mag += fabs(dh[(size_t)r * F + f] * g / (1 + exp(-g)) * u);
-        }
-        bad += !(fabs((double)s0[r] - s1[r]) <= 1e-5 * mag + 1e-30);
-    }
-    EXPECT(bad == 0, "%s [%s]: %d rows, %zu with dscale off", name, m->name, R, bad);
+    for (int r = 0; r < R; r++) bad += memcmp(&s0[r], &s1[r], 4) != 0;
+    EXPECT(bad == 0, "%s [%s]: %zu of %d dscale rows differ from the three ops'", name, m->name, bad, R);
     free(dh), free(gu), free(X), free(W), free(W0), free(sc), free(s0), free(s1);
     dev_free_all();
 }
@@ -538,7 +528,7 @@ static void test_swiglu_bwd_fp8(void) {
         run_swiglu_bwd(m, off, 5, 256, 192, 0.f, 0, path, "swiglu_bwd w13 beta 0");
         run_swiglu_bwd(m, off, 5, 256, 192, 1.f, 1, path, "swiglu_bwd w13 db_act beta 1");
     }
-    FOR_MODES run_swiglu_bwd(m, off, 5, 192, 136, 1.f, 1, 0, "swiglu_bwd w13 F%128");
+    FOR_MODES run_swiglu_bwd(m, off, 5, 100, 136, 1.f, 1, 0, "swiglu_bwd w13 2F=200");
 }
 
 // The rows taken 128 at a time instead of 4,096 (the ops' row chunks: several per GEMM and group,
