@@ -239,9 +239,10 @@ struct Backend {
     //   gemm_grouped(d, g, gu, W, dX)                     dX = d(gate|up) · W_g, W_g [2F, K]
     // with d->K = 2F, d->N = K, d->trans_b = 0 (the data gradient's descriptor, its fp8 and ws), g
     // the groups with b_stride between both W_g and dW_g (and db_act, and the weight gradient's fp8
-    // and ws; the two may share one ws). gu's contents are undefined afterwards: the CPU backend
-    // leaves d(gate|up) there; the CUDA one with FP8 writes d(gate|up) only as the two products'
-    // codes, from one kernel (docs/fp8.md), with the products as the three ops would give them.
+    // and ws; the two may share one ws). gu's contents are undefined afterwards (both backends
+    // leave d(gate|up) there today). The CUDA backend with FP8 quantises d(gate|up) for both
+    // products from one read, a group at a time (docs/fp8.md), with the products as the three ops
+    // would give them.
     void (*gemm_grouped_swiglu_bwd)(Backend*, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
                                     const float* scale, float* dscale, const void* X, const void* W, void* dW,
                                     float beta, void* dX);
@@ -385,8 +386,8 @@ static inline void be_host_free(Backend* be, void* p) {
     else free(p);
 }
 
-// gemm_grouped_swiglu_bwd as the three ops it is defined by (above), for a backend that does not
-// fuse them, or fuses only some groups; its checks too.
+// gemm_grouped_swiglu_bwd as the three ops it is defined by (above): the CPU backend's, and the
+// CUDA one's for what its own path does not take; and the op's checks.
 void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g);
 void gemm_grouped_swiglu_bwd_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* dh, void* gu,
                                  const float* scale, float* dscale, const void* X, const void* W, void* dW, float beta,

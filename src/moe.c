@@ -322,7 +322,8 @@ static void* dy_to_experts(Model* m, const MoeSaved* s, const void* dout, int xc
 // rows and of their routing weights. Memory: dh overwrites h once w2's weight gradient has read
 // it (the saved h too: it is dead after that), and d(gate|up) overwrites the saved gu in place
 // (swiglu_bwd allows it; gu is dead after this layer's backward). With FP8 the SwiGLU backward and
-// w13's products are one op (gemm_grouped_swiglu_bwd), which may never write d(gate|up) in bf16.
+// w13's products are one op (gemm_grouped_swiglu_bwd: the CUDA backend quantises d(gate|up) for
+// both products from one read).
 static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, const void* dye, void** dxe,
                         float** dsc) {
     Backend* be = m->be;
@@ -335,7 +336,7 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     *dsc = bump_alloc(&m->tmp, (size_t)R * sizeof(float));
     *dxe = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     // the FP8 workspace: what the layer's rows leave of the arena, at least what the GEMMs need (the
-    // fused SwiGLU backward takes a group through its one kernel where the group fits: cuda_fp8.cu)
+    // w13 backward op takes a group on its own path where the group's codes fit: cuda_fp8.cu)
     size_t wsb = expert_fp8_ws(m, R, 0);
     void* ws = wsb ? bump_rest(&m->tmp, wsb, &wsb) : NULL;
     GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT],

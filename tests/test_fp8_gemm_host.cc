@@ -5,7 +5,7 @@
 // is a bug of cuda_fp8.cu's own: the workspace's layout (each ws exactly fp8_ws_bytes, unaligned
 // too, under AddressSanitizer), the rows' chunks and their scale maps, the split between cuBLASLt
 // and the fallback kernel (counted), a group's product running on into the next group's rows,
-// the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, the fused
+// the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, the
 // SwiGLU backward with w13's products (gemm_grouped_swiglu_bwd), and every
 // cuBLASLt call against the documented rules (the stand-in aborts on a broken one). The GPU's
 // numerics inside a tile are tests/gpu/test_cuda_fp8.c's to bound.
