@@ -27,6 +27,10 @@ __host__ __device__ __forceinline__ size_t smap_idx(const SMap& m, int r, int t,
         return (size_t)(r >> 7) * m.lds + t;
     }
     if (r < m.split) {
+        if (m.chunk >= m.split) {  // one chunk (the usual map): no division
+            *base = m.p0;
+            return (size_t)t * m.split + r;
+        }
         const int c = r / m.chunk, r0 = c * m.chunk, n = m.split - r0 < m.chunk ? m.split - r0 : m.chunk;
         *base = m.p0;
         return (size_t)r0 * m.Kt + (size_t)t * n + (r - r0);

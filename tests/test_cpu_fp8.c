@@ -308,6 +308,26 @@ static void quant_reciprocal(void) {
     EXPECT(above > 0 && at > 0, "the products land %d times above the tie and %d times on or below", above, at);
 }
 
+// The GPU quantisers (cuda/cuda_fp8_quant.cu, scale_of_amax) form fl(amax / 448) without a
+// division: q = fl(amax · fl(1/448)), then q + fl(1/448) · (amax − 448·q) by two FMAs (the inner
+// one exact). That equals fp8_scale_of_amax for every positive finite amax, once both take the
+// FLT_MIN floor (below it the two can differ by an ulp of a subnormal): checked here for all 2^31.
+static void scale_without_division(void) {
+    const float r = 1.0f / 448.f;
+    long bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+    for (long b = 1; b < 0x7f800000L; b++) {
+        const uint32_t u = (uint32_t)b;
+        float x;
+        memcpy(&x, &u, 4);
+        const float q = x * r;
+        float s = fmaf(fmaf(-q, 448.f, x), r, q);
+        if (s < FLT_MIN) s = FLT_MIN;
+        bad += f32_bits(s) != f32_bits(fp8_scale_of_amax(x));
+    }
+    EXPECT(bad == 0, "%ld positive finite amax give another scale without the division", bad);
+}
+
 static float* transpose(const float* x, int R, int C) {
     float* t = malloc(sizeof(float) * (size_t)R * C + 1);
     for (int r = 0; r < R; r++)
@@ -465,6 +485,7 @@ int main(void) {
     RUN(quant_round_trip);
     RUN(quant_exact_on_grid);
     RUN(quant_reciprocal);
+    RUN(scale_without_division);
     RUN(quant_layouts);
     RUN(gemm_known);
     RUN(gemm_vs_fp64);
