@@ -466,6 +466,24 @@ extern "C" void cuda_gemm_fp8(Backend* be, const GemmDesc* d, const void* A, con
     gemm_fp8_one(be, d, lda, ldb, ldc, A, B, C, ws_base(d->ws));
 }
 
+// The last non-empty group (-1: none).
+static int last_group(const GroupDesc* g) {
+    int last = -1;
+    for (int i = 0; i < g->groups; i++)
+        if (g->host_off[i + 1] > g->host_off[i]) last = i;
+    return last;
+}
+// The rows a data-direction product takes for group i: with beta = 0 a group's product may run on
+// past its rows into the next groups' (up to a multiple of 8, so cuBLASLt takes it whole); those
+// rows of C are written again, right, by their own group's product later on the stream. Only the
+// last group leaves a tail to the fallback kernel.
+static int product_rows(const GroupDesc* g, int i, int last, float beta) {
+    const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0, R = g->host_off[g->groups];
+    if (beta != 0.f || i == last) return rows;
+    const int m8 = (rows + 7) / 8 * 8;
+    return m8 < R - r0 ? m8 : R - r0;
+}
+
 // One group at a time (the ws reused: the stream orders each group's quantisers after the last
 // group's product).
 extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
@@ -484,22 +502,12 @@ extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const Grou
     const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, d->fp8, R, d->N, d->K, g->groups);
     check_ws("gemm_grouped", d->ws, d->ws_bytes, need);
     const size_t ea = dtype_size(be->act_dtype), ec = (d->c_f32 || !is_bf16(be)) ? 4 : ea;
-    int last = -1;  // the last non-empty group
-    for (int i = 0; i < g->groups; i++)
-        if (g->host_off[i + 1] > g->host_off[i]) last = i;
+    const int last = last_group(g);
     for (int i = 0; i < g->groups; i++) {
-        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
-        if (rows == 0) continue;
+        const int r0 = g->host_off[i];
+        if (g->host_off[i + 1] == r0) continue;
         GemmDesc x = *d;
-        x.M = rows;
-        // With beta = 0 a group's product may run on past its rows into the next groups' (up to a
-        // multiple of 8, so cuBLASLt takes it whole): those rows of C are written again, right, by
-        // their own group's product later on the stream. Only the last group leaves a tail to the
-        // fallback kernel.
-        if (d->beta == 0.f && i != last) {
-            const int m8 = (rows + 7) / 8 * 8;
-            x.M = m8 < R - r0 ? m8 : R - r0;
-        }
+        x.M = product_rows(g, i, last, d->beta);
         gemm_fp8_one(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea, (const char*)B + g->b_stride * i * ea,
                      (char*)C + (size_t)r0 * ldc * ec, ws_base(d->ws));
     }
@@ -650,19 +658,15 @@ extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend* be, const GemmDesc* d, con
         gemm_grouped_swiglu_bwd_seq(be, d, g, dh, gu, scale, dscale, X, W, dW, beta, dX);
         return;
     }
-    const int R = g->host_off[g->groups], F2 = d->K, F = F2 / 2, K = d->N;
+    const int F2 = d->K, F = F2 / 2, K = d->N, last = last_group(g);
     const size_t ea = dtype_size(be->act_dtype), eb = g->db_act ? ea : 4, ex = (d->c_f32 || !is_bf16(be)) ? 4 : ea;
-    int last = -1;  // the last non-empty group
-    for (int i = 0; i < g->groups; i++)
-        if (g->host_off[i + 1] > g->host_off[i]) last = i;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], nc = g->host_off[i + 1] - r0;
         if (nc == 0) {  // += 0, or = 0
             if (beta == 0.f) be->zero(be, (char*)dW + g->b_stride * i * eb, eb * F2 * K);
             continue;
         }
-        // the data gradient runs on into the next groups' rows to a multiple of 8, as gemm_grouped's
-        const int m8 = (nc + 7) / 8 * 8, n = i != last ? (m8 < R - r0 ? m8 : R - r0) : nc;
+        const int n = product_rows(g, i, last, 0.f);  // the data gradient's rows (beta 0)
         if (w13_layout(n, nc, F2, K, epi_bytes(be), NULL, NULL) <= g->ws_bytes) {
             CI(be)->fp8_w13_groups++;
             w13_group(be, d, g, i, r0, nc, n, dh, gu, scale, dscale, X, W, dW, beta, dX, ws_base(g->ws));
