@@ -66,7 +66,7 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/m
 # CUDA source run on the CPU (tests/host_cuda: stand-ins for CUDA's headers, kernels as host threads;
 # C++20): tests/*_host.cc, and the GPU tests whose ops it compiles, in `make test`
 TESTS += $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*_host.cc))
-HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_kernels cuda_fp8_quant cuda_moe cuda_optim \
+HOST_OBJ := $(patsubst %,$(BUILD)/host_cuda/%.o,cuda_fp8 cuda_fp8_lt cuda_fp8_kernels cuda_fp8_quant cuda_moe cuda_optim \
             cuda_rope cuda_loss cuda_router cuda_norm cublaslt_host backend_host host_pool)
 HOST_CXX := $(CXX) -std=c++20 -O1 -g -ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=all -Wall \
             -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \

@@ -1,6 +1,6 @@
-// cuda_fp8.cuh — what the FP8 quantisers (cuda_fp8_quant.cu) and the FP8 GEMMs (cuda_fp8.cu) share:
-// the tile constants and the scale map of a quantised operand (fp8_smap.cuh), and the quantisers'
-// launchers.
+// cuda_fp8.cuh — what the FP8 quantisers (cuda_fp8_quant.cu), the FP8 GEMMs (cuda_fp8.cu) and their
+// cuBLASLt product (cuda_fp8_lt.cu) share: the tile constants and the scale map of a quantised
+// operand (fp8_smap.cuh), the quantisers' launchers, the product.
 // The numerics and the layouts are described at the top of cuda_fp8.cu.
 #pragma once
 #include "cuda_common.cuh"
@@ -18,6 +18,15 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
 // 128×128 blocks of w [R, C]: as stored (trans 0) or transposed; scales s with row stride lds.
 void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq, float* s,
                   int lds);
+
+// ---- cuBLASLt's block-scaled FP8 product (cuda_fp8_lt.cu), on the backend's stream ----
+// D[n, m] (row-major: n rows of m, row stride ldc; fp32 when d_f32, else bf16) = alpha · qa·qbᵀ +
+// beta · Cin, qa [n, kq] with VEC128 scales sa, qb [m, kq] with scales sb (BLK128x128 when blk, else
+// VEC128), kq also their row stride. Plans are cached per shape, n (and kq when dyn_k: a weight
+// gradient's group rows) keyed rounded up. Returns 0, issuing nothing, when cuBLASLt has no
+// algorithm for it.
+int fp8_lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb, const float* sb, const uint8_t* qa,
+                  const float* sa, float alpha, float beta, const void* Cin, void* D, int ldc, int d_f32, int dyn_k);
 
 // ---- the GEMMs' own kernels (cuda_fp8_kernels.cu), on the backend's stream ----
 // The fallback GEMM for rows [row0, M): C = alpha · Σ_t fl(fl(sa·sb) · P_t) (+ beta · addend), from
