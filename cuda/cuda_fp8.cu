@@ -380,8 +380,8 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
 // ops read it twice, once per quantiser. Then X's cast-transpose and the weight gradient, W_g's
 // transposed blocks and the data gradient, as the separate ops run them, so the products are the
 // same bits. A group that does not fit takes the three ops. (One kernel that also computes the
-// SwiGLU backward, never writing d(gate|up) in bf16, measured slower: both halves are bound by
-// their instructions, not by memory; docs/fp8.md.)
+// SwiGLU backward, never writing d(gate|up) in bf16, measured slower: it moved fewer bytes at a
+// quarter of the occupancy; docs/fp8.md.)
 
 // The buffers of one group of nc rows whose data gradient takes n ≥ nc rows: the weight
 // gradient's operands (wg: d(gate|up)ᵀ [2F, ldk] and Xᵀ [K, ldk], its epilogue rows) and the data
