@@ -486,6 +486,8 @@ static void set_ops(Backend* be) {
     const CudaImpl* ci = CI(be);
     be->fp8_ws_bytes = (ci->cc_major > 8 || (ci->cc_major == 8 && ci->cc_minor >= 9)) && cuda_fp8_kernels_built()
                            ? cuda_fp8_ws_bytes : NULL;
+    be->fp8_wcodes_bytes = be->fp8_ws_bytes ? cuda_fp8_wcodes_bytes : NULL;
+    be->fp8_wcodes_make = be->fp8_ws_bytes ? cuda_fp8_wcodes_make : NULL;
 
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;

@@ -183,6 +183,8 @@ extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend*, const GemmDesc*, const Gr
                                               const float* scale, float* dscale, const void* X, const void* W, void* dW,
                                               float beta, void* dX);
 extern "C" size_t cuda_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
+extern "C" size_t cuda_fp8_wcodes_bytes(Backend*, int R, int C, int groups);
+extern "C" void cuda_fp8_wcodes_make(Backend*, const void* W, int R, int C, int groups, size_t b_stride, void* codes);
 extern "C" int cuda_fp8_kernels_built(void);
 void fp8_cache_destroy(struct Fp8Cache*);
 // cuda_norm.cu: embedding and RMSNorm

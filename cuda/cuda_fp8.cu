@@ -210,6 +210,49 @@ static void check_ws(const char* op, const void* ws, size_t have, size_t need) {
           ws ? "" : " (NULL)");
 }
 
+// ---- Fp8WCodes (backend.h): quant_b's FP8_WEIGHT outputs kept --------------------------------------
+// A group's codes: [q R×up16(C)][s ⌈R/128⌉×up4(⌈C/128⌉)] (B = W_g with trans_b) then [qt C×up16(R)][st]
+// (B = W_g without), each part on WS_ALIGN bytes: what quant_b writes into ws for either product.
+static size_t wc_half(int R, int C) {
+    return up((size_t)R * up((size_t)C, 16), WS_ALIGN) + up(4 * (size_t)cdiv(R, TILE) * up((size_t)cdiv(C, TILE), 4), WS_ALIGN);
+}
+static size_t wc_group(int R, int C) { return wc_half(R, C) + wc_half(C, R); }
+
+extern "C" size_t cuda_fp8_wcodes_bytes(Backend* be, int R, int C, int groups) {
+    CHECK(R >= 0 && C >= 0 && groups >= 0, "fp8_wcodes_bytes: negative size R=%d C=%d groups=%d", R, C, groups);
+    return (size_t)groups * wc_group(R, C) + WS_ALIGN;  // slack for an unaligned pointer
+}
+
+extern "C" void cuda_fp8_wcodes_make(Backend* be, const void* W, int R, int C, int groups, size_t b_stride, void* codes) {
+    const size_t ea = dtype_size(be->act_dtype);
+    for (int g = 0; g < groups; g++) {
+        const char* w = (const char*)W + (size_t)g * b_stride * ea;
+        char* p = ws_base(codes) + (size_t)g * wc_group(R, C);
+        quant_blocks(be, w, R, C, (size_t)C, 0, (uint8_t*)p, up((size_t)C, 16),
+                     (float*)(p + up((size_t)R * up((size_t)C, 16), WS_ALIGN)), (int)up((size_t)cdiv(C, TILE), 4));
+        p += wc_half(R, C);
+        quant_blocks(be, w, R, C, (size_t)C, 1, (uint8_t*)p, up((size_t)R, 16),
+                     (float*)(p + up((size_t)C * up((size_t)R, 16), WS_ALIGN)), (int)up((size_t)cdiv(R, TILE), 4));
+    }
+}
+
+// Group i of an op's B from its codes (trans_b: W_g's blocks as stored, else transposed) in place
+// of quant_b: b->qb, b->sb point there. Returns the scale map.
+static SMap wcodes_b(const Fp8WCodes* wq, int i, int trans_b, Fp8Bufs* b) {
+    const int R = wq->R, C = wq->C, rows = trans_b ? R : C, k = trans_b ? C : R;
+    char* p = ws_base(wq->codes) + (size_t)(wq->g0 + i) * wc_group(R, C) + (trans_b ? 0 : wc_half(R, C));
+    b->qb = (uint8_t*)p;
+    b->sb = (float*)(p + up((size_t)rows * up((size_t)k, 16), WS_ALIGN));
+    return smap_blk(b->sb, cdiv(k, TILE));
+}
+// d's view of its codes from group i on (the ops that take one group on as a GemmDesc of its own).
+static const Fp8WCodes* wq_from(const GemmDesc* d, int i, Fp8WCodes* view) {
+    if (!d->wq) return NULL;
+    *view = *d->wq;
+    view->g0 += i;
+    return view;
+}
+
 // One GEMM (the plain op, or one group of a grouped one): B quantised once, then op(A)'s rows in
 // chunks of at most the backend's fp8 row chunk (cuda_fp8_set_row_chunk: the workspace holds one
 // chunk's codes, whatever M is), each quantised and multiplied into its rows of C. The chunks are
@@ -222,7 +265,7 @@ static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int l
     const size_t ea = dtype_size(be->act_dtype), ec = c_f32 ? 4 : 2;
     Fp8Bufs b;
     ws_layout(M < CH ? M : CH, N, ldq, Kt, epi_bytes(be), base, &b);
-    const SMap sbm = quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
+    const SMap sbm = d->wq ? wcodes_b(d->wq, 0, d->trans_b, &b) : quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
     const char* addend = (const char*)(d->c_in ? d->c_in : C);
     const int nch = M > 0 ? cdiv(M, CH) : 1, step = (int)up((size_t)cdiv(M, nch), 8);  // ≤ CH (a multiple of 128)
     for (int r0 = 0; r0 < M; r0 += step) {
@@ -282,7 +325,7 @@ extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const Grou
     const int ldb = d->ldb ? d->ldb : (d->trans_b ? d->K : d->N);
     if (d->K == 0 || d->alpha == 0.f || d->N == 0) {
         GemmDesc x = *d;
-        x.fp8 = FP8_OFF;
+        x.fp8 = FP8_OFF, x.wq = NULL;
         cuda_gemm_grouped(be, &x, g, A, B, C);
         return;
     }
@@ -295,7 +338,9 @@ extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const Grou
         const int r0 = g->host_off[i];
         if (g->host_off[i + 1] == r0) continue;
         GemmDesc x = *d;
+        Fp8WCodes view;
         x.M = product_rows(g, i, last, d->beta);
+        x.wq = wq_from(d, i, &view);
         gemm_fp8_one(be, &x, lda, ldb, ldc, (const char*)A + (size_t)r0 * lda * ea, (const char*)B + g->b_stride * i * ea,
                      (char*)C + (size_t)r0 * ldc * ec, ws_base(d->ws));
     }
@@ -428,9 +473,14 @@ static void w13_group(Backend* be, const GemmDesc* d, const GroupDesc* g, int i,
     char* dWg = (char*)dW + g->b_stride * i * eb;
     fp8_product(be, F2, K, nc, ldk, &f.wg, stm, sxm, 0, 1.f, beta, dWg, dWg, K, cw, split_w, 1);
     // the data gradient: dX = d(gate|up) · W_g, W_g [2F, K] as 128×128 blocks of its transpose
-    const SMap swm = smap_blk(f.dg.sb, Kt2);
-    quant_blocks(be, (const char*)W + g->b_stride * i * ea, F2, K, (size_t)K, 1, f.dg.qb, (size_t)ldq, f.dg.sb,
-                 swm.lds);
+    SMap swm;
+    if (d->wq) {
+        swm = wcodes_b(d->wq, i, 0, &f.dg);
+    } else {
+        swm = smap_blk(f.dg.sb, Kt2);
+        quant_blocks(be, (const char*)W + g->b_stride * i * ea, F2, K, (size_t)K, 1, f.dg.qb, (size_t)ldq, f.dg.sb,
+                     swm.lds);
+    }
     char* dx = (char*)dX + (size_t)r0 * K * ex;
     fp8_product(be, n, K, F2, ldq, &f.dg, srm, swm, 1, d->alpha, 0.f, dx, dx, K, cx, split_d, 0);
 }
@@ -464,7 +514,10 @@ extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend* be, const GemmDesc* d, con
         const int off[2] = {0, nc};
         GroupDesc one = *g;
         one.groups = 1, one.host_off = off;
-        gemm_grouped_swiglu_bwd_seq(be, d, &one, (const char*)dh + (size_t)r0 * F * ea, (char*)gu + (size_t)r0 * F2 * ea,
+        GemmDesc d1 = *d;
+        Fp8WCodes view;
+        d1.wq = wq_from(d, i, &view);
+        gemm_grouped_swiglu_bwd_seq(be, &d1, &one, (const char*)dh + (size_t)r0 * F * ea, (char*)gu + (size_t)r0 * F2 * ea,
                                     scale ? scale + r0 : NULL, dscale ? dscale + r0 : NULL,
                                     (const char*)X + (size_t)r0 * K * ea, (const char*)W + g->b_stride * i * ea,
                                     (char*)dW + g->b_stride * i * eb, beta, (char*)dX + (size_t)r0 * K * ex);

@@ -51,7 +51,22 @@ typedef struct GemmDesc {
     Fp8Gemm fp8;           // FP8_OFF, or the block-scaled FP8 product (below); gemm, gemm_grouped, gemm_grouped_swiglu
     void* ws;              // with fp8: backend memory for the quantised operands, ws_bytes ≥ Backend.fp8_ws_bytes
     size_t ws_bytes;
+    const struct Fp8WCodes* wq;  // grouped ops with FP8_WEIGHT: NULL, or B's codes (Fp8WCodes, below)
 } GemmDesc;
+
+// A grouped weight's FP8 codes made once and read by later GEMMs instead of quantising the weight in
+// each (precision.fp8_weights = per_step): the 128×128-block codes of W = groups × [R, C] (packed,
+// b_stride elements apart) in both layouts a product reads, as stored (for B = W_g with trans_b: N =
+// R, K = C) and transposed (for B = W_g without: K = R, N = C), in the backend's own format, made
+// by Backend.fp8_wcodes_make from W's values at the time. A grouped op given GemmDesc.wq reads
+// group g0 + g of them as its B_g and does not read B; its result is the same bits as quantising B
+// itself, so long as W has not changed since (the caller's promise). g0: a view starting at a later
+// group (the ops pass one group on as a view of it).
+typedef struct Fp8WCodes {
+    void* codes;           // backend memory of Backend.fp8_wcodes_bytes(R, C, groups) bytes
+    int R, C, groups;
+    int g0;
+} Fp8WCodes;
 
 // Grouped GEMM over contiguous row groups (the expert GEMMs): for g in [0, G):
 //   rows [off[g], off[g+1]) of A and C, with B_g = B + g·b_stride elements.
@@ -217,6 +232,10 @@ struct Backend {
     // N, K = dB_g's shape). Depends only on its arguments, so a caller may size ws for the largest
     // call once. NULL on a backend without FP8 (the config check refuses precision.fp8 there).
     size_t (*fp8_ws_bytes)(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
+    // Fp8WCodes (above): the bytes of a grouped weight's codes (groups × [R, C]), and making them
+    // into codes from W (b_stride elements between the groups, rows packed). NULL with fp8_ws_bytes.
+    size_t (*fp8_wcodes_bytes)(Backend*, int R, int C, int groups);
+    void (*fp8_wcodes_make)(Backend*, const void* W, int R, int C, int groups, size_t b_stride, void* codes);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)

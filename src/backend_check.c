@@ -5,6 +5,7 @@
 
 void gemm_desc_check(const GemmDesc* d, int* lda, int* ldb, int* ldc) {
     const int M = d->M, N = d->N, K = d->K;
+    CHECK(!d->wq, "gemm: wq (weight codes) is for the grouped ops");
     CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=%d N=%d K=%d", M, N, K);
     *lda = d->lda ? d->lda : (d->trans_a ? M : K);
     *ldb = d->ldb ? d->ldb : (d->trans_b ? K : N);
@@ -24,6 +25,14 @@ void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g) {
     CHECK(!d->trans_a, "%s: trans_a is not supported (weight gradients use gemm_grouped_wgrad)", op);
     CHECK(!d->c_in, "%s: c_in is not supported (gemm only)", op);
     offsets_check(op, g);
+    const Fp8WCodes* w = d->wq;
+    if (!w) return;
+    CHECK(d->fp8 == FP8_WEIGHT, "%s: wq (weight codes) wants fp8 FP8_WEIGHT (got %d)", op, (int)d->fp8);
+    const int R = d->trans_b ? d->N : d->K, C = d->trans_b ? d->K : d->N;
+    CHECK(w->R == R && w->C == C, "%s: wq holds codes of [%d, %d] weights, B_g is [%d, %d]", op, w->R, w->C, R, C);
+    CHECK(!d->ldb || d->ldb == C, "%s: wq wants B packed (ldb %d, C %d)", op, d->ldb, C);
+    CHECK(w->g0 >= 0 && w->g0 + g->groups <= w->groups, "%s: groups [%d, %d) of wq's %d", op, w->g0, w->g0 + g->groups,
+          w->groups);
 }
 
 void gemm_grouped_wgrad_check(const GroupDesc* g, float beta) {

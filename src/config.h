@@ -14,6 +14,7 @@ typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
 typedef enum { FP8_NONE = 0, FP8_EXPERTS, FP8_LINEAR } Fp8Mode;
+typedef enum { FP8W_PER_GEMM = 0, FP8W_PER_STEP } Fp8Weights;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { COMM_AUTO = 0, COMM_NCCL, COMM_MPI } CommKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
@@ -54,6 +55,8 @@ typedef struct PrecisionConfig {
     ExpertGrad expert_grad;  // storage of the expert weight gradients (config_expert_grad_bf16)
     Fp8Mode fp8;        // GEMMs in block-scaled FP8 e4m3 (docs/fp8.md): none, the experts', or
                         // the experts' and the attention projections' (linear)
+    Fp8Weights fp8_weights;  // with fp8: the expert weights quantised in every GEMM (per_gemm) or
+                             // once per optimizer step, their codes kept (per_step)
 } PrecisionConfig;
 
 typedef struct TrainConfig {

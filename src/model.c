@@ -205,10 +205,28 @@ static void buffers_alloc(Model* m) {
     m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
 }
 
+// precision.fp8_weights=per_step: each layer's w13 [2F, H] and w2 [H, F] codes for the local experts.
+static void wcodes_alloc(Model* m) {
+    Backend* be = m->be;
+    const int L = m->c.layers, H = m->c.hidden, F = m->c.ffn, E = m->e_local;
+    CHECK(be->fp8_wcodes_bytes && be->fp8_wcodes_make, "precision.fp8_weights=per_step: the %s backend keeps no FP8 "
+          "weight codes", be->name);
+    m->wq = xcalloc(2 * (size_t)L, sizeof(Fp8WCodes));
+    for (int l = 0; l < L; l++) {
+        m->wq[2 * l] = (Fp8WCodes){.R = 2 * F, .C = H, .groups = E};
+        m->wq[2 * l + 1] = (Fp8WCodes){.R = H, .C = F, .groups = E};
+        for (int k = 0; k < 2; k++) {
+            Fp8WCodes* w = &m->wq[2 * l + k];
+            w->codes = be->alloc(be, be->fp8_wcodes_bytes(be, w->R, w->C, E));
+        }
+    }
+}
+
 void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
     setup(m, c, B, T, o, be, comm);
     layers_alloc(m);
     buffers_alloc(m);
+    if (o && o->fp8_wcodes && m->fp8 != FP8_NONE && !m->inference) wcodes_alloc(m);
     moe_plan_bumps(m, proj_fp8_ws(m));
 }
 
@@ -229,6 +247,8 @@ void model_free(Model* m) {
                     m->loss_acc, m->s_a, m->s_b, m->s_dx, m->s_q, m->s_dlog,
                     m->s_dlog_act, m->s_dw, m->s_xp, m->s_wp, m->s_logits, m->counts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    for (int i = 0; m->wq && i < 2 * m->c.layers; i++) be->free(be, m->wq[i].codes);
+    free(m->wq);
     free(m->h_stats);
     free(m->h_counts);
     bump_free(&m->bump);
@@ -381,6 +401,9 @@ static void step_begin(Model* m, const MicroArgs* a, StepLoss* out) {
     CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
           "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");
     m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
+    // the kept weight codes: made at a step's first micro-batch, read by its others; a forward-only
+    // pass (eval between steps, after the update) quantises the weights in its GEMMs instead
+    m->wq_use = m->wq && a->backward;
     if (m->fresh) {
         be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)c->vocab_size * H);
         be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);

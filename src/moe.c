@@ -176,9 +176,9 @@ static void rows_out(Model* m, const MoeSaved* s, void* recv, const void* src, v
 
 // ws, ws_bytes: the FP8 workspace of this pass (NULL, 0 with precision.fp8=none)
 static void grouped(Model* m, const int* off, void* C, const void* A, const void* B, int N, int K, int trans_b,
-                    size_t b_stride, void* ws, size_t ws_bytes) {
+                    size_t b_stride, void* ws, size_t ws_bytes, const Fp8WCodes* wq) {
     GemmDesc d = {.N = N, .K = K, .trans_b = trans_b, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
-                  .ws = ws, .ws_bytes = ws_bytes};
+                  .ws = ws, .ws_bytes = ws_bytes, .wq = ws ? wq : NULL};
     GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = b_stride};
     m->be->gemm_grouped(m->be, &d, &g, A, B, C);
 }
@@ -252,8 +252,12 @@ static void dispatch(Model* m, MoeSaved* s, const void* x, int xchg) {
     prof_mark("fwd.dispatch");
 }
 
+// Layer l's kept FP8 codes of w13 (k = 0) or w2 (k = 1) for this micro-batch's GEMMs, or NULL
+// (precision.fp8_weights=per_gemm, or a forward-only pass).
+static const Fp8WCodes* wcodes(const Model* m, int l, int k) { return m->wq_use ? &m->wq[2 * l + k] : NULL; }
+
 // Experts: gu = xe·w13ᵀ, h = silu(gate)·up·scale, y = h·w2ᵀ for the R received rows. Returns y
-// (per-layer scratch).
+// (per-layer scratch). With kept weight codes, a step's first micro-batch makes the layer's first.
 static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
     Backend* be = m->be;
     const LayerOffsets* o = &m->pl.layer[l];
@@ -262,13 +266,18 @@ static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
     void* y = bump_alloc(&m->tmp, (size_t)R * H * esz(m));
     size_t wsb;
     void* ws = fp8_fwd_ws(m, R, &wsb);
+    if (m->wq_use && m->fresh) {
+        be->fp8_wcodes_make(be, at(m, m->w[1], o->w13), 2 * F, H, m->e_local, (size_t)2 * F * H, m->wq[2 * l].codes);
+        be->fp8_wcodes_make(be, at(m, m->w[1], o->w2), H, F, m->e_local, (size_t)H * F, m->wq[2 * l + 1].codes);
+        prof_mark("fwd.fp8_wcodes");
+    }
     // gu and h in one op (one kernel where the backend fuses them)
     GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
-                  .ws = ws, .ws_bytes = wsb};
+                  .ws = ws, .ws_bytes = wsb, .wq = ws ? wcodes(m, l, 0) : NULL};
     GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
     be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
     prof_mark("fwd.w13_swiglu");
-    grouped(m, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F, ws, wsb);
+    grouped(m, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F, ws, wsb, wcodes(m, l, 1));
     prof_mark("fwd.w2");
     return y;
 }
@@ -348,10 +357,11 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     g.b_stride = (size_t)H * F;
     be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), beta);
     prof_mark("bwd.w2_wgrad");
-    grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb);
+    grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb, wcodes(m, l, 1));
     prof_mark("bwd.w2_dgrad");
     if (ws) {  // FP8: the SwiGLU backward and w13's two products as one op
-        GemmDesc d = {.N = H, .K = 2 * F, .alpha = 1, .beta = 0, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb};
+        GemmDesc d = {.N = H, .K = 2 * F, .alpha = 1, .beta = 0, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb,
+                      .wq = wcodes(m, l, 0)};
         g.b_stride = (size_t)2 * F * H;
         be->gemm_grouped_swiglu_bwd(be, &d, &g, dh, s->gu, s->scale_e, *dsc, s->xe, at(m, m->w[1], o->w13),
                                     grad_at(m, ARENA_EXPERT, o->w13), beta, *dxe);
@@ -363,7 +373,7 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     g.b_stride = (size_t)2 * F * H;
     be->gemm_grouped_wgrad(be, &g, 2 * F, H, dgu, s->xe, grad_at(m, ARENA_EXPERT, o->w13), beta);
     prof_mark("bwd.w13_wgrad");
-    grouped(m, off, *dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H, ws, wsb);
+    grouped(m, off, *dxe, dgu, at(m, m->w[1], o->w13), H, 2 * F, 0, (size_t)2 * F * H, ws, wsb, NULL);
     prof_mark("bwd.w13_dgrad");
 }
 

@@ -1,6 +1,7 @@
 // plan.c — see plan.h. The memory model follows what model.c, moe.c and optim.c allocate.
 #include "plan.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "backend.h"
@@ -148,6 +149,12 @@ static void plan_fp8(const Config* c, PlanMemory* m) {
     m->fp8_ws = dmax(ew, pw);
     m->fp8_extra = grow(dmax(m->moe_room + ew, pw), m->moe_arena);
     m->fp8_infer_extra = grow(dmax(m->moe_room + fw, pw), m->moe_room);  // no backward, no dS room
+    // per_step: each local expert's w13 [2F, H] and w2 [H, F] as 1-byte codes in two layouts, and
+    // their fp32 scales (one per 128×128 block, each layout)
+    if (c->precision.fp8_weights == FP8W_PER_STEP) {
+        const double blocks = 2 * ceil(2 * F / 128) * ceil(H / 128) + ceil(H / 128) * ceil(F / 128);
+        m->fp8_wcodes = (double)mc->layers * m->e_local * 2 * (3 * H * F + 4 * blocks);
+    }
 }
 
 // What a GPU run holds besides the model.
@@ -186,6 +193,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     plan_runtime(c, world, m);
     plan_fp8(c, m);
     m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_extra +
+               m->fp8_wcodes +
                m->cuda_context + m->lib_workspace + m->nccl;
     m->infer_total = m->weights + m->infer_act + m->logits + m->fp8_infer_extra + m->cuda_context + m->lib_workspace +
                      m->nccl;
@@ -254,6 +262,7 @@ static void report_memory_rows(const Config* c, const PlanMemory* m, FILE* f) {
         {"activation scratch (one layer)", m->act_scratch},
         {"lm_head logits chunk", m->logits},
         {"FP8 GEMM workspace", m->fp8_extra},
+        {"FP8 expert weight codes", m->fp8_wcodes},
         {"CUDA context + kernels (estimate)", m->cuda_context},
         {"cuBLASLt workspace + op scratch", m->lib_workspace},
         {"NCCL (estimate)", m->nccl},
@@ -263,11 +272,13 @@ static void report_memory_rows(const Config* c, const PlanMemory* m, FILE* f) {
     const int on_gpu = c->train.device != DEVICE_CPU;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (i == 7 && m->fp8_ws == 0) continue;  // precision.fp8=none
-        if (i >= 8 && !on_gpu) break;  // the CUDA rows: GPU runs only
-        if (i == 10 && m->nccl == 0) continue;
+        if (i == 8 && m->fp8_wcodes == 0) continue;  // precision.fp8_weights=per_gemm
+        if (i >= 9 && !on_gpu) break;  // the CUDA rows: GPU runs only
+        if (i == 11 && m->nccl == 0) continue;
         fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
         if (i == 7) report_fp8_note(c, m, scale, unit, f);
-        if (i == 10) fprintf(f, "   (%d communicator%s of > 1 rank)", m->nccl_comms, m->nccl_comms == 1 ? "" : "s");
+        if (i == 8) fprintf(f, "   (precision.fp8_weights=per_step: both layouts, kept across a step's micro-batches)");
+        if (i == 11) fprintf(f, "   (%d communicator%s of > 1 rank)", m->nccl_comms, m->nccl_comms == 1 ? "" : "s");
         fprintf(f, "\n");
     }
 }

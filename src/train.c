@@ -177,9 +177,20 @@ static void run_start(Trainer* t, RunState* r) {
     log_info("train: %d steps from step %d, global batch %d x %d tokens, %d micro-batch(es) of %d per rank, world %d (ep %d x edp %d), backend %s/%s%s\n",
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
-    if (t->model.fp8 != FP8_NONE)
-        log_info("precision: fp8=%s: %s GEMMs in block-scaled FP8 e4m3, %.1f MiB workspace\n", fp8_mode_name(t->model.fp8),
-                 t->model.fp8 == FP8_LINEAR ? "expert and attention-projection" : "expert", t->model.fp8_ws / 1048576.0);
+    if (t->model.fp8 != FP8_NONE) {
+        char codes[128] = "";
+        if (t->model.wq) {
+            double b = 0;
+            for (int i = 0; i < 2 * mc->layers; i++) {
+                const Fp8WCodes* w = &t->model.wq[i];
+                b += (double)t->be->fp8_wcodes_bytes(t->be, w->R, w->C, w->groups);
+            }
+            snprintf(codes, sizeof codes, "; expert weights quantised once per step, %.2f GiB of codes kept", b / 1073741824.0);
+        }
+        log_info("precision: fp8=%s: %s GEMMs in block-scaled FP8 e4m3, %.1f MiB workspace%s\n", fp8_mode_name(t->model.fp8),
+                 t->model.fp8 == FP8_LINEAR ? "expert and attention-projection" : "expert", t->model.fp8_ws / 1048576.0,
+                 codes);
+    }
     if (t->cfg.checkpoint.keep_best && !t->cfg.checkpoint.dir[0])
         log_info("checkpoint: checkpoint.keep_best without checkpoint.dir: no checkpoint is saved\n");
     r->fail_rank = failpoint_int("train.fail_rank", -1);

@@ -103,6 +103,12 @@ static void test_shipped(void) {
                strstr(e.msg, "accumulates"),
            "bf16 expert gradients refused with accumulation: %s", e.msg);
     c.precision.expert_grad = EGRAD_AUTO;
+    EXPECT(config_override(&c, "precision.fp8_weights=per_step", &e) == 0 && config_validate(&c, 8, &e) == -1 &&
+               strstr(e.msg, "precision.fp8_weights=per_step") && strstr(e.msg, "precision.fp8 is none"),
+           "kept FP8 weight codes without FP8 refused: %s", e.msg);
+    EXPECT(config_override(&c, "precision.fp8=experts", &e) == 0 && config_validate(&c, 8, &e) == 0,
+           "and taken with precision.fp8=experts: %s", e.msg);
+    c.precision.fp8 = FP8_NONE, c.precision.fp8_weights = FP8W_PER_GEMM;
     EXPECT(config_validate_run(&c, &e) == -1 && strstr(e.msg, "checkpoint.dir=/path"), "L1 needs checkpoint.dir: %s",
            e.msg);
     EXPECT(config_override(&c, "checkpoint.dir=/tmp/x", &e) == 0, "override dir");

@@ -10,8 +10,8 @@
 // gemm_grouped_swiglu with empty groups and groups that start inside a 128-row tile; the weight
 // gradient with its token tiles starting at each group's first row, beta 0/1, empty groups,
 // db_act; fp8_ws_bytes (an exactly sized workspace suffices and nothing past it is written; a short
-// one, none, or a wrong mode is refused); and that FP8 is really active (close to the fp32 product,
-// never equal).
+// one, none, or a wrong mode is refused); that FP8 is really active (close to the fp32 product,
+// never equal); and kept weight codes (Fp8WCodes): the same bits, read, checked.
 #include <sys/wait.h>
 
 #include "cpu_fd.h"
@@ -365,6 +365,80 @@ static void wgrad_short_ws(void) {
     be->gemm_grouped_wgrad(be, &g, 16, 16, g_a, g_b, g_c, 0);
 }
 
+// Fp8WCodes: gemm_grouped with GemmDesc.wq (the weight's codes made by fp8_wcodes_make) gives the
+// bits it gives quantising B itself, in both directions (trans_b: B_g = W_g, N = R; without: B_g =
+// W_g as [K, N]), through a view from a later group (g0), and in gemm_grouped_swiglu_bwd's data
+// gradient; codes made from other values give another product (the op reads them, not B).
+static void wcodes_case(int tb) {
+    const int off[] = {0, 0, 130, 131, 131, 300}, G = 5, M = 300, R = 130, C = 70;
+    const int N = tb ? R : C, K = tb ? C : R;
+    const size_t bs = (size_t)R * C;
+    float* A = data(M, K, K);
+    float* W = data((G + 1) * R, C, C);  // group 0 unused by the ops: the view starts at 1
+    float* Wp = dup(W, (G + 1) * bs);
+    Wp[2 * bs + 5] *= 1.5f;  // group 1 of the view, one element: its block's codes change
+    Fp8WCodes wq = {.R = R, .C = C, .groups = G + 1, .g0 = 1}, wp = wq;
+    const size_t cb = be->fp8_wcodes_bytes(be, R, C, G + 1);
+    wq.codes = xmalloc(cb), wp.codes = xmalloc(cb);
+    be->fp8_wcodes_make(be, W, R, C, G + 1, bs, wq.codes);
+    be->fp8_wcodes_make(be, Wp, R, C, G + 1, bs, wp.codes);
+    size_t wsb;
+    void* ws = ws_for(FP8_OP_GROUPED, FP8_WEIGHT, M, N, K, G, &wsb);
+    float* want = xmalloc(sizeof(float) * (size_t)M * N);
+    float* got = xmalloc(sizeof(float) * (size_t)M * N);
+    float* other = xmalloc(sizeof(float) * (size_t)M * N);
+    GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb};
+    GroupDesc gd = {.groups = G, .host_off = off, .b_stride = bs};
+    be->gemm_grouped(be, &d, &gd, A, W + bs, want);
+    d.wq = &wq;
+    be->gemm_grouped(be, &d, &gd, A, NULL, got);
+    EXPECT(bits_equal(got, want, (size_t)M * N), "gemm_grouped tb=%d with the weight codes: the same bits", tb);
+    d.wq = &wp;
+    be->gemm_grouped(be, &d, &gd, A, W + bs, other);
+    EXPECT(!bits_equal(other, want, (size_t)M * N), "gemm_grouped tb=%d: the codes are read, not B", tb);
+    if (!tb) {  // the w13 backward op's data gradient (R = 2F, C = K there)
+        const int F = R / 2;
+        float* dh = data(M, F, F);
+        float* gu = data(M, R, R);
+        float* gu2 = dup(gu, (size_t)M * R);
+        float* X = data(M, C, C);
+        float* dW = data(G * R, C, C);
+        float* dW2 = dup(dW, (size_t)G * bs);
+        float *dx = xmalloc(sizeof(float) * (size_t)M * C), *dx2 = xmalloc(sizeof(float) * (size_t)M * C);
+        size_t wb;
+        void* ws2 = ws_for(FP8_OP_WGRAD, FP8_ACT, M, R, C, G, &wb);
+        GroupDesc g2 = {.groups = G, .host_off = off, .b_stride = bs, .fp8 = FP8_ACT, .ws = ws2, .ws_bytes = wb};
+        d.wq = NULL;
+        be->gemm_grouped_swiglu_bwd(be, &d, &g2, dh, gu, NULL, NULL, X, W + bs, dW, 0.f, dx);
+        d.wq = &wq;
+        be->gemm_grouped_swiglu_bwd(be, &d, &g2, dh, gu2, NULL, NULL, X, NULL, dW2, 0.f, dx2);
+        EXPECT(bits_equal(dx, dx2, (size_t)M * C) && bits_equal(dW, dW2, (size_t)G * bs),
+               "gemm_grouped_swiglu_bwd with the weight codes: the same dX and dW");
+        free(dh), free(gu), free(gu2), free(X), free(dW), free(dW2), free(dx), free(dx2), free(ws2);
+    }
+    free(A), free(W), free(Wp), free(wq.codes), free(wp.codes), free(ws), free(want), free(got), free(other);
+}
+
+static void test_wcodes(void) {
+    wcodes_case(1);
+    wcodes_case(0);
+}
+
+static float g_wc[4096];
+static void wcodes_use(int f, int R, int g0, int plain) {
+    Fp8WCodes w = {.codes = g_wc, .R = R, .C = 40, .groups = 2, .g0 = g0};
+    GemmDesc d = {.M = 40, .N = 64, .K = 40, .trans_b = 1, .alpha = 1, .fp8 = (Fp8Gemm)f, .ws = g_ws,
+                  .ws_bytes = sizeof g_ws, .wq = &w};
+    GroupDesc g = {.groups = 2, .host_off = g_off, .b_stride = 64 * 40};
+    if (plain) be->gemm(be, &d, g_a, g_b, g_c);
+    else be->gemm_grouped(be, &d, &g, g_a, g_b, g_c);
+}
+static void wcodes_act_mode(void) { wcodes_use(FP8_ACT, 64, 0, 0); }
+static void wcodes_other_shape(void) { wcodes_use(FP8_WEIGHT, 63, 0, 0); }
+static void wcodes_past_groups(void) { wcodes_use(FP8_WEIGHT, 64, 1, 0); }
+static void wcodes_plain_gemm(void) { wcodes_use(FP8_WEIGHT, 64, 0, 1); }
+static void wcodes_fits(void) { wcodes_use(FP8_WEIGHT, 64, 0, 0); }
+
 static void test_ws_checks(void) {
     for (size_t i = 0; i < sizeof g_a / sizeof g_a[0]; i++) g_a[i] = rng_normal(&rng), g_b[i] = rng_normal(&rng);
     EXPECT(be->fp8_ws_bytes(be, FP8_OP_GEMM, FP8_WEIGHT, 40, 64, 40, 1) <= sizeof g_ws, "test workspace large enough");
@@ -374,6 +448,12 @@ static void test_ws_checks(void) {
     EXPECT(dies(grouped_short_ws), "gemm_grouped fp8: a short workspace is refused");
     EXPECT(dies(wgrad_weight_mode), "gemm_grouped_wgrad: FP8_WEIGHT is refused");
     EXPECT(dies(wgrad_short_ws), "gemm_grouped_wgrad fp8: a short workspace is refused");
+    EXPECT(be->fp8_wcodes_bytes(be, 64, 40, 2) <= sizeof g_wc, "test codes buffer large enough");
+    EXPECT(!dies(wcodes_fits), "weight codes of the op's shape and groups pass");
+    EXPECT(dies(wcodes_act_mode), "weight codes with FP8_ACT are refused");
+    EXPECT(dies(wcodes_other_shape), "weight codes of another shape are refused");
+    EXPECT(dies(wcodes_past_groups), "a view past the codes' groups is refused");
+    EXPECT(dies(wcodes_plain_gemm), "weight codes in gemm (not grouped) are refused");
 }
 
 int main(void) {
@@ -385,5 +465,6 @@ int main(void) {
     RUN(test_wgrad_spec);
     RUN(test_wgrad_group_tiles_matter);
     RUN(test_fp8_is_active);
+    RUN(test_wcodes);
     CPU_TEST_END();
 }

@@ -9,6 +9,7 @@
 // SwiGLU backward with w13's products (gemm_grouped_swiglu_bwd), and every
 // cuBLASLt call against the documented rules (the stand-in aborts on a broken one). The GPU's
 // numerics inside a tile are tests/gpu/test_cuda_fp8.c's to bound.
+#include <memory>
 #include <vector>
 
 #include "backend_host.h"
@@ -196,8 +197,22 @@ enum { G = 5, ROWS = 481 };
 // 2 after an empty group.
 static const int OFF_SHORT[] = {0, 37, 37, 39};
 
+// The weight's kept codes (Fp8WCodes) made from W (groups × [R, C]) at an address 8 bytes past 16;
+// W itself then poisoned with NaN, so a product that read it instead would differ.
+struct WCodes {
+    Fp8WCodes wq;
+    Ws buf;
+    WCodes(Backend* be, Mat& W, int R, int C, int groups)
+        : wq(), buf(cuda_fp8_wcodes_bytes(be, R, C, groups)) {
+        wq.codes = buf.p, wq.R = R, wq.C = C, wq.groups = groups;
+        cuda_fp8_wcodes_make(be, W.dev(), R, C, groups, (size_t)R * C, buf.p);
+        for (float& v : W.f) v = NAN;
+        if (W.bf) W.sync_h();
+    }
+};
+
 static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float beta, int bf, Path path, int chunk,
-                         const int* off = OFF, int ng = G) {
+                         const int* off = OFF, int ng = G, int codes = 0) {
     const int rows = off[ng];
     Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
     cuda_fp8_set_row_chunk(be, chunk);
@@ -214,14 +229,17 @@ static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float bet
 
     Ws ws(cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, f, rows, N, K, ng));
     d.ws = ws.p, d.ws_bytes = ws.bytes;
+    std::unique_ptr<WCodes> wc;
+    if (codes) wc.reset(new WCodes(be, B, br, bc, ng)), d.wq = &wc->wq;
     set_path(be, path);
     const Counts c0 = Counts::now(be);
     cuda_gemm_grouped_fp8(be, &d, &gd, A.dev(), B.dev(), C.dev());
     const Counts c1 = Counts::now(be);
     set_path(be, LT);
     char what[200];
-    snprintf(what, sizeof what, "gemm_grouped %d rows N %d K %d tb %d %s alpha %g beta %g %s, %s, chunk %d", rows, N,
-             K, tb, f == FP8_WEIGHT ? "weight" : "act", alpha, beta, bf ? "bf16" : "fp32", PATH_NAME[path], chunk);
+    snprintf(what, sizeof what, "gemm_grouped %d rows N %d K %d tb %d %s alpha %g beta %g %s, %s, chunk %d%s", rows, N,
+             K, tb, f == FP8_WEIGHT ? "weight" : "act", alpha, beta, bf ? "bf16" : "fp32", PATH_NAME[path], chunk,
+             codes ? ", kept weight codes" : "");
     const size_t bad = diff(C, bf, want, rows, N, N);
     EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, rows * N);
     // beta = 0: every group but the last runs on to a multiple of 8 rows, so only the last one's
@@ -239,6 +257,10 @@ static void test_grouped() {
     grouped_case(136, 200, 0, FP8_WEIGHT, 1, 1, 1, FORCED, 128);
     grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 0, REFUSED, 4096);
     grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096, OFF_SHORT, 3);
+    // kept weight codes (precision.fp8_weights=per_step), W poisoned: forward, data gradient, the fallback
+    grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096, OFF, G, 1);
+    grouped_case(136, 200, 0, FP8_WEIGHT, 1, 0, 1, LT, 128, OFF, G, 1);
+    grouped_case(100, 136, 0, FP8_WEIGHT, 0.5f, 1, 0, FORCED, 4096, OFF, G, 1);
 }
 
 // ---- gemm_grouped_wgrad ----------------------------------------------------------------------------
@@ -347,7 +369,7 @@ static void test_wgrad() {
 // group whole. dscale: the same kernel's, bit for bit. ws: room for groups of up to `fit` rows on
 // the op's own path (0: every group); the others take the three ops (counted).
 static void swiglu_bwd_case(int F, int K, float beta, int db_act, int bf, Path path, int fit, int scaled = 1,
-                            int chunk = 4096) {
+                            int chunk = 4096, int codes = 0) {
     Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
     cuda_fp8_set_row_chunk(be, chunk);
     const int F2 = 2 * F, R = ROWS;
@@ -389,6 +411,8 @@ static void swiglu_bwd_case(int F, int K, float beta, int db_act, int bf, Path p
     need = std::max(need, cuda_fp8_swiglu_bwd_ws(be, fit ? fit : R, F, K));
     Ws ws(need);
     d.ws = ws.p, d.ws_bytes = ws.bytes, gd.ws = ws.p, gd.ws_bytes = ws.bytes;
+    std::unique_ptr<WCodes> wc;
+    if (codes) wc.reset(new WCodes(be, W, F2, K, G)), d.wq = &wc->wq;
     std::vector<float> got_ds(R, NAN);
     set_path(be, path);
     const size_t f0 = cuda_fp8_w13_groups(be);
@@ -397,9 +421,9 @@ static void swiglu_bwd_case(int F, int K, float beta, int db_act, int bf, Path p
     const size_t fused = cuda_fp8_w13_groups(be) - f0;
     set_path(be, LT);
     char what[200];
-    snprintf(what, sizeof what, "gemm_grouped_swiglu_bwd F %d K %d beta %g %s dW, %s, %s, fit %d%s, chunk %d", F, K,
+    snprintf(what, sizeof what, "gemm_grouped_swiglu_bwd F %d K %d beta %g %s dW, %s, %s, fit %d%s, chunk %d%s", F, K,
              beta, db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], fit, scaled ? "" : ", no scale",
-             chunk);
+             chunk, codes ? ", kept weight codes" : "");
     const size_t bw = diff(dW, db_bf, want_dW, G * F2, K, K), bx = diff(dX, bf, want_dX, R, K, K);
     EXPECT(bw == 0, "%s: %zu of %d dW elements differ from the spec", what, bw, G * F2 * K);
     EXPECT(bx == 0, "%s: %zu of %d dX elements differ from the spec", what, bx, R * K);
@@ -424,6 +448,9 @@ static void test_swiglu_bwd() {
     swiglu_bwd_case(100, 136, 1.f, 1, 1, LT, 0);                // 2F = 200: partial tiles, codes padded to 208
     swiglu_bwd_case(128, 136, 1.f, 0, 0, LT, 0);                // fp32
     swiglu_bwd_case(128, 136, 0.f, 0, 0, LT, 200);
+    // kept weight codes, W poisoned: every group on the op's own path, and the 300-row group through the three ops
+    swiglu_bwd_case(256, 136, 0.f, 1, 1, LT, 0, 1, 4096, 1);
+    swiglu_bwd_case(256, 136, 1.f, 1, 1, LT, 200, 1, 128, 1);
 }
 
 int main() {

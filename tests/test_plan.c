@@ -341,6 +341,16 @@ static void test_memory_fp8(void) {
     EXPECT(f.fp8_extra == f.fp8_ws && f.fp8_ws > 0, "fp32: no dS room, the workspace added (%.3f GiB)", f.fp8_extra / GiB);
     EXPECT(x.fp8_infer_extra > 0 && x.fp8_infer_extra <= x.fp8_ws && x.infer_total == b.infer_total + x.fp8_infer_extra,
            "inference (no dS room): the forward's workspace added, %.3f GiB", x.fp8_infer_extra / GiB);
+    // precision.fp8_weights=per_step: 2 layers × 8 local experts × two layouts of w13 [28672, 4096] and
+    // w2 [4096, 14336] in bytes, and their fp32 block scales (224·32 + 32·112 a layout), held in training only
+    const char* ps[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=experts",
+                        "precision.fp8_weights=per_step", NULL};
+    Config cp = load("bench_8x7B_L2", ps);
+    PlanMemory p;
+    EXPECT(plan_memory(&cp, 1, &p, &e) == 0, "plan per_step: %s", e.msg);
+    const double want = 2.0 * 8 * 2 * (3.0 * 4096 * 14336 + 4.0 * (224 * 32 * 2 + 32 * 112));
+    EXPECT(x.fp8_wcodes == 0 && p.fp8_wcodes == want && p.total == x.total + want && p.infer_total == x.infer_total,
+           "per_step: %.3f GiB of codes (want %.3f), in the training total only", p.fp8_wcodes / GiB, want / GiB);
 }
 
 int main(void) {

@@ -18,6 +18,7 @@
 //                     count at 1, and runs bit for bit like the full checkpoint resumed with its
 //                     moments zeroed; the first update is a fresh Adam step (|Δw| = lr)
 //   fp8 switch        precision.fp8 none → experts on resume, and back (checkpoints unchanged)
+//   fp8 weight codes  precision.fp8_weights=per_step equals per_gemm bit for bit (state, metrics)
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <limits.h>
@@ -546,6 +547,38 @@ static void test_fp8_switch(void) {
     trainer_free(&R);
 }
 
+// precision.fp8_weights=per_step: the expert weights' FP8 codes made at each step's first
+// micro-batch and read by the step's others (three a step here) give the per_gemm run's state bit
+// for bit after six steps, and the same metrics, evaluations included (an eval after an update
+// must not read the codes made before it).
+static void test_fp8_weight_codes(void) {
+    char la[300], lb[300];
+    snprintf(la, sizeof la, "log.dir=%s/wc_a", g_dir);
+    snprintf(lb, sizeof lb, "log.dir=%s/wc_b", g_dir);
+    const char* ea[] = {"precision.fp8=experts", "train.global_batch=12", la};
+    const char* eb[] = {"precision.fp8=experts", "train.global_batch=12", lb, "precision.fp8_weights=per_step"};
+    Trainer A, B;
+    Err e = {{0}};
+    EXPECT(tiny_trainer(&A, ea, 3, &e) == 0, "init per_gemm: %s", e.msg);
+    EXPECT(tiny_trainer(&B, eb, 4, &e) == 0, "init per_step: %s", e.msg);
+    EXPECT(!A.model.wq && B.model.wq, "only per_step keeps codes");
+    EXPECT(trainer_run(&A) == EXIT_OK && trainer_run(&B) == EXIT_OK && A.step == 6 && B.step == 6, "both run 6 steps");
+    const char* what = "";
+    EXPECT(trainer_state_eq(&A, &B, 1, &what), "per_step = per_gemm bit for bit (%s differ)", what);
+    EXPECT(A.last_loss == B.last_loss, "last loss %.9g vs %.9g", B.last_loss, A.last_loss);
+    trainer_free(&A);
+    trainer_free(&B);
+    char pa[400], pb[400], *ta[64], *tb[64];
+    snprintf(pa, sizeof pa, "%s/wc_a/metrics.jsonl", g_dir);
+    snprintf(pb, sizeof pb, "%s/wc_b/metrics.jsonl", g_dir);
+    const int na = read_trace(pa, ta, 64), nb = read_trace(pb, tb, 64);
+    int same = na == nb && na == 6, evals = 0;
+    for (int i = 0; same && i < na; i++) same = !strcmp(ta[i], tb[i]), evals += strstr(ta[i], "\"val_loss\"") != NULL;
+    EXPECT(same && evals == 2, "the same metrics (%d and %d lines, %d with an evaluation)", na, nb, evals);
+    for (int i = 0; i < na; i++) free(ta[i]);
+    for (int i = 0; i < nb; i++) free(tb[i]);
+}
+
 static void test_validate_run(void) {
     Config c;
     Err e = {{0}};
@@ -576,6 +609,7 @@ int main(int argc, char** argv) {
     RUN(test_eval_cmd);
     RUN(test_weight_only);
     RUN(test_fp8_switch);
+    RUN(test_fp8_weight_codes);
     scratch_done(g_dir, "test_resume", t_failed);
     dist_finalize();
     TEST_END();

@@ -76,6 +76,38 @@ static Tn tn_carve(Carve* w, Fp8Gemm fp8, int M, int N, int K) {
     return t;
 }
 
+// ---- Fp8WCodes (backend.h): a group's codes as [q R×C][s][qt C×R][st], fp8_quant_128x128's layouts ---
+static size_t wc_part(size_t R, size_t C) { return al256(R * C) + al256(sizeof(float) * fp8_tiles(R) * fp8_tiles(C)); }
+static size_t wc_group(int R, int C) { return 2 * wc_part((size_t)R, (size_t)C); }
+
+size_t cpu_fp8_wcodes_bytes(Backend* be, int R, int C, int groups) {
+    (void)be;
+    CHECK(R >= 0 && C >= 0 && groups >= 0, "fp8_wcodes_bytes: negative size R=%d C=%d groups=%d", R, C, groups);
+    return (size_t)groups * wc_group(R, C);
+}
+
+void cpu_fp8_wcodes_make(Backend* be, const void* W_, int R, int C, int groups, size_t b_stride, void* codes) {
+    (void)be;
+    const float* W = W_;
+    for (int g = 0; g < groups; g++) {
+        char* p = (char*)codes + (size_t)g * wc_group(R, C);
+        uint8_t* q = (uint8_t*)p;
+        float* sc = (float*)(p + al256((size_t)R * C));
+        uint8_t* qt = (uint8_t*)(p + wc_part((size_t)R, (size_t)C));
+        float* st = (float*)(p + wc_part((size_t)R, (size_t)C) + al256((size_t)R * C));
+        fp8_quant_128x128(W + (size_t)g * b_stride, R, C, (size_t)C, q, sc, qt, st);
+    }
+}
+
+// Group i of an op's B from its Fp8WCodes into qb, sb (op(B)ᵀ [N, K]: q for trans_b, qt without).
+static void wcodes_b(const Fp8WCodes* wq, int i, int trans_b, uint8_t* qb, float* sb) {
+    const int R = wq->R, C = wq->C;
+    const char* p = (const char*)wq->codes + (size_t)(wq->g0 + i) * wc_group(R, C);
+    if (!trans_b) p += wc_part((size_t)R, (size_t)C);
+    memcpy(qb, p, (size_t)R * C);
+    memcpy(sb, p + al256((size_t)R * C), sizeof(float) * fp8_tiles((size_t)R) * fp8_tiles((size_t)C));
+}
+
 // qb, sb = op(B)ᵀ [N, K] quantised along K; B is [N, K] (trans_b) or [K, N], row stride ldb.
 static void quant_b(const float* B, int ldb, int trans_b, int N, int K, Fp8Gemm fp8, uint8_t* qb, float* sb) {
     if (fp8 == FP8_WEIGHT) {
@@ -131,7 +163,7 @@ void cpu_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, co
     check_mode("gemm_grouped", d->fp8);
     const int M = g->host_off[g->groups], N = d->N, K = d->K;
     GemmDesc x = *d;  // the strides with 0 (packed) resolved, checked for the whole A and C
-    x.M = M;
+    x.M = M, x.wq = NULL;
     int lda, ldb, ldc;
     gemm_desc_check(&x, &lda, &ldb, &ldc);
     Carve w = ws_take(be, "gemm_grouped", FP8_OP_GROUPED, d->fp8, M, N, K, g->groups, d->ws, d->ws_bytes);
@@ -142,7 +174,8 @@ void cpu_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const GroupDesc* g, co
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         if (rows == 0) continue;
-        quant_b(B + (size_t)i * g->b_stride, ldb, d->trans_b, N, K, d->fp8, t.qb, t.sb);
+        if (d->wq) wcodes_b(d->wq, i, d->trans_b, t.qb, t.sb);
+        else quant_b(B + (size_t)i * g->b_stride, ldb, d->trans_b, N, K, d->fp8, t.qb, t.sb);
         fp8_gemm_tn(rows, N, K, t.qa + (size_t)r0 * K, t.sa + (size_t)r0 * t.tk, t.qb, t.sb, t.blk,
                     t.r + (size_t)r0 * N, (size_t)N, 0);
         combine(C + (size_t)r0 * ldc, ldc, t.r + (size_t)r0 * N, rows, N, d->alpha, d->beta, C + (size_t)r0 * ldc);

@@ -265,7 +265,7 @@ static void run_gemm_case(const Mode* m, const GCase* g, int path) {
                                          : (cf ? poison(be, 4 * nc) : poison_act(be, nc));
     size_t wsb;
     void* ws = ws_for(be, FP8_OP_GEMM, g->fp8, M, N, K, 1, &wsb);
-    GemmDesc d = {M, N, K, g->ta, g->tb, g->lda, g->ldb, g->ldc, g->alpha, g->beta, g->c_f32, NULL, g->fp8, ws, wsb};
+    GemmDesc d = {M, N, K, g->ta, g->tb, g->lda, g->ldb, g->ldc, g->alpha, g->beta, g->c_f32, NULL, g->fp8, ws, wsb, NULL};
     if (g->cin) d.c_in = cf ? (void*)up_f32(be, C0, nc) : up_act(be, C0, nc);
     cuda_fp8_set_path(be, path);
     size_t lt0, fb0, lt1, fb1;
@@ -481,21 +481,32 @@ static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, f
                     .ws = ws, .ws_bytes = wsb};
     void *ddh = up_act(be, dh, nh), *dx_ = up_act(be, X, nx), *dw_ = up_act(be, W, nw);
     float* dsc = up_f32(be, sc, R);
-    void* out[2][2];  // [fused, three ops][dW, dX]
-    float* ods[2];
+    void* out[3][2];  // [fused, three ops, fused on kept weight codes][dW, dX]
+    float* ods[3];
+    void* codes = dev_alloc(be, be->fp8_wcodes_bytes(be, F2, K, G));
+    be->fp8_wcodes_make(be, dw_, F2, K, G, (size_t)F2 * K, codes);
+    const Fp8WCodes wq = {.codes = codes, .R = F2, .C = K, .groups = G};
     cuda_fp8_set_path(be, path);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         void* dgu = up_act(be, gu, ng);
         out[k][0] = beta != 0.f ? (db_act ? up_act(be, W0, nw) : (void*)up_f32(be, W0, nw))
                                 : (db_act ? poison_act(be, nw) : poison(be, 4 * nw));
         out[k][1] = poison_act(be, nx);
         ods[k] = poison(be, 4 * (size_t)R);
         const size_t f0 = cuda_fp8_w13_groups(be);
-        if (k == 0) be->gemm_grouped_swiglu_bwd(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
-        else gemm_grouped_swiglu_bwd_seq(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
+        if (k == 0) {
+            be->gemm_grouped_swiglu_bwd(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
+        } else if (k == 1) {
+            gemm_grouped_swiglu_bwd_seq(be, &d, &gd, ddh, dgu, dsc, ods[k], dx_, dw_, out[k][0], beta, out[k][1]);
+        } else {  // W itself poisoned: the op must read the codes
+            GemmDesc dk = d;
+            dk.wq = &wq;
+            be->gemm_grouped_swiglu_bwd(be, &dk, &gd, ddh, dgu, dsc, ods[k], dx_, poison_act(be, nw), out[k][0], beta,
+                                        out[k][1]);
+        }
         const size_t fused = cuda_fp8_w13_groups(be) - f0;
         size_t want = 0;
-        for (int g = 0; g < G; g++) want += k == 0 && off[g + 1] > off[g];
+        for (int g = 0; g < G; g++) want += k != 1 && off[g + 1] > off[g];
         EXPECT(fused == want, "%s [%s]: %zu groups on the op's own path, want %zu", name, m->name, fused, want);
     }
     cuda_fp8_set_path(be, 0);
@@ -513,6 +524,11 @@ static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, f
     for (size_t i = 0; i < nx; i++) bad += memcmp(a + i * ea, b + i * ea, ea) != 0;
     EXPECT(bad == 0, "%s%s [%s]: %zu of %zu dX elements differ from the three ops'", name, path ? " (fallback)" : "",
            m->name, bad, nx);
+    be->to_host(be, a, out[2][1], ea * nx);
+    bad = 0;
+    for (size_t i = 0; i < nx; i++) bad += memcmp(a + i * ea, b + i * ea, ea) != 0;
+    EXPECT(bad == 0, "%s%s [%s]: on kept weight codes, %zu of %zu dX elements differ", name, path ? " (fallback)" : "",
+           m->name, bad, nx);
     free(a), free(b);
     float *s0 = down_f32(be, ods[0], R), *s1 = down_f32(be, ods[1], R);
     bad = 0;
@@ -520,6 +536,46 @@ static void run_swiglu_bwd(const Mode* m, const int* off, int G, int F, int K, f
     EXPECT(bad == 0, "%s [%s]: %zu of %d dscale rows differ from the three ops'", name, m->name, bad, R);
     free(dh), free(gu), free(X), free(W), free(W0), free(sc), free(s0), free(s1);
     dev_free_all();
+}
+
+// Kept weight codes (Fp8WCodes: precision.fp8_weights=per_step) in gemm_grouped, forward (trans_b)
+// and data gradient: the bits of quantising the weight in the op, with the weight handed over
+// poisoned (the op must read the codes).
+static void run_wcodes(const Mode* m, const int* off, int G, int R, int C, const char* name) {
+    Backend* be = m->gpu;
+    const int M = off[G];
+    for (int tb = 0; tb < 2; tb++) {
+        const int N = tb ? R : C, K = tb ? C : R;
+        const size_t nw = (size_t)G * R * C, nc = (size_t)M * N;
+        float *A = act_data(M, K, K, 1.f), *W = act_data(G * R, C, C, 0.02f);
+        round_act(m, A, (size_t)M * K), round_act(m, W, nw);
+        void *da = up_act(be, A, (size_t)M * K), *dw = up_act(be, W, nw);
+        void* codes = dev_alloc(be, be->fp8_wcodes_bytes(be, R, C, G));
+        be->fp8_wcodes_make(be, dw, R, C, G, (size_t)R * C, codes);
+        const Fp8WCodes wq = {.codes = codes, .R = R, .C = C, .groups = G};
+        size_t wsb;
+        void* ws = ws_for(be, FP8_OP_GROUPED, FP8_WEIGHT, M, N, K, G, &wsb);
+        GemmDesc d = {.N = N, .K = K, .trans_b = tb, .alpha = 1, .fp8 = FP8_WEIGHT, .ws = ws, .ws_bytes = wsb};
+        GroupDesc gd = {.groups = G, .host_off = off, .b_stride = (size_t)R * C};
+        void *c0 = poison_act(be, nc), *c1 = poison_act(be, nc);
+        be->gemm_grouped(be, &d, &gd, da, dw, c0);
+        d.wq = &wq;
+        be->gemm_grouped(be, &d, &gd, da, poison_act(be, nw), c1);
+        const size_t ea = dtype_size(be->act_dtype);
+        unsigned char *a = xmalloc(ea * nc), *b = xmalloc(ea * nc);
+        be->to_host(be, a, c0, ea * nc), be->to_host(be, b, c1, ea * nc);
+        size_t bad = 0;
+        for (size_t i = 0; i < nc; i++) bad += memcmp(a + i * ea, b + i * ea, ea) != 0;
+        EXPECT(bad == 0, "%s tb %d [%s]: on kept weight codes, %zu of %zu elements differ", name, tb, m->name, bad, nc);
+        free(a), free(b), free(A), free(W);
+        dev_free_all();
+    }
+}
+
+static void test_wcodes_fp8(void) {
+    const int off[] = {0, 0, 37, 165, 181, 481};
+    FOR_MODES run_wcodes(m, off, 5, 2 * 256, 192, "kept codes w13");
+    FOR_MODES run_wcodes(m, off, 5, 136, 200, "kept codes, partial blocks");
 }
 
 static void test_swiglu_bwd_fp8(void) {
@@ -635,6 +691,7 @@ int main(int argc, char** argv) {
     RUN(test_grouped_fp8);
     RUN(test_wgrad_fp8);
     RUN(test_swiglu_bwd_fp8);
+    RUN(test_wcodes_fp8);
     RUN(test_chunked);
     if (!small) RUN(test_mixtral_shapes);
     gpu_teardown();
