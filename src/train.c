@@ -185,7 +185,9 @@ static void run_start(Trainer* t, RunState* r) {
                 const Fp8WCodes* w = &t->model.wq[i];
                 b += (double)t->be->fp8_wcodes_bytes(t->be, w->R, w->C, w->groups);
             }
-            snprintf(codes, sizeof codes, "; expert weights quantised once per step, %.2f GiB of codes kept", b / 1073741824.0);
+            const int gib = b >= 1073741824.0;
+            snprintf(codes, sizeof codes, "; expert weights quantised once per step, %.2f %s of codes kept",
+                     b / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB");
         }
         log_info("precision: fp8=%s: %s GEMMs in block-scaled FP8 e4m3, %.1f MiB workspace%s\n", fp8_mode_name(t->model.fp8),
                  t->model.fp8 == FP8_LINEAR ? "expert and attention-projection" : "expert", t->model.fp8_ws / 1048576.0,
