@@ -404,6 +404,10 @@ static void step_begin(Model* m, const MicroArgs* a, StepLoss* out) {
     // the kept weight codes: made at a step's first micro-batch, read by its others; a forward-only
     // pass (eval between steps, after the update) quantises the weights in its GEMMs instead
     m->wq_use = m->wq && a->backward;
+    CHECK(!m->wq_use || a->fresh || m->wq_made,
+          "kept FP8 weight codes (precision.fp8_weights=per_step) are made by a step's first micro-batch "
+          "(MicroArgs.fresh): a backward that is not fresh came first");
+    if (m->wq_use && a->fresh) m->wq_made = 1;
     if (m->fresh) {
         be->zero(be, G(m, 0, m->pl.embed), sizeof(float) * (size_t)c->vocab_size * H);
         be->zero(be, G(m, 0, m->pl.final_norm), sizeof(float) * (size_t)H);

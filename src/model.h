@@ -135,6 +135,7 @@ typedef struct Model {
                         // a step's micro-batches (ModelOpts.fp8_wcodes), else NULL
     int wq_use;         // this micro-batch's expert GEMMs read wq (a backward pass); remade first
                         // when fresh, since the weights may have changed since the last step
+    int wq_made;        // wq has been made (by a fresh backward) since the model was created
 } Model;
 
 // Bytes per element of arena a's gradients (m->grad_act: the act dtype, else fp32).
@@ -200,7 +201,9 @@ typedef struct MicroArgs {
     float z_scale;          // gradient scale of z (z_coef / n_micro)
     int fresh;              // 1: the gradients overwrite m->grad instead of adding to it (the
                             // first micro-batch of a step; old contents, even NaN, are ignored).
-                            // Saves zeroing the arenas and reading them in the weight GEMMs.
+                            // Saves zeroing the arenas and reading them in the weight GEMMs. With
+                            // kept FP8 weight codes (Model.wq) a fresh backward also makes them, and
+                            // the step's later ones read them: the weights must not change between.
 } MicroArgs;
 StepLoss model_step(Model* m, const MicroArgs* a);
 
