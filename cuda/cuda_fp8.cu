@@ -213,8 +213,11 @@ static void check_ws(const char* op, const void* ws, size_t have, size_t need) {
 // ---- Fp8WCodes (backend.h): quant_b's FP8_WEIGHT outputs kept --------------------------------------
 // A group's codes: [q R×up16(C)][s ⌈R/128⌉×up4(⌈C/128⌉)] (B = W_g with trans_b) then [qt C×up16(R)][st]
 // (B = W_g without), each part on WS_ALIGN bytes: what quant_b writes into ws for either product.
-static size_t wc_half(int R, int C) {
-    return up((size_t)R * up((size_t)C, 16), WS_ALIGN) + up(4 * (size_t)cdiv(R, TILE) * up((size_t)cdiv(C, TILE), 4), WS_ALIGN);
+// One layout's part, rows × k: the codes' bytes, the scales after them (at p), and the part's bytes.
+static size_t wc_codes(int rows, int k) { return up((size_t)rows * up((size_t)k, 16), WS_ALIGN); }
+static float* wc_scales(char* p, int rows, int k) { return (float*)(p + wc_codes(rows, k)); }
+static size_t wc_half(int rows, int k) {
+    return wc_codes(rows, k) + up(4 * (size_t)cdiv(rows, TILE) * up((size_t)cdiv(k, TILE), 4), WS_ALIGN);
 }
 static size_t wc_group(int R, int C) { return wc_half(R, C) + wc_half(C, R); }
 
@@ -228,11 +231,11 @@ extern "C" void cuda_fp8_wcodes_make(Backend* be, const void* W, int R, int C, i
     for (int g = 0; g < groups; g++) {
         const char* w = (const char*)W + (size_t)g * b_stride * ea;
         char* p = ws_base(codes) + (size_t)g * wc_group(R, C);
-        quant_blocks(be, w, R, C, (size_t)C, 0, (uint8_t*)p, up((size_t)C, 16),
-                     (float*)(p + up((size_t)R * up((size_t)C, 16), WS_ALIGN)), (int)up((size_t)cdiv(C, TILE), 4));
+        quant_blocks(be, w, R, C, (size_t)C, 0, (uint8_t*)p, up((size_t)C, 16), wc_scales(p, R, C),
+                     (int)up((size_t)cdiv(C, TILE), 4));
         p += wc_half(R, C);
-        quant_blocks(be, w, R, C, (size_t)C, 1, (uint8_t*)p, up((size_t)R, 16),
-                     (float*)(p + up((size_t)C * up((size_t)R, 16), WS_ALIGN)), (int)up((size_t)cdiv(R, TILE), 4));
+        quant_blocks(be, w, R, C, (size_t)C, 1, (uint8_t*)p, up((size_t)R, 16), wc_scales(p, C, R),
+                     (int)up((size_t)cdiv(R, TILE), 4));
     }
 }
 
@@ -242,7 +245,7 @@ static SMap wcodes_b(const Fp8WCodes* wq, int i, int trans_b, Fp8Bufs* b) {
     const int R = wq->R, C = wq->C, rows = trans_b ? R : C, k = trans_b ? C : R;
     char* p = ws_base(wq->codes) + (size_t)(wq->g0 + i) * wc_group(R, C) + (trans_b ? 0 : wc_half(R, C));
     b->qb = (uint8_t*)p;
-    b->sb = (float*)(p + up((size_t)rows * up((size_t)k, 16), WS_ALIGN));
+    b->sb = wc_scales(p, rows, k);
     return smap_blk(b->sb, cdiv(k, TILE));
 }
 // d's view of its codes from group i on (the ops that take one group on as a GemmDesc of its own).
@@ -265,7 +268,8 @@ static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int l
     const size_t ea = dtype_size(be->act_dtype), ec = c_f32 ? 4 : 2;
     Fp8Bufs b;
     ws_layout(M < CH ? M : CH, N, ldq, Kt, epi_bytes(be), base, &b);
-    const SMap sbm = d->wq ? wcodes_b(d->wq, 0, d->trans_b, &b) : quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
+    const SMap sbm =
+        d->wq ? wcodes_b(d->wq, 0, d->trans_b, &b) : quant_b(be, d->fp8, B, N, K, d->trans_b, ldb, ldq, Kt, &b);
     const char* addend = (const char*)(d->c_in ? d->c_in : C);
     const int nch = M > 0 ? cdiv(M, CH) : 1, step = (int)up((size_t)cdiv(M, nch), 8);  // ≤ CH (a multiple of 128)
     for (int r0 = 0; r0 < M; r0 += step) {
