@@ -193,8 +193,7 @@ int plan_memory(const Config* c, int world, PlanMemory* m, Err* e) {
     plan_runtime(c, world, m);
     plan_fp8(c, m);
     m->total = m->weights + m->master + m->grads + m->adam + m->act_saved + m->act_scratch + m->logits + m->fp8_extra +
-               m->fp8_wcodes +
-               m->cuda_context + m->lib_workspace + m->nccl;
+               m->fp8_wcodes + m->cuda_context + m->lib_workspace + m->nccl;
     m->infer_total = m->weights + m->infer_act + m->logits + m->fp8_infer_extra + m->cuda_context + m->lib_workspace +
                      m->nccl;
     return 0;
