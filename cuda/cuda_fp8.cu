@@ -230,12 +230,11 @@ extern "C" void cuda_fp8_wcodes_make(Backend* be, const void* W, int R, int C, i
     const size_t ea = dtype_size(be->act_dtype);
     for (int g = 0; g < groups; g++) {
         const char* w = (const char*)W + (size_t)g * b_stride * ea;
-        char* p = ws_base(codes) + (size_t)g * wc_group(R, C);
-        quant_blocks(be, w, R, C, (size_t)C, 0, (uint8_t*)p, up((size_t)C, 16), wc_scales(p, R, C),
-                     (int)up((size_t)cdiv(C, TILE), 4));
-        p += wc_half(R, C);
-        quant_blocks(be, w, R, C, (size_t)C, 1, (uint8_t*)p, up((size_t)R, 16), wc_scales(p, C, R),
-                     (int)up((size_t)cdiv(R, TILE), 4));
+        char* p = ws_base(codes) + (size_t)g * wc_group(R, C);  // as stored, then transposed: one read of W_g
+        char* pt = p + wc_half(R, C);
+        quant_blocks_both(be, w, R, C, (size_t)C, (uint8_t*)p, up((size_t)C, 16), wc_scales(p, R, C),
+                          (int)up((size_t)cdiv(C, TILE), 4), (uint8_t*)pt, up((size_t)R, 16), wc_scales(pt, C, R),
+                          (int)up((size_t)cdiv(R, TILE), 4));
     }
 }
 

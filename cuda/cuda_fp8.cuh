@@ -18,6 +18,10 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
 // 128×128 blocks of w [R, C]: as stored (trans 0) or transposed; scales s with row stride lds.
 void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq, float* s,
                   int lds);
+// Both layouts from one read: q [R, ldq] / s (lds) as stored and qt [C, ldqt] / st (ldst) transposed,
+// bit for bit what two quant_blocks calls give.
+void quant_blocks_both(Backend* be, const void* w, int R, int C, size_t ldw, uint8_t* q, size_t ldq, float* s, int lds,
+                       uint8_t* qt, size_t ldqt, float* st, int ldst);
 
 // ---- cuBLASLt's block-scaled FP8 product (cuda_fp8_lt.cu), on the backend's stream ----
 // D[n, m] (row-major: n rows of m, row stride ldc; fp32 when d_f32, else bf16) = alpha · qa·qbᵀ +

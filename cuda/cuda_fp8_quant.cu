@@ -361,16 +361,19 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const 
 // ---- k_quant_blocks: 128×128 blocks --------------------------------------------------------------
 // W [R, C] (row stride ldw). trans = 0: q [R, ldq] (ldq ≥ C), block (rb, cb) scale at s[rb·lds + cb];
 // trans = 1: q [C, ldq] = the transpose (ldq ≥ R), scale at s[cb·lds + rb]. Zero codes fill each
-// output row to ldq.
+// output row to ldq. trans = 2: both from one read, as stored into q / s and transposed into qt
+// [C, ldqt] / st (ldst), the grid that of trans = 0 (ldqt, like ldq, within the last block).
 template <typename T>
 __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_blocks(const T* __restrict__ w, int R, int C, size_t ldw,
                                                                int trans, uint8_t* __restrict__ q, size_t ldq,
-                                                               float* __restrict__ s, int lds, int vec, int w16, int w8) {
+                                                               float* __restrict__ s, int lds, uint8_t* __restrict__ qt,
+                                                               size_t ldqt, float* __restrict__ st, int ldst, int vec,
+                                                               int w16, int w8) {
     __shared__ uint2 tq[TILE * 16];
     __shared__ float red[32];
     // grid: x over the output's K (C, or R transposed, up to ldq), y over the output's rows
     const int ok0 = blockIdx.x * TILE, or0 = blockIdx.y * TILE, tid = threadIdx.x;
-    const int r0 = trans ? ok0 : or0, cc0 = trans ? or0 : ok0;  // the block in W
+    const int r0 = trans == 1 ? ok0 : or0, cc0 = trans == 1 ? or0 : ok0;  // the block in W
     Tile<T, 8> v;
     load_tile8x8(v, w, R, C, ldw, r0, cc0, vec);
     bool bad = false;
@@ -383,22 +386,27 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_blocks(cons
     }
     m = block_max(m, red);
     const float sc = scale_of_amax(m), y = __frcp_rn(sc);
-    if (tid == 0 && r0 < R && cc0 < C) s[(size_t)(trans ? cc0 / TILE : r0 / TILE) * lds + (trans ? r0 : cc0) / TILE] = sc;
-    if (!trans) {
+    if (tid == 0 && r0 < R && cc0 < C) {
+        if (trans != 1) s[(size_t)(r0 / TILE) * lds + cc0 / TILE] = sc;
+        if (trans == 1) s[(size_t)(cc0 / TILE) * lds + r0 / TILE] = sc;
+        if (trans == 2) st[(size_t)(cc0 / TILE) * ldst + r0 / TILE] = sc;
+    }
+    if (trans != 1) {
         const int tx = tid & 15, cc = ok0 + tx * 8;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int r = or0 + (tid >> 4) * 8 + i;
             if (r < R && (size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, row_codes(v, i, y, safe), (int)(ldq - cc), w8);
         }
-        return;
+        if (trans == 0) return;
     }
     float yy[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) yy[j] = y;
     put_cols(tq, v, yy, safe);
     __syncthreads();
-    store_cols(q, ldq, tq, or0, C, ok0, w16);
+    if (trans == 1) store_cols(q, ldq, tq, or0, C, ok0, w16);
+    else store_cols(qt, ldqt, tq, cc0, C, r0, w16);
 }
 
 // ---- launchers (act dtype from the backend) -------------------------------------------------------
@@ -440,19 +448,35 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
     quant_cols(be, x, n, C, ldx, qt, ldk, stm, NULL, 0, none);
 }
 
+// trans 0 / 1 (quant_blocks) or 2 (quant_blocks_both): the launch over W's blocks (the output's for trans 1)
+static void blocks_launch(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq,
+                          float* s, int lds, uint8_t* qt, size_t ldqt, float* st, int ldst) {
+    if (R == 0 || C == 0) return;
+    const int out_rows = trans == 1 ? C : R;
+    const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
+    // the 16-byte stores are the transposed output's: q's for trans 1, qt's for trans 2
+    const int vec = vec_ok(w, ldw, is_bf16(be) ? 2 : 4), w8 = store_ok(q, ldq, 8);
+    const int w16 = trans == 2 ? store_ok(qt, ldqt, 16) : store_ok(q, ldq, 16);
+    if (is_bf16(be))
+        QLAUNCH(grid, k_quant_blocks<bf16>, (const bf16*)w, R, C, ldw, trans, q, ldq, s, lds, qt, ldqt, st, ldst, vec,
+                w16, w8);
+    else
+        QLAUNCH(grid, k_quant_blocks<float>, (const float*)w, R, C, ldw, trans, q, ldq, s, lds, qt, ldqt, st, ldst, vec,
+                w16, w8);
+    LAUNCH_CK(CI(be));
+}
+
 void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int trans, uint8_t* q, size_t ldq,
                          float* s, int lds) {
-    if (R == 0 || C == 0) return;
-    const int out_rows = trans ? C : R;
-    const dim3 grid((unsigned)cdiv((int)ldq, TILE), (unsigned)cdiv(out_rows, TILE));
-    const int vec = vec_ok(w, ldw, is_bf16(be) ? 2 : 4), w16 = store_ok(q, ldq, 16), w8 = store_ok(q, ldq, 8);
-    if (is_bf16(be))
-        QLAUNCH(grid, k_quant_blocks<bf16>, (const bf16*)w, R, C, ldw, trans, q, ldq, s, lds, vec, w16,
-                                                             w8);
-    else
-        QLAUNCH(grid, k_quant_blocks<float>, (const float*)w, R, C, ldw, trans, q, ldq, s, lds, vec,
-                                                              w16, w8);
-    LAUNCH_CK(CI(be));
+    blocks_launch(be, w, R, C, ldw, trans, q, ldq, s, lds, NULL, 0, NULL, 0);
+}
+
+void quant_blocks_both(Backend* be, const void* w, int R, int C, size_t ldw, uint8_t* q, size_t ldq, float* s, int lds,
+                       uint8_t* qt, size_t ldqt, float* st, int ldst) {
+    CHECK(cdiv((int)ldq, TILE) == cdiv(C, TILE) && cdiv((int)ldqt, TILE) == cdiv(R, TILE),
+          "quant_blocks_both: the codes' rows must end within W's last block (ldq %zu, C %d, ldqt %zu, R %d)", ldq, C,
+          ldqt, R);
+    blocks_launch(be, w, R, C, ldw, 2, q, ldq, s, lds, qt, ldqt, st, ldst);
 }
 
 // ---- hooks for the tests ---------------------------------------------------------------------------
@@ -479,4 +503,10 @@ extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, 
                                       float* s) {
     const int kt = cdiv(trans ? R : C, TILE);
     quant_blocks(be, w, R, C, (size_t)ldw, trans, q, (size_t)ldq, s, (int)up((size_t)kt, 4));
+}
+// Both: q [R, ldq] / s as trans 0 and qt [C, ldqt] / st as trans 1 above, from one read.
+extern "C" void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ldw, uint8_t* q, int ldq,
+                                           float* s, uint8_t* qt, int ldqt, float* st) {
+    quant_blocks_both(be, w, R, C, (size_t)ldw, q, (size_t)ldq, s, (int)up((size_t)cdiv(C, TILE), 4), qt, (size_t)ldqt,
+                      st, (int)up((size_t)cdiv(R, TILE), 4));
 }

@@ -109,6 +109,8 @@ void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint
 void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
                          int ldq, float* s);
 void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
+void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ldw, uint8_t* q, int ldq, float* s,
+                                uint8_t* qt, int ldqt, float* st);
 size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K);
 
 // fp8: each expert GEMM op (gemm_grouped, gemm_grouped_wgrad with one group of `rows` rows) in bf16
@@ -173,24 +175,26 @@ static void time_fp8_experts(int rows) {
         uint8_t *q = dev_alloc(be, most), *q2 = dev_alloc(be, most);
         float *s = dev_alloc(be, most / 16), *s2 = dev_alloc(be, most / 16);  // ≥ 4 bytes per 128 codes
         // kind: 0/1 128×128 blocks as stored / transposed, 2 rows, 3 the cast-transpose, 4 the
-        // cast-transpose with the row-wise codes too; bytes: 2 read and 1 written an element (2 for 4)
+        // cast-transpose with the row-wise codes too, 5 the blocks in both layouts (the kept weight
+        // codes of precision.fp8_weights=per_step); bytes: 2 read and 1 written an element (2 for 4, 5)
         const struct { const char* what; int kind, R, C; } qs[] = {
             {"w13 blocks", 0, 2 * F, H}, {"w13 blocksT", 1, 2 * F, H}, {"x rows", 2, R, H},
-            {"dgu cols", 3, R, 2 * F},   {"dgu both", 4, R, 2 * F},
+            {"dgu cols", 3, R, 2 * F},   {"dgu both", 4, R, 2 * F},    {"w13 both", 5, 2 * F, H},
         };
         for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
             const int kd = qs[k].kind, QR = qs[k].R, QC = qs[k].C;
-            const void* src = kd < 2 ? w13 : (kd == 2 ? x : gu);
+            const void* src = kd < 2 || kd == 5 ? w13 : (kd == 2 ? x : gu);
             const int ldr = (QC + 15) / 16 * 16, ldt = (QR + 15) / 16 * 16;  // row-wise, transposed codes
             double t0 = 0;
             for (int it = -2; it < 10; it++) {
                 if (it == 0) be->sync(be), t0 = now_sec();
-                if (kd < 2) cuda_fp8_quant_blocks(be, src, QR, QC, QC, kd, q, kd ? ldt : ldr, s);
+                if (kd == 5) cuda_fp8_quant_blocks_both(be, src, QR, QC, QC, q, ldr, s, q2, ldt, s2);
+                else if (kd < 2) cuda_fp8_quant_blocks(be, src, QR, QC, QC, kd, q, kd ? ldt : ldr, s);
                 else if (kd == 2) cuda_fp8_quant_rows(be, src, QR, QC, QC, q, ldr, s, s, QR, QR);
                 else cuda_fp8_quant_cols(be, src, QR, QC, QC, q, ldt, s, kd == 4 ? q2 : NULL, ldr, s2);
             }
             be->sync(be);
-            const double t = (now_sec() - t0) / 10 * 1e3, bytes = (kd == 4 ? 4.0 : 3.0) * QR * QC;
+            const double t = (now_sec() - t0) / 10 * 1e3, bytes = (kd >= 4 ? 4.0 : 3.0) * QR * QC;
             printf("quantise %-12s %dx%d: %.3f ms (%.0f GB/s)\n", qs[k].what, QR, QC, t, bytes / t / 1e6);
         }
     }

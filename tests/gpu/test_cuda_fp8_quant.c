@@ -18,6 +18,8 @@ void cuda_fp8_quant_rows(Backend* be, const void* x, int R, int C, int ldx, uint
 void cuda_fp8_quant_cols(Backend* be, const void* x, int n, int C, int ldx, uint8_t* qt, int ldk, float* st, uint8_t* q,
                          int ldq, float* s);
 void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, int ldw, int trans, uint8_t* q, int ldq, float* s);
+void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ldw, uint8_t* q, int ldq, float* s,
+                                uint8_t* qt, int ldqt, float* st);
 int cuda_compute_capability(Backend* be);
 
 static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -210,22 +212,34 @@ static void test_quant(void) {
             uint8_t *bq = xmalloc((size_t)R * C), *bqt = xmalloc((size_t)R * C);
             float *bs = xmalloc(4 * (size_t)KtR * KtC), *bst = xmalloc(4 * (size_t)KtR * KtC);
             fp8_quant_128x128(x, R, C, (size_t)ld, bq, bs, bqt, bst);
-            for (int tr = 0; tr < 2; tr++) {
-                const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
-                const int ldq = (int)pad((size_t)ok, al), lds = (int)pad((size_t)okt, 4);
-                uint8_t* dq = poison(be, (size_t)orows * ldq);
-                float* ds = poison(be, 4 * (size_t)orb * lds);
-                cuda_fp8_quant_blocks(be, dx, R, C, ld, tr, dq, ldq, ds);
-                uint8_t* gq = down_u8(be, dq, (size_t)orows * ldq);
-                float* gs = down_f32(be, ds, (size_t)orb * lds);
-                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d codes", tr ? "ᵀ" : "", R, C);
-                check_codes(m, lab, gq, ldq, tr ? bqt : bq, orows, ok);
-                const float** at = xmalloc(sizeof(float*) * (size_t)orb * okt);
-                for (int b = 0; b < orb; b++)
-                    for (int t = 0; t < okt; t++) at[(size_t)b * okt + t] = gs + (size_t)b * lds + t;
-                snprintf(lab, sizeof lab, "quant 128x128%s %dx%d scales", tr ? "ᵀ" : "", R, C);
-                check_scales(m, lab, at, tr ? bst : bs, (size_t)orb * okt);
-                free(at), free(gq), free(gs);
+            // call 0: as stored, 1: transposed, 2: both layouts from one call (quant_blocks_both)
+            for (int call = 0; call < 3; call++) {
+                uint8_t* dq[2];
+                float* ds[2];
+                int ldq[2], lds[2];
+                for (int tr = 0; tr < 2; tr++) {
+                    const int orows = tr ? C : R, ok = tr ? R : C;
+                    ldq[tr] = (int)pad((size_t)ok, al), lds[tr] = (int)pad((size_t)tiles(ok), 4);
+                    dq[tr] = poison(be, (size_t)orows * ldq[tr]);
+                    ds[tr] = poison(be, 4 * (size_t)tiles(orows) * lds[tr]);
+                }
+                if (call < 2) cuda_fp8_quant_blocks(be, dx, R, C, ld, call, dq[call], ldq[call], ds[call]);
+                else cuda_fp8_quant_blocks_both(be, dx, R, C, ld, dq[0], ldq[0], ds[0], dq[1], ldq[1], ds[1]);
+                for (int tr = 0; tr < 2; tr++) {
+                    if (call < 2 && tr != call) continue;
+                    const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
+                    uint8_t* gq = down_u8(be, dq[tr], (size_t)orows * ldq[tr]);
+                    float* gs = down_f32(be, ds[tr], (size_t)orb * lds[tr]);
+                    const char* how = call == 2 ? " (both)" : "";
+                    snprintf(lab, sizeof lab, "quant 128x128%s%s %dx%d codes", tr ? "ᵀ" : "", how, R, C);
+                    check_codes(m, lab, gq, ldq[tr], tr ? bqt : bq, orows, ok);
+                    const float** at = xmalloc(sizeof(float*) * (size_t)orb * okt);
+                    for (int b = 0; b < orb; b++)
+                        for (int t = 0; t < okt; t++) at[(size_t)b * okt + t] = gs + (size_t)b * lds[tr] + t;
+                    snprintf(lab, sizeof lab, "quant 128x128%s%s %dx%d scales", tr ? "ᵀ" : "", how, R, C);
+                    check_scales(m, lab, at, tr ? bst : bs, (size_t)orb * okt);
+                    free(at), free(gq), free(gs);
+                }
             }
             free(bq), free(bqt), free(bs), free(bst);
         }
