@@ -2,7 +2,8 @@
 // by finite differences, gradient accumulation over micro-batches, fresh gradients, the MoE
 // exchange path at EP = 1 (failpoint moe.force_exchange) and keeping the SwiGLU output, each
 // against the plain path; packed documents against each document run alone; precision.fp8 (experts,
-// linear) close to fp8 none, each GEMM in its mode, refused on a backend without FP8 GEMMs. (Each
+// linear) close to fp8 none, each GEMM in its mode, refused on a backend without FP8 GEMMs; kept
+// FP8 weight codes (precision.fp8_weights=per_step) refused before a fresh micro-batch made them. (Each
 // op's own checks: tests/test_cpu_<source>.c.)
 //
 // Method: for the loss L(w) and a random direction u, the analytic directional derivative
@@ -13,9 +14,12 @@
 //   TOL_DOCS  2e-6  packed documents vs each run alone (relative L2 of a gradient arena, relative
 //                   loss): the same math, fp32 sums in another order (the weight-gradient GEMMs sum
 //                   over 48 tokens or over one document's); seen 1.0e-7 (gradients), 1e-8 (loss)
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "comm.h"
@@ -631,7 +635,67 @@ static void test_fp8_refused(void) {
            "refused: %s", e.msg);
 }
 
+// precision.fp8_weights=per_step (ModelOpts.fp8_wcodes): a step's first micro-batch (MicroArgs.fresh)
+// makes the kept weight codes, so a backward that is not fresh before any fresh one would read
+// codes never made: model_step ends the process (FATAL) naming the key. Each case runs in a child
+// forked before this process starts MPI (the child starts its own), stderr to a file: not fresh
+// first must die with the message; fresh then not fresh (the control) must exit 0.
+static int wq_child(int fresh_first) {
+    int argc = 1;
+    char arg0[] = "test_model", *args[] = {arg0, NULL}, **argv = args;
+    int world;
+    dist_init(&argc, &argv, &world);
+    Backend* b = cpu_backend_create();
+    Comm* comm = comm_mpi_create(1);
+    ModelConfig c = {.vocab_size = 32, .hidden = 16, .ffn = 24, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.3f,
+                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    enum { B = 2, T = 8 };
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = i % 32, tgt[i] = (3 * i + 1) % 32;
+    Model m;
+    const ModelOpts o = {.fp8 = FP8_EXPERTS, .fp8_wcodes = 1};
+    model_create_opts(&m, &c, B, T, &o, b, comm);
+    for (int i = 0; i < m.pl.n; i++) model_init_tensor(&c, &m.pl.p[i], 7, (float*)m.w[m.pl.p[i].arena] + m.pl.p[i].offset);
+    for (int j = fresh_first ? 0 : 1; j < 2; j++) {
+        MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = 1.0f / (B * T), .fresh = j == 0};
+        model_step(&m, &a);
+    }
+    model_free(&m);
+    comm->destroy(comm);
+    b->destroy(b);
+    dist_finalize();
+    return 0;
+}
+static int wq_case(int fresh_first, char* err, size_t n) {
+    char path[] = "/tmp/moetrain_test_wq_XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 2);
+        _exit(wq_child(fresh_first));
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    const ssize_t got = pread(fd, err, n - 1, 0);
+    err[got > 0 ? got : 0] = 0;
+    close(fd);
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+static void test_fp8_wcodes_refused(void) {
+    char err[4096];
+    int rc = wq_case(0, err, sizeof err);
+    EXPECT(rc != 0 && strstr(err, "precision.fp8_weights=per_step") && strstr(err, "not fresh"),
+           "a backward that is not fresh first: exit %d, stderr: %s", rc, err);
+    rc = wq_case(1, err, sizeof err);
+    EXPECT(rc == 0, "fresh, then not fresh (the control): exit %d, stderr: %s", rc, err);
+}
+
 int main(int argc, char** argv) {
+    RUN(test_fp8_wcodes_refused);  // first: its children start MPI themselves
     int world;
     dist_init(&argc, &argv, &world);
     be = cpu_backend_create();
