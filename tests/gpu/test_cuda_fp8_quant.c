@@ -212,8 +212,8 @@ static void test_quant(void) {
             uint8_t *bq = xmalloc((size_t)R * C), *bqt = xmalloc((size_t)R * C);
             float *bs = xmalloc(4 * (size_t)KtR * KtC), *bst = xmalloc(4 * (size_t)KtR * KtC);
             fp8_quant_128x128(x, R, C, (size_t)ld, bq, bs, bqt, bst);
-            // call 0: as stored, 1: transposed, 2: both layouts from one call (quant_blocks_both)
-            for (int call = 0; call < 3; call++) {
+            // form 0: as stored, 1: transposed, 2: both layouts from one read (quant_blocks_both)
+            for (int form = 0; form < 3; form++) {
                 uint8_t* dq[2];
                 float* ds[2];
                 int ldq[2], lds[2];
@@ -223,14 +223,14 @@ static void test_quant(void) {
                     dq[tr] = poison(be, (size_t)orows * ldq[tr]);
                     ds[tr] = poison(be, 4 * (size_t)tiles(orows) * lds[tr]);
                 }
-                if (call < 2) cuda_fp8_quant_blocks(be, dx, R, C, ld, call, dq[call], ldq[call], ds[call]);
+                if (form < 2) cuda_fp8_quant_blocks(be, dx, R, C, ld, form, dq[form], ldq[form], ds[form]);
                 else cuda_fp8_quant_blocks_both(be, dx, R, C, ld, dq[0], ldq[0], ds[0], dq[1], ldq[1], ds[1]);
                 for (int tr = 0; tr < 2; tr++) {
-                    if (call < 2 && tr != call) continue;
+                    if (form < 2 && tr != form) continue;
                     const int orows = tr ? C : R, ok = tr ? R : C, okt = tiles(ok), orb = tiles(orows);
                     uint8_t* gq = down_u8(be, dq[tr], (size_t)orows * ldq[tr]);
                     float* gs = down_f32(be, ds[tr], (size_t)orb * lds[tr]);
-                    const char* how = call == 2 ? " (both)" : "";
+                    const char* how = form == 2 ? " (both)" : "";
                     snprintf(lab, sizeof lab, "quant 128x128%s%s %dx%d codes", tr ? "ᵀ" : "", how, R, C);
                     check_codes(m, lab, gq, ldq[tr], tr ? bqt : bq, orows, ok);
                     const float** at = xmalloc(sizeof(float*) * (size_t)orb * okt);
