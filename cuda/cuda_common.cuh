@@ -145,6 +145,19 @@ __device__ __forceinline__ void swiglu_bwd_elem(float g, float u, float d, float
     *du = da * si;
     *dg = da * u * (sg * (1.0f + g * (1.0f - sg)));
 }
+// Eight elements of it from 16-byte words of bf16 (gate gv, up uv, incoming dv): the gate's and
+// the up's gradients as bf16 words (og, ou), their scale-gradient terms added to *ds in order.
+__device__ __forceinline__ void swiglu_bwd8(uint4 gv, uint4 uv, uint4 dv, float s, uint4* og, uint4* ou, float* ds) {
+    float g[8], u[8], d[8], dg[8], du[8];
+    unpack8(g, gv), unpack8(u, uv), unpack8(d, dv);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float t;
+        swiglu_bwd_elem(g[i], u[i], d[i], s, &dg[i], &du[i], &t);
+        *ds += t;
+    }
+    *og = pack8(dg), *ou = pack8(du);
+}
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f

@@ -422,14 +422,15 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
 }
 
 // ---- gemm_grouped_swiglu_bwd: the SwiGLU backward and w13's two products, per group -------------
-// Per group whose codes fit in ws: the SwiGLU backward in place of gu (the plain kernel), then one
-// read of d(gate|up) gives both the products' operands (k_quant_cols with the row-wise codes: the
-// data gradient's A along 2F, the weight gradient's A along the group's rows), where the three
-// ops read it twice, once per quantiser. Then X's cast-transpose and the weight gradient, W_g's
-// transposed blocks and the data gradient, as the separate ops run them, so the products are the
-// same bits. A group that does not fit takes the three ops. (One kernel that also computes the
-// SwiGLU backward, never writing d(gate|up) in bf16, measured slower: it moved fewer bytes at a
-// quarter of the occupancy; docs/fp8.md.)
+// Per group whose codes fit in ws: the SwiGLU backward in place of gu, writing from its registers
+// the data gradient's A too (d(gate|up)'s row-wise codes along 2F: swiglu_bwd_rows, bf16 with F a
+// multiple of 128), then the cast-transpose of d(gate|up) for the weight gradient's A (along the
+// group's rows). Elsewhere the plain SwiGLU backward, then one read of d(gate|up) for both
+// (k_quant_cols with the row-wise codes). The three ops read d(gate|up) once per quantiser. Then
+// X's cast-transpose and the weight gradient, W_g's transposed blocks and the data gradient, as
+// the separate ops run them, so the products are the same bits. A group that does not fit takes
+// the three ops. (A kernel that also made the cast-transpose, never writing d(gate|up) in bf16,
+// measured slower: bound by its instructions; docs/fp8.md.)
 
 // The buffers of one group of nc rows whose data gradient takes n ≥ nc rows: the weight
 // gradient's operands (wg: d(gate|up)ᵀ [2F, ldk] and Xᵀ [K, ldk], its epilogue rows) and the data
@@ -461,15 +462,21 @@ static void w13_group(Backend* be, const GemmDesc* d, const GroupDesc* g, int i,
     const int split_d = plan_split(be, n, K, cx, 0.f, &f.dg, &ms_d, &ch_d);
     const SMap stm = smap_vec(f.wg.sa0, f.wg.sa1, ms_w, ch_w, F2, Ktk);  // d(gate|up)ᵀ, along the rows
     const SMap srm = smap_vec(f.dg.sa0, f.dg.sa1, ms_d, ch_d, n, Kt2);   // d(gate|up), along 2F
-    char* dgu = (char*)gu + (size_t)r0 * F2 * ea;
-    cuda_swiglu_bwd(be, dgu, dscale ? dscale + r0 : NULL, (const char*)dh + (size_t)r0 * F * ea, dgu,
-                    scale ? scale + r0 : NULL, nc, F);
-    if (n > nc) {  // the rows run on into: zero codes, zero scales
+    if (n > nc) {  // the rows run on into: zero codes, zero scales (before this group's are written)
         be->zero(be, f.dg.qa + (size_t)nc * ldq, (size_t)(n - nc) * ldq);
         be->zero(be, f.dg.sa0, 4 * (size_t)Kt2 * n);
         be->zero(be, f.dg.sa1, 4 * (size_t)Kt2 * 8);
     }
-    quant_cols(be, dgu, nc, F2, (size_t)F2, f.wg.qa, (size_t)ldk, stm, f.dg.qa, (size_t)ldq, srm);
+    char* dgu = (char*)gu + (size_t)r0 * F2 * ea;
+    const char* dhg = (const char*)dh + (size_t)r0 * F * ea;
+    float* dsg = dscale ? dscale + r0 : NULL;
+    const float* sg = scale ? scale + r0 : NULL;
+    if (swiglu_bwd_rows(be, dgu, dsg, dhg, dgu, sg, nc, F, f.dg.qa, (size_t)ldq, srm)) {
+        quant_cols_t(be, dgu, nc, F2, (size_t)F2, f.wg.qa, (size_t)ldk, stm);  // the row-wise codes are written
+    } else {
+        cuda_swiglu_bwd(be, dgu, dsg, dhg, dgu, sg, nc, F);
+        quant_cols(be, dgu, nc, F2, (size_t)F2, f.wg.qa, (size_t)ldk, stm, f.dg.qa, (size_t)ldq, srm);
+    }
     // the weight gradient: dW_g (+)= d(gate|up)ᵀ X, both along the group's rows
     const SMap sxm = smap_vec(f.wg.sb, f.wg.sb, K, K, K, Ktk);
     quant_cols_t(be, (const char*)X + (size_t)r0 * K * ea, nc, K, (size_t)K, f.wg.qb, (size_t)ldk, sxm);

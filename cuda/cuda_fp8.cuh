@@ -23,6 +23,12 @@ void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int tran
 void quant_blocks_both(Backend* be, const void* w, int R, int C, size_t ldw, uint8_t* q, size_t ldq, float* s, int lds,
                        uint8_t* qt, size_t ldqt, float* st, int ldst);
 
+// The SwiGLU backward (cuda_swiglu_bwd's bits: dgu [n, 2F] may be gu) that also writes d(gate|up)'s
+// row-wise codes q [n, ldq] (ldq ≥ 2F) and their scales through srm, as quant_rows would from the
+// written rows. Returns 0, running nothing, unless the act dtype is bf16, F % 128 = 0 and the rows
+// start on 16 bytes.
+int swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
+                    int F, uint8_t* q, size_t ldq, SMap srm);
 // ---- cuBLASLt's block-scaled FP8 product (cuda_fp8_lt.cu), on the backend's stream ----
 // D[n, m] (row-major: n rows of m, row stride ldc; fp32 when d_f32, else bf16) = alpha · qa·qbᵀ +
 // beta · Cin, qa [n, kq] with VEC128 scales sa, qb [m, kq] with scales sb (BLK128x128 when blk, else

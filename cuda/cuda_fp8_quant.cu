@@ -409,6 +409,54 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_blocks(cons
     else store_cols(qt, ldqt, tq, cc0, C, r0, w16);
 }
 
+// ---- the SwiGLU backward with d(gate|up)'s row-wise codes ------------------------------------------
+// k_swiglu_bwd_v8's arithmetic (cuda_moe.cu; both through swiglu_bwd8), so d(gate|up) and dscale are
+// its bits, and from the bf16 words it writes, d(gate|up)'s 1×128 codes along 2F: q [n, ldq], scales
+// through srm, what k_quant_rows makes of the written rows. One block a row. F % 128 = 0: a tile is
+// 16 consecutive words of one half, held by 16 consecutive lanes, and its maximum is 4 shuffles. A
+// warp's iterations stay uniform (lanes past the row hold zeros and store nothing) for the shuffles.
+__global__ void __launch_bounds__(Q_THREADS) k_swiglu_bwd_rows(bf16* dgu, float* dscale, const bf16* dh, const bf16* gu,
+                                                               const float* scale, int F, uint8_t* __restrict__ q,
+                                                               size_t ldq, SMap srm, int w8) {
+    __shared__ float sh[32];
+    const int r = blockIdx.x, lane = threadIdx.x & 31, W = F / 8;
+    const float s = scale ? scale[r] : 1.0f;
+    const uint4* g4 = (const uint4*)(gu + (size_t)r * 2 * F);
+    const uint4* u4 = (const uint4*)(gu + (size_t)r * 2 * F + F);
+    const uint4* d4 = (const uint4*)(dh + (size_t)r * F);
+    uint4* o4 = (uint4*)(dgu + (size_t)r * 2 * F);
+    float ds = 0.f;
+    for (int w = threadIdx.x; w - lane < W; w += blockDim.x) {
+        const bool on = w < W;
+        uint4 o[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (on) {
+            swiglu_bwd8(g4[w], u4[w], d4[w], s, &o[0], &o[1], &ds);
+            o4[W + w] = o[1];
+            o4[w] = o[0];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            Tile<bf16, 1> v;
+            v.w[0][0] = o[h].x, v.w[0][1] = o[h].y, v.w[0][2] = o[h].z, v.w[0][3] = o[h].w;
+            bool bad = false;
+            float m = row_max(v, 0, bad);
+            const bool safe = __any_sync(0xffffffffu, bad);
+            if (safe) m = fin_row_max(v, 0);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float sc = scale_of_amax(m);
+            if (!on) continue;
+            const int c = h * F + w * 8;  // the column of d(gate|up)
+            if ((w & 15) == 0) smap_put(srm, r, c / TILE, sc);
+            store8(q + (size_t)r * ldq + c, row_codes(v, 0, __frcp_rn(sc), safe), 8, w8);
+        }
+    }
+    if (dscale) {
+        ds = block_sum(ds, sh);
+        if (threadIdx.x == 0) dscale[r] = ds;
+    }
+}
+
 // ---- launchers (act dtype from the backend) -------------------------------------------------------
 
 // rows of 8 elements that start on 16 bytes: one or two vector loads each
@@ -446,6 +494,17 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
     SMap none;
     memset(&none, 0, sizeof none);
     quant_cols(be, x, n, C, ldx, qt, ldk, stm, NULL, 0, none);
+}
+
+int swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
+                    int F, uint8_t* q, size_t ldq, SMap srm) {
+    const int aligned = (uintptr_t)dgu % 16 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)dh % 16 == 0;
+    if (!is_bf16(be) || F % TILE != 0 || !aligned || ldq < 2 * (size_t)F) return 0;
+    if (n == 0) return 1;
+    QLAUNCH(n, k_swiglu_bwd_rows, (bf16*)dgu, dscale, (const bf16*)dh, (const bf16*)gu, scale, F, q, ldq, srm,
+            store_ok(q, ldq, 8));
+    LAUNCH_CK(CI(be));
+    return 1;
 }
 
 // trans 0 / 1 (quant_blocks) or 2 (quant_blocks_both): the launch over W's blocks (the output's for trans 1)

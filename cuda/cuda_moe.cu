@@ -312,18 +312,8 @@ __global__ void k_swiglu_bwd_v8(bf16* dgu, float* dscale, const bf16* dh, const 
     uint4* du4 = (uint4*)(dgu + r * 2 * F + F);
     float ds = 0.f;
     for (int w = threadIdx.x; w < W; w += blockDim.x) {
-        const uint4 gv = g4[w], uv = u4[w], dv = d4[w];
         uint4 og, ou;
-        const bf16 *gb = (const bf16*)&gv, *ub = (const bf16*)&uv, *db = (const bf16*)&dv;
-        bf16 *ogb = (bf16*)&og, *oub = (bf16*)&ou;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float dg, du, t;
-            swiglu_bwd_elem(__bfloat162float(gb[i]), __bfloat162float(ub[i]), __bfloat162float(db[i]), s, &dg, &du, &t);
-            ds += t;
-            oub[i] = __float2bfloat16_rn(du);
-            ogb[i] = __float2bfloat16_rn(dg);
-        }
+        swiglu_bwd8(g4[w], u4[w], d4[w], s, &og, &ou, &ds);
         du4[w] = ou;
         dg4[w] = og;
     }

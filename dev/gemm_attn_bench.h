@@ -107,7 +107,7 @@ static void expert_gemms(int rows, NamedGemm g[6]) {
     memcpy(g, e, sizeof e);
 }
 
-enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4, SURVEY_FP8BLK = 5 };
+enum { SURVEY_EXPERT = 0, SURVEY_DENSE = 1, SURVEY_SKEW = 2, SURVEY_VARIANTS = 3, SURVEY_FP8 = 4, SURVEY_FP8BLK = 5, SURVEY_FP8VAR = 6 };
 static void gemm_survey(float hot_ms, int which) {
     Backend* be = g_modes[1].gpu;  // bf16
     const size_t nr = (size_t)1 << 24;
@@ -144,15 +144,16 @@ static void gemm_survey(float hot_ms, int which) {
         dev_free_all();
         return;
     }
-    if (which == SURVEY_FP8BLK) {  // the step's FP8 products: X·Wᵀ for the forward and data
-        NamedGemm g[6];            // gradients, dYᵀ·X (dB [M, N], K = rows) for the weight gradients
+    if (which == SURVEY_FP8BLK || which == SURVEY_FP8VAR) {  // the step's FP8 products: X·Wᵀ for the
+        NamedGemm g[6];  // forward and data gradients, dYᵀ·X (dB [M, N], K = rows) for the weight gradients;
+                         // FP8VAR: the first pick's cluster, swizzle and custom-option variants
         expert_gemms(8192, g);
         for (int i = 0; i < 6; i++) {
             const int wgrad = g[i].d.trans_a;
             char nm[40];
             snprintf(nm, sizeof nm, "%s fp8 %s", g[i].name, wgrad ? "vec" : "blk");
-            cuda_gemm_survey_fp8(be, g[i].d.M, g[i].d.N, g[i].d.K, A, B, C, wgrad ? FP8_SURVEY_VEC : FP8_SURVEY_BLK, 8,
-                                 nm, hot_ms);
+            cuda_gemm_survey_fp8(be, g[i].d.M, g[i].d.N, g[i].d.K, A, B, C, wgrad ? FP8_SURVEY_VEC : FP8_SURVEY_BLK,
+                                 which == SURVEY_FP8VAR ? 0 : 8, nm, hot_ms);
         }
         free(r);
         dev_free_all();

@@ -8,7 +8,7 @@
 //   gpu_bench mem            cross_entropy with the gradient and swiglu_bwd at the step's sizes
 //   gpu_bench adamw          adamw and adamw_split at one layer's w13
 //   gpu_bench survey KIND    cuBLASLt's candidates per GEMM shape (dev/cuda/cuda_gemm_survey.cu):
-//                            KIND = cool, hot, hotdense, hotskew, hotvar, fp8 or fp8blk (gemm_attn_bench.h)
+//                            KIND = cool, hot, hotdense, hotskew, hotvar, fp8, fp8blk or fp8var (gemm_attn_bench.h)
 //   gpu_bench fp8 [ROWS]     the six expert GEMM ops of one Mixtral-8x7B expert at ROWS rows (default
 //                            8,192) in bf16 and with precision.fp8's block-scaled FP8 (cuda_fp8.cu:
 //                            quantisers and product, the whole op as the step calls it)
@@ -230,7 +230,7 @@ static void time_fp8_experts(int rows) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: gpu_bench [all | attn [B...] | mem | adamw | fp8 [ROWS] | survey cool|hot|hotdense|hotskew|hotvar|fp8|fp8blk]\n");
+    fprintf(stderr, "usage: gpu_bench [all | attn [B...] | mem | adamw | fp8 [ROWS] | survey cool|hot|hotdense|hotskew|hotvar|fp8|fp8blk|fp8var]\n");
     return 2;
 }
 
@@ -266,6 +266,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "hotvar")) gemm_survey(300.f, SURVEY_VARIANTS);
         else if (!strcmp(k, "fp8")) gemm_survey(600.f, SURVEY_FP8);
         else if (!strcmp(k, "fp8blk")) gemm_survey(600.f, SURVEY_FP8BLK);
+        else if (!strcmp(k, "fp8var")) gemm_survey(600.f, SURVEY_FP8VAR);
         else rc = usage();
     } else {
         rc = usage();

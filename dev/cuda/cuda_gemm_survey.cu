@@ -111,6 +111,10 @@ __global__ void k_fill_f32(float* y, float v, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] = v;
 }
 
+static void survey_variants_plan(CudaImpl* c, GemmShapePlan& p, const void* A, const void* B, void* C, float alpha,
+                                 float beta, int M, int N, int K, const char* label, float hot_ms);
+
+// max_algos 0: the variants of the heuristic's first pick (cuda_gemm_survey_variants, below) instead.
 extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const void* A, const void* B, void* C,
                                      int scale, int max_algos, const char* label, float hot_ms) {
     CudaImpl* c = CI(be);
@@ -141,7 +145,22 @@ extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const voi
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_8F_E4M3, K, N, K));  // W: column-major K × N, op T
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_8F_E4M3, K, M, K));  // X: column-major K × M
     CUBLAS_CK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, N, M, N));     // Y: column-major N × M
-    survey_plan(c, &p, a8, b8, C, 1.0f, 0.0f, M, N, K, max_algos, label, hot_ms);
+    if (max_algos > 0) {
+        survey_plan(c, &p, a8, b8, C, 1.0f, 0.0f, M, N, K, max_algos, label, hot_ms);
+    } else {
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t ws = c->lt_ws_bytes;
+        CUBLAS_CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        CUBLAS_CK(cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &nres));
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (nres > 0) {
+            p.algo = res.algo;
+            survey_variants_plan(c, p, a8, b8, C, 1.0f, 0.0f, M, N, K, label, hot_ms);
+        }
+    }
     gemm_shape_plan_release(&p);
     CUDA_CK(cudaStreamSynchronize(c->stream));
     cudaFree(a8), cudaFree(b8), cudaFree(one);
@@ -153,12 +172,8 @@ extern "C" void cuda_gemm_survey_fp8(Backend* be, int M, int N, int K, const voi
 // (after 3·hot_ms of the pick), the pick itself first and last. One line per variant. The heuristic
 // returns each candidate with these fields set one way (on the H200 the picks run on clusters of
 // 1 × 2 or 2 × 1), so the survey above never times the other settings.
-extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C,
-                                          const char* label, float hot_ms) {
-    CudaImpl* c = CI(be);
-    const int M = d->M, N = d->N, K = d->K;
-    GemmShapePlan p;
-    gemm_shape_plan(be, d, &p);
+static void survey_variants_plan(CudaImpl* c, GemmShapePlan& p, const void* A, const void* B, void* C, float alpha,
+                                 float beta, int M, int N, int K, const char* label, float hot_ms) {
     enum { VMAX = 24 };
     cublasLtMatmulAlgo_t v[VMAX];
     char vname[VMAX][40];
@@ -218,7 +233,6 @@ extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const 
     cudaEvent_t e0, e1;
     CUDA_CK(cudaEventCreate(&e0));
     CUDA_CK(cudaEventCreate(&e1));
-    const float alpha = d->alpha, beta = d->beta;
     auto run = [&](const cublasLtMatmulAlgo_t* a, int reps) {
         cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
         for (int r = 0; r < reps && s == CUBLAS_STATUS_SUCCESS; r++)
@@ -255,5 +269,12 @@ extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const 
     fflush(stdout);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+}
+
+extern "C" void cuda_gemm_survey_variants(Backend* be, const GemmDesc* d, const void* A, const void* B, void* C,
+                                          const char* label, float hot_ms) {
+    GemmShapePlan p;
+    gemm_shape_plan(be, d, &p);
+    survey_variants_plan(CI(be), p, A, B, C, d->alpha, d->beta, d->M, d->N, d->K, label, hot_ms);
     gemm_shape_plan_release(&p);
 }
