@@ -563,6 +563,12 @@ extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, 
     const int kt = cdiv(trans ? R : C, TILE);
     quant_blocks(be, w, R, C, (size_t)ldw, trans, q, (size_t)ldq, s, (int)up((size_t)kt, 4));
 }
+// swiglu_bwd_rows with the row-wise scales in the VEC128 layout [⌈2F/128⌉, n]; 0 where it does not
+// apply (nothing run).
+extern "C" int cuda_fp8_swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu,
+                                        const float* scale, int n, int F, uint8_t* q, int ldq, float* s) {
+    return swiglu_bwd_rows(be, dgu, dscale, dh, gu, scale, n, F, q, (size_t)ldq, smap_vec(s, s, n, n, n, cdiv(2 * F, TILE)));
+}
 // Both: q [R, ldq] / s as trans 0 and qt [C, ldqt] / st as trans 1 above, from one read.
 extern "C" void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ldw, uint8_t* q, int ldq,
                                            float* s, uint8_t* qt, int ldqt, float* st) {
