@@ -424,20 +424,20 @@ __global__ void __launch_bounds__(Q_THREADS) k_swiglu_bwd_rows(bf16* dgu, float*
     const uint4* g4 = (const uint4*)(gu + (size_t)r * 2 * F);
     const uint4* u4 = (const uint4*)(gu + (size_t)r * 2 * F + F);
     const uint4* d4 = (const uint4*)(dh + (size_t)r * F);
-    uint4* o4 = (uint4*)(dgu + (size_t)r * 2 * F);
+    uint4* dgu4 = (uint4*)(dgu + (size_t)r * 2 * F);
     float ds = 0.f;
     for (int w = threadIdx.x; w - lane < W; w += blockDim.x) {
         const bool on = w < W;
-        uint4 o[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        uint4 dw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};  // d(gate), d(up) words
         if (on) {
-            swiglu_bwd8(g4[w], u4[w], d4[w], s, &o[0], &o[1], &ds);
-            o4[W + w] = o[1];
-            o4[w] = o[0];
+            swiglu_bwd8(g4[w], u4[w], d4[w], s, &dw[0], &dw[1], &ds);
+            dgu4[W + w] = dw[1];
+            dgu4[w] = dw[0];
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             Tile<bf16, 1> v;
-            v.w[0][0] = o[h].x, v.w[0][1] = o[h].y, v.w[0][2] = o[h].z, v.w[0][3] = o[h].w;
+            v.w[0][0] = dw[h].x, v.w[0][1] = dw[h].y, v.w[0][2] = dw[h].z, v.w[0][3] = dw[h].w;
             bool bad = false;
             float m = row_max(v, 0, bad);
             const bool safe = __any_sync(0xffffffffu, bad);
