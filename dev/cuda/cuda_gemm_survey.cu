@@ -1,7 +1,8 @@
 // cuda_gemm_survey.cu — measurement tools for the bench, not ops: what cuBLASLt's heuristic
 // candidates for one GEMM shape cost against each other (cuda_gemm_survey), and what the
 // algorithm the step runs costs against its cluster-shape, swizzle and custom-option variants
-// (cuda_gemm_survey_variants), and cuBLASLt's FP8 candidates at a shape (cuda_gemm_survey_fp8).
+// (cuda_gemm_survey_variants), and cuBLASLt's FP8 candidates at a shape, or its first pick's
+// variants (cuda_gemm_survey_fp8).
 // They time on the card's power limit when hot_ms > 0 and print one line per candidate;
 // `gpu_bench survey KIND` (dev/gpu_bench.c) drives them. The plan comes from cuda_gemm.cu
 // (gemm_shape_plan: the same descriptor, layouts and first pick as the step, tile table included).
