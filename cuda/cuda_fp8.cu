@@ -95,16 +95,25 @@ static size_t wgrad_acc_at(Backend* be, int N, int K) {
     return ws_layout(N, K, (int)up((size_t)CH, 16), cdiv(CH, TILE), 0, NULL, NULL) - WS_ALIGN;
 }
 
+// The largest n in [0, hi) with fits(n), by bisection: fits is monotone (true up to some n, false
+// after), and fits(0) is taken to hold.
+template <class Fits> static int most_that_fit(int hi, Fits fits) {
+    int lo = 0;
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (fits(mid)) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 // The most rows of a group whose weight-gradient operands (both quantised along those rows) fit
 // in ws_bytes at once, a multiple of 16 (0 when not even 16 do).
 static int wgrad_fit_rows(Backend* be, int N, int K, size_t ws_bytes) {
-    int lo = 0, hi = 1 << 24;  // lo fits, hi does not (in units of 16 rows: the codes' row padding)
-    while (hi - lo > 1) {
-        const int mid = lo + (hi - lo) / 2, kr = 16 * mid;
-        if (ws_layout(N, K, kr, cdiv(kr, TILE), epi_bytes(be), NULL, NULL) <= ws_bytes) lo = mid;
-        else hi = mid;
-    }
-    return 16 * lo;
+    // in units of 16 rows, the codes' row padding
+    return 16 * most_that_fit(1 << 24, [&](int n) {
+               return ws_layout(N, K, 16 * n, cdiv(16 * n, TILE), epi_bytes(be), NULL, NULL) <= ws_bytes;
+           });
 }
 
 extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups) {
@@ -255,15 +264,29 @@ static const Fp8WCodes* wq_from(const GemmDesc* d, int i, Fp8WCodes* view) {
     return view;
 }
 
+// The rows of op(A) gemm_fp8_one takes at a time: the backend's fp8 row chunk, which fp8_ws_bytes
+// sizes ws for, or as many more (a multiple of 128, up to all M) as the ws it is given holds. The
+// model gives the expert GEMMs what the layer's rows leave of its arena, so that an expert group
+// of the step's size is one product: fewer, larger products, each reading B's codes once.
+static int rows_at_once(Backend* be, int M, int N, int ldq, int Kt, size_t ws_bytes) {
+    const int CH = CI(be)->fp8_row_chunk;
+    if (M <= CH) return CH;
+    // in units of 128 rows, up to all of M (the op checked that CH rows fit)
+    const int rows = TILE * most_that_fit(cdiv(M, TILE) + 1, [&](int n) {
+                         return ws_layout(n * TILE, N, ldq, Kt, epi_bytes(be), NULL, NULL) <= ws_bytes;
+                     });
+    return rows > CH ? rows : CH;
+}
+
 // One GEMM (the plain op, or one group of a grouped one): B quantised once, then op(A)'s rows in
-// chunks of at most the backend's fp8 row chunk (cuda_fp8_set_row_chunk: the workspace holds one
-// chunk's codes, whatever M is), each quantised and multiplied into its rows of C. The chunks are
-// of one size (a multiple of 8), so that none is a tail of a few rows for which the product reads
-// all of B's codes again. base: the aligned ws.
+// chunks of at most rows_at_once (the backend's fp8 row chunk, cuda_fp8_set_row_chunk, or more
+// where ws holds them: ws holds one chunk's codes, whatever M is), each quantised and multiplied
+// into its rows of C. The chunks are of one size (a multiple of 8), so that none is a tail of a
+// few rows for which the product reads all of B's codes again. base: the aligned ws.
 static void gemm_fp8_one(Backend* be, const GemmDesc* d, int lda, int ldb, int ldc, const void* A, const void* B,
                          void* C, char* base) {
     const int M = d->M, N = d->N, K = d->K, ldq = (int)up((size_t)K, 16), Kt = cdiv(K, TILE);
-    const int c_f32 = d->c_f32 || !is_bf16(be), CH = CI(be)->fp8_row_chunk;
+    const int c_f32 = d->c_f32 || !is_bf16(be), CH = rows_at_once(be, M, N, ldq, Kt, d->ws_bytes);
     const size_t ea = dtype_size(be->act_dtype), ec = c_f32 ? 4 : 2;
     Fp8Bufs b;
     ws_layout(M < CH ? M : CH, N, ldq, Kt, epi_bytes(be), base, &b);

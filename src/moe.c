@@ -183,10 +183,12 @@ static void grouped(Model* m, const int* off, void* C, const void* A, const void
     m->be->gemm_grouped(m->be, &d, &g, A, B, C);
 }
 
-// The forward's FP8 workspace from the per-layer scratch (NULL, 0 with precision.fp8=none).
+// The forward's FP8 workspace (NULL, 0 with precision.fp8=none): what the layer's rows leave of the
+// per-layer scratch, at least what the GEMMs need (the CUDA backend takes more rows a product where
+// it has room: cuda_fp8.cu). The scratch's last allocation of the layer's forward.
 static void* fp8_fwd_ws(Model* m, int R, size_t* bytes) {
     *bytes = expert_fp8_ws(m, R, 1);
-    return *bytes ? bump_alloc(&m->tmp, *bytes) : NULL;
+    return *bytes ? bump_rest(&m->tmp, *bytes, bytes) : NULL;
 }
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -282,13 +284,14 @@ static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
     return y;
 }
 
-// Combine: the experts' rows y back to their ranks, out[n] = res[n] + Σ_slot y[(n, slot)].
-static void combine(Model* m, const MoeSaved* s, const void* y, const void* res, void* out, int xchg) {
+// Combine: the experts' rows y back to their ranks, out[n] = res[n] + Σ_slot y[(n, slot)]. ys: the
+// exchange's staging rows [R, H] (taken before the experts' forward, whose workspace ends the
+// scratch), or NULL without an exchange.
+static void combine(Model* m, const MoeSaved* s, const void* y, void* ys, const void* res, void* out) {
     const int N = m->N, H = m->c.hidden, K = m->c.top_k;
-    if (!xchg) {
+    if (!ys) {
         m->be->unpermute_fwd(m->be, out, y, s->dest, N, K, H, res);
     } else {
-        void* ys = bump_alloc(&m->tmp, (size_t)s->R * H * esz(m));
         rows_out(m, s, m->s_xp, y, ys, (size_t)H * esz(m));
         m->be->unpermute_fwd(m->be, out, m->s_xp, s->dest, N, K, H, res);
     }
@@ -306,8 +309,9 @@ void moe_forward(Model* m, int l, const void* x, const void* res, void* out) {
     dispatch(m, s, x, xchg);
     int off[65];
     expert_offsets(m, s, off);
+    void* ys = xchg ? bump_alloc(&m->tmp, (size_t)s->R * m->c.hidden * esz(m)) : NULL;
     const void* y = experts_fwd(m, l, s, off);
-    combine(m, s, y, res, out, xchg);
+    combine(m, s, y, ys, res, out);
 }
 
 // ---- backward --------------------------------------------------------------------------------

@@ -211,8 +211,10 @@ struct WCodes {
     }
 };
 
+// room > chunk: ws sized for products of `room` rows (the op then takes up to that many at once:
+// want_lt products through cuBLASLt), the backend's row chunk still `chunk`.
 static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float beta, int bf, Path path, int chunk,
-                         const int* off = OFF, int ng = G, int codes = 0) {
+                         const int* off = OFF, int ng = G, int codes = 0, int room = 0, int want_lt = -1) {
     const int rows = off[ng];
     Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
     cuda_fp8_set_row_chunk(be, chunk);
@@ -227,7 +229,9 @@ static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float bet
     d.ws = cpu_ws(FP8_OP_GROUPED, f, rows, N, K, ng, keep, &d.ws_bytes);
     g_cpu->gemm_grouped(g_cpu, &d, &gd, A.f.data(), B.f.data(), want.data());
 
+    if (room) cuda_fp8_set_row_chunk(be, room);
     Ws ws(cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, f, rows, N, K, ng));
+    cuda_fp8_set_row_chunk(be, chunk);
     d.ws = ws.p, d.ws_bytes = ws.bytes;
     std::unique_ptr<WCodes> wc;
     if (codes) wc.reset(new WCodes(be, B, br, bc, ng)), d.wq = &wc->wq;
@@ -237,14 +241,15 @@ static void grouped_case(int N, int K, int tb, Fp8Gemm f, float alpha, float bet
     const Counts c1 = Counts::now(be);
     set_path(be, LT);
     char what[200];
-    snprintf(what, sizeof what, "gemm_grouped %d rows N %d K %d tb %d %s alpha %g beta %g %s, %s, chunk %d%s", rows, N,
-             K, tb, f == FP8_WEIGHT ? "weight" : "act", alpha, beta, bf ? "bf16" : "fp32", PATH_NAME[path], chunk,
-             codes ? ", kept weight codes" : "");
+    snprintf(what, sizeof what, "gemm_grouped %d rows N %d K %d tb %d %s alpha %g beta %g %s, %s, chunk %d%s, ws for %d", rows,
+             N, K, tb, f == FP8_WEIGHT ? "weight" : "act", alpha, beta, bf ? "bf16" : "fp32", PATH_NAME[path], chunk,
+             codes ? ", kept weight codes" : "", room ? room : chunk);
     const size_t bad = diff(C, bf, want, rows, N, N);
     EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, rows * N);
     // beta = 0: every group but the last runs on to a multiple of 8 rows, so only the last one's
     // tail (300 % 8 = 4 rows; 2 in OFF_SHORT) is the fallback's; with beta, each group's own tail is
     expect_counts(what, path, c0, c1, N % 8 == 0, true);
+    if (want_lt >= 0) EXPECT(c1.lt - c0.lt == (size_t)want_lt, "%s: %zu cuBLASLt products, want %d", what, c1.lt - c0.lt, want_lt);
     host_cuda_backend_free(be);
 }
 
@@ -252,7 +257,8 @@ static void test_grouped() {
     grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096);      // the expert forward
     grouped_case(136, 200, 0, FP8_WEIGHT, 1, 0, 0, LT, 4096);      // the expert data gradient
     grouped_case(136, 200, 1, FP8_WEIGHT, 0.5f, 1, 0, LT, 4096);   // alpha, beta: each group's own tail
-    grouped_case(136, 200, 1, FP8_ACT, 1, 0, 1, LT, 128);          // rows in chunks
+    grouped_case(136, 200, 1, FP8_ACT, 1, 0, 1, LT, 128, OFF, G, 0, 0, 6);  // rows in chunks: the 300-row group in 3
+    grouped_case(136, 200, 1, FP8_ACT, 1, 0, 1, LT, 128, OFF, G, 0, 256, 5);  // ws for 256 rows: that group in 2
     grouped_case(100, 136, 1, FP8_WEIGHT, 1, 0, 1, LT, 4096);      // N % 8 ≠ 0: the fallback only
     grouped_case(136, 200, 0, FP8_WEIGHT, 1, 1, 1, FORCED, 128);
     grouped_case(136, 200, 1, FP8_WEIGHT, 1, 0, 0, REFUSED, 4096);
