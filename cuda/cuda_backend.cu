@@ -492,6 +492,7 @@ static void set_ops(Backend* be) {
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;
     be->gemm_grouped_swiglu_bwd = cuda_gemm_grouped_swiglu_bwd;
+    be->gemm_grouped_ffn = cuda_gemm_grouped_ffn;
     be->swiglu_bwd = cuda_swiglu_bwd;
     be->router_fwd = cuda_router_fwd;
     be->router_bwd = cuda_router_bwd;

@@ -81,6 +81,7 @@ typedef struct CudaImpl {
     size_t fp8_epi_bytes;    // bytes of fp32 product rows the FP8 epilogue path stages at a time (FP8_EPI_BYTES)
     size_t fp8_lt_calls, fp8_fb_calls;  // FP8 products issued through cuBLASLt / the fallback
     size_t fp8_w13_groups;   // groups gemm_grouped_swiglu_bwd took on its own path (cuda_fp8.cu)
+    size_t fp8_ffn_groups;   // groups gemm_grouped_ffn took on its own path (cuda_fp8.cu)
     size_t fp8_wgrad_split;  // FP8 weight-gradient groups too large for ws, taken in row chunks
     size_t live, peak;       // bytes allocated through be->alloc
     char name[256];          // cudaDeviceProp.name
@@ -134,6 +135,19 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 
 // silu(g) = g·σ(g), as the SwiGLU kernels (cuda_moe.cu) and the grouped GEMM's epilogue compute it.
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+
+// The SwiGLU of eight (gate, up) pairs from 16-byte words of bf16: h = bf16(silu(g)·u·s), s applied
+// where scaled (k_swiglu_fwd_v8 and the FP8 forward's row-codes kernel: one arithmetic, one set of bits).
+__device__ __forceinline__ uint4 swiglu_fwd8(uint4 gv, uint4 uv, float s, bool scaled) {
+    float g[8], u[8], h[8];
+    unpack8(g, gv), unpack8(u, uv);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        h[i] = silu_f(g[i]) * u[i];
+        if (scaled) h[i] *= s;
+    }
+    return pack8(h);
+}
 
 // The SwiGLU backward of one element (gate g, up u, incoming gradient d, routing scale s): the
 // gate's gradient d·s·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))), the up's d·s·silu(g), and
@@ -192,6 +206,9 @@ extern "C" void cuda_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc
                                       void* C);
 extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X,
                                             void* dB, float beta);
+extern "C" void cuda_gemm_grouped_ffn(Backend*, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                                      void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
+                                      const void* B2, void* Y);
 extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend*, const GemmDesc*, const GroupDesc*, const void* dh, void* gu,
                                               const float* scale, float* dscale, const void* X, const void* W, void* dW,
                                               float beta, void* dX);

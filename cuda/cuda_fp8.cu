@@ -444,6 +444,67 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
     }
 }
 
+// ---- gemm_grouped_ffn: the experts' forward, per group --------------------------------------------
+// Per group: w13's product into gu (as gemm_grouped takes the group), the SwiGLU of the group's
+// rows writing h and, from its registers, h's row-wise codes along F for w2's product
+// (swiglu_fwd_rows: the two ops read h back to quantise it), then W2_g's blocks (or its kept codes)
+// and w2's product into Y: the two ops' bits. A group whose w2 operands do not fit in ws takes the
+// two ops' steps (the plain SwiGLU, then gemm_grouped's product).
+extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                                      void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
+                                      const void* B2, void* Y) {
+    gemm_grouped_ffn_check(d, g, d2, g2);
+    const int F = d->N / 2, H = d2->N, K = d->K;
+    const int own = d->fp8 == FP8_WEIGHT && d2->fp8 == FP8_WEIGHT && d->ws == d2->ws && d->trans_b && d2->trans_b &&
+                    d->beta == 0.f && d2->beta == 0.f && d->alpha != 0.f && d2->alpha != 0.f && K > 0 && F > 0 &&
+                    H > 0 && !d->lda && !d->ldb && !d->ldc && !d2->lda && !d2->ldb && !d2->ldc && !d->c_f32 &&
+                    !d2->c_f32 && is_bf16(be) && F % TILE == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)h % 16 == 0;
+    if (!own) {
+        gemm_grouped_ffn_seq(be, d, g, A, B, gu, h, scale, d2, g2, B2, Y);
+        return;
+    }
+    const int R = g->host_off[g->groups], last = last_group(g), Kt = cdiv(F, TILE);
+    const size_t need13 = cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, 2 * F, K, g->groups),
+                 need2 = cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, g->groups);
+    check_ws("gemm_grouped_ffn", d->ws, d->ws_bytes, need13 > need2 ? need13 : need2);
+    const size_t ea = dtype_size(be->act_dtype);
+    char* base = ws_base(d->ws);
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], nc = g->host_off[i + 1] - r0;
+        if (nc == 0) continue;
+        const int n = product_rows(g, i, last, 0.f);  // both products' rows (beta 0: on into the next group's)
+        GemmDesc x = *d, y = *d2;
+        Fp8WCodes v1, v2;
+        x.M = y.M = n;
+        x.wq = wq_from(d, i, &v1), y.wq = wq_from(d2, i, &v2);
+        char *gug = (char*)gu + (size_t)r0 * 2 * F * ea, *hg = (char*)h + (size_t)r0 * F * ea;
+        char* yg = (char*)Y + (size_t)r0 * H * ea;
+        const char* b2 = (const char*)B2 + g2->b_stride * i * ea;
+        const float* sg = scale ? scale + r0 : NULL;
+        gemm_fp8_one(be, &x, K, K, 2 * F, (const char*)A + (size_t)r0 * K * ea, (const char*)B + g->b_stride * i * ea,
+                     gug, base);
+        if (ws_layout(n, H, F, Kt, epi_bytes(be), NULL, NULL) > d->ws_bytes) {  // the two ops' steps
+            cuda_swiglu_fwd(be, hg, gug, sg, nc, F);
+            gemm_fp8_one(be, &y, F, F, H, hg, b2, yg, base);
+            continue;
+        }
+        CI(be)->fp8_ffn_groups++;
+        Fp8Bufs b;
+        ws_layout(n, H, F, Kt, epi_bytes(be), base, &b);  // after w13's product on the stream
+        int ms, chunk;
+        const int split = plan_split(be, n, H, 0, 0.f, &b, &ms, &chunk);
+        const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, n, Kt);
+        if (n > nc) {  // the rows run on into: zero codes, zero scales (before this group's are written)
+            be->zero(be, b.qa + (size_t)nc * F, (size_t)(n - nc) * F);
+            be->zero(be, b.sa0, 4 * (size_t)Kt * n);
+            be->zero(be, b.sa1, 4 * (size_t)Kt * 8);
+        }
+        CHECK(swiglu_fwd_rows(be, hg, gug, sg, nc, F, b.qa, (size_t)F, sam), "gemm_grouped_ffn: swiglu_fwd_rows declined");
+        const SMap sbm = y.wq ? wcodes_b(y.wq, 0, 1, &b) : quant_b(be, FP8_WEIGHT, b2, H, F, 1, F, F, Kt, &b);
+        fp8_product(be, n, H, F, F, &b, sam, sbm, 1, d2->alpha, 0.f, yg, yg, H, 0, split, 0);
+    }
+}
+
 // ---- gemm_grouped_swiglu_bwd: the SwiGLU backward and w13's two products, per group -------------
 // Per group whose codes fit in ws: the SwiGLU backward in place of gu, writing from its registers
 // the data gradient's A too (d(gate|up)'s row-wise codes along 2F: swiglu_bwd_rows, bf16 with F a
@@ -589,5 +650,12 @@ extern "C" size_t cuda_fp8_wgrad_splits(Backend* be) { return CI(be)->fp8_wgrad_
 extern "C" size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K) {
     return w13_layout((rows + 7) / 8 * 8, rows, 2 * F, K, epi_bytes(be), NULL, NULL);
 }
+// The workspace gemm_grouped_ffn needs to take a group of `rows` rows (its products running on to a
+// multiple of 8) of F and H on its own path, besides fp8_ws_bytes for w13's product.
+extern "C" size_t cuda_fp8_ffn_ws(Backend* be, int rows, int F, int H) {
+    return ws_layout((rows + 7) / 8 * 8, H, F, cdiv(F, TILE), epi_bytes(be), NULL, NULL);
+}
+// Groups gemm_grouped_ffn took on its own path so far (the rest: the two ops' steps).
+extern "C" size_t cuda_fp8_ffn_groups(Backend* be) { return CI(be)->fp8_ffn_groups; }
 // Groups gemm_grouped_swiglu_bwd took on its own path so far (the rest: the three ops).
 extern "C" size_t cuda_fp8_w13_groups(Backend* be) { return CI(be)->fp8_w13_groups; }

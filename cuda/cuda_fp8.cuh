@@ -23,6 +23,11 @@ void quant_blocks(Backend* be, const void* w, int R, int C, size_t ldw, int tran
 void quant_blocks_both(Backend* be, const void* w, int R, int C, size_t ldw, uint8_t* q, size_t ldq, float* s, int lds,
                        uint8_t* qt, size_t ldqt, float* st, int ldst);
 
+// The SwiGLU forward (cuda_swiglu_fwd's bits of h [n, F]) that also writes h's row-wise codes q [n, ldq]
+// (ldq ≥ F) and their scales through srm, as quant_rows would from the written rows. Returns 0,
+// running nothing, unless the act dtype is bf16, F % 128 = 0 and the rows start on 16 bytes.
+int swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* q, size_t ldq,
+                    SMap srm);
 // The SwiGLU backward (cuda_swiglu_bwd's bits: dgu [n, 2F] may be gu) that also writes d(gate|up)'s
 // row-wise codes q [n, ldq] (ldq ≥ 2F) and their scales through srm, as quant_rows would from the
 // written rows. Returns 0, running nothing, unless the act dtype is bf16, F % 128 = 0 and the rows

@@ -409,7 +409,49 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_blocks(cons
     else store_cols(qt, ldqt, tq, cc0, C, r0, w16);
 }
 
-// ---- the SwiGLU backward with d(gate|up)'s row-wise codes ------------------------------------------
+// ---- the SwiGLU forward and backward with their outputs' row-wise codes ----------------------------
+// One 1×128 tile of row r held by 16 consecutive lanes, 8 bf16 of it each (wd; lanes past the row
+// hold zeros, on false, and store nothing). Every lane of the warp calls it (the shuffles). Writes
+// the tile's codes at q + r·ldq + c (c: this lane's first column) and its scale through srm (from
+// the tile's first lane): what k_quant_rows makes of those values, SAFE where a tile of the warp
+// holds a non-finite one.
+__device__ __forceinline__ void tile16_codes(uint4 wd, bool on, int r, int c, uint8_t* __restrict__ q, size_t ldq,
+                                             const SMap& srm, int w8) {
+    Tile<bf16, 1> v;
+    v.w[0][0] = wd.x, v.w[0][1] = wd.y, v.w[0][2] = wd.z, v.w[0][3] = wd.w;
+    bool bad = false;
+    float m = row_max(v, 0, bad);
+    const bool safe = __any_sync(0xffffffffu, bad);
+    if (safe) m = fin_row_max(v, 0);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float sc = scale_of_amax(m);
+    if (!on) return;
+    if (c % TILE == 0) smap_put(srm, r, c / TILE, sc);
+    store8(q + (size_t)r * ldq + c, row_codes(v, 0, __frcp_rn(sc), safe), 8, w8);
+}
+
+// The SwiGLU forward (k_swiglu_fwd_v8's bits through swiglu_fwd8) that also writes h's 1×128 codes
+// along F: q [n, ldq], scales through srm. One block a row; F % 128 = 0, so a tile is 16
+// consecutive words; a warp's iterations stay uniform for the shuffles.
+__global__ void __launch_bounds__(Q_THREADS) k_swiglu_fwd_rows(bf16* h, const bf16* gu, const float* scale, int F,
+                                                               uint8_t* __restrict__ q, size_t ldq, SMap srm, int w8) {
+    const int r = blockIdx.x, lane = threadIdx.x & 31, W = F / 8;
+    const float s = scale ? scale[r] : 1.0f;
+    const uint4* g4 = (const uint4*)(gu + (size_t)r * 2 * F);
+    const uint4* u4 = (const uint4*)(gu + (size_t)r * 2 * F + F);
+    uint4* h4 = (uint4*)(h + (size_t)r * F);
+    for (int w = threadIdx.x; w - lane < W; w += blockDim.x) {
+        const bool on = w < W;
+        uint4 hw = make_uint4(0, 0, 0, 0);
+        if (on) {
+            hw = swiglu_fwd8(g4[w], u4[w], s, scale != nullptr);
+            h4[w] = hw;
+        }
+        tile16_codes(hw, on, r, w * 8, q, ldq, srm, w8);
+    }
+}
+
 // k_swiglu_bwd_v8's arithmetic (cuda_moe.cu; both through swiglu_bwd8), so d(gate|up) and dscale are
 // its bits, and from the bf16 words it writes, d(gate|up)'s 1×128 codes along 2F: q [n, ldq], scales
 // through srm, what k_quant_rows makes of the written rows. One block a row. F % 128 = 0: a tile is
@@ -435,21 +477,7 @@ __global__ void __launch_bounds__(Q_THREADS) k_swiglu_bwd_rows(bf16* dgu, float*
             dgu4[w] = dw[0];
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            Tile<bf16, 1> v;
-            v.w[0][0] = dw[h].x, v.w[0][1] = dw[h].y, v.w[0][2] = dw[h].z, v.w[0][3] = dw[h].w;
-            bool bad = false;
-            float m = row_max(v, 0, bad);
-            const bool safe = __any_sync(0xffffffffu, bad);
-            if (safe) m = fin_row_max(v, 0);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float sc = scale_of_amax(m);
-            if (!on) continue;
-            const int c = h * F + w * 8;  // the column of d(gate|up)
-            if ((w & 15) == 0) smap_put(srm, r, c / TILE, sc);
-            store8(q + (size_t)r * ldq + c, row_codes(v, 0, __frcp_rn(sc), safe), 8, w8);
-        }
+        for (int h = 0; h < 2; h++) tile16_codes(dw[h], on, r, h * F + w * 8, q, ldq, srm, w8);  // d(gate), d(up)
     }
     if (dscale) {
         ds = block_sum(ds, sh);
@@ -494,6 +522,16 @@ void quant_cols_t(Backend* be, const void* x, int n, int C, size_t ldx, uint8_t*
     SMap none;
     memset(&none, 0, sizeof none);
     quant_cols(be, x, n, C, ldx, qt, ldk, stm, NULL, 0, none);
+}
+
+int swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* q, size_t ldq,
+                    SMap srm) {
+    const int aligned = (uintptr_t)h % 16 == 0 && (uintptr_t)gu % 16 == 0;
+    if (!is_bf16(be) || F % TILE != 0 || !aligned || ldq < (size_t)F) return 0;
+    if (n == 0) return 1;
+    QLAUNCH(n, k_swiglu_fwd_rows, (bf16*)h, (const bf16*)gu, scale, F, q, ldq, srm, store_ok(q, ldq, 8));
+    LAUNCH_CK(CI(be));
+    return 1;
 }
 
 int swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
@@ -568,6 +606,12 @@ extern "C" void cuda_fp8_quant_blocks(Backend* be, const void* w, int R, int C, 
 extern "C" int cuda_fp8_swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu,
                                         const float* scale, int n, int F, uint8_t* q, int ldq, float* s) {
     return swiglu_bwd_rows(be, dgu, dscale, dh, gu, scale, n, F, q, (size_t)ldq, smap_vec(s, s, n, n, n, cdiv(2 * F, TILE)));
+}
+// swiglu_fwd_rows with the row-wise scales in the VEC128 layout [⌈F/128⌉, n]; 0 where it does not
+// apply (nothing run).
+extern "C" int cuda_fp8_swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, int n, int F,
+                                        uint8_t* q, int ldq, float* s) {
+    return swiglu_fwd_rows(be, h, gu, scale, n, F, q, (size_t)ldq, smap_vec(s, s, n, n, n, cdiv(F, TILE)));
 }
 // Both: q [R, ldq] / s as trans 0 and qt [C, ldqt] / st as trans 1 above, from one read.
 extern "C" void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ldw, uint8_t* q, int ldq,

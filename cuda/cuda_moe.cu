@@ -237,7 +237,7 @@ __global__ void k_swiglu_fwd(T* h, const T* gu, const float* scale, int n, int F
 }
 
 // bf16 rows with F % 8 == 0 and 16-byte aligned rows: a block walks rows, 8 values per thread and
-// load (uint4), no division per element. The same arithmetic as k_swiglu_fwd.
+// load (uint4), no division per element. The same arithmetic as k_swiglu_fwd (swiglu_fwd8).
 __global__ void k_swiglu_fwd_v8(bf16* h, const bf16* gu, const float* scale, int n, int F) {
     const int W = F / 8;
     for (int r = blockIdx.x; r < n; r += gridDim.x) {
@@ -245,19 +245,7 @@ __global__ void k_swiglu_fwd_v8(bf16* h, const bf16* gu, const float* scale, int
         const uint4* g4 = (const uint4*)(gu + (size_t)r * 2 * F);
         const uint4* u4 = (const uint4*)(gu + (size_t)r * 2 * F + F);
         uint4* h4 = (uint4*)(h + (size_t)r * F);
-        for (int w = threadIdx.x; w < W; w += blockDim.x) {
-            uint4 gv = g4[w], uv = u4[w], hv;
-            const bf16* gb = (const bf16*)&gv;
-            const bf16* ub = (const bf16*)&uv;
-            bf16* hb = (bf16*)&hv;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float v = silu_f(__bfloat162float(gb[i])) * __bfloat162float(ub[i]);
-                if (scale) v *= s;
-                hb[i] = __float2bfloat16_rn(v);
-            }
-            h4[w] = hv;
-        }
+        for (int w = threadIdx.x; w < W; w += blockDim.x) h4[w] = swiglu_fwd8(g4[w], u4[w], s, scale != nullptr);
     }
 }
 

@@ -247,6 +247,14 @@ struct Backend {
     // from its gu).
     void (*gemm_grouped_swiglu)(Backend*, const GemmDesc*, const GroupDesc*, const void* A,
                                 const void* B, void* gu, void* h, const float* scale);
+    // The experts' forward in one op: gemm_grouped_swiglu(d, g, A, B, gu, h, scale), then
+    // gemm_grouped(d2, g2, h, B2, Y): Y = h · op(W2_g) with d2->K = F and g2 the same rows as g (its
+    // own b_stride). The CPU backend does exactly that (gemm_grouped_ffn_seq); the CUDA one with FP8
+    // takes a group at a time and makes h's row-wise codes for the second product from the SwiGLU's
+    // registers, instead of reading h back (the same bits: docs/fp8.md).
+    void (*gemm_grouped_ffn)(Backend*, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
+                             void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
+                             const void* B2, void* Y);
     // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
     // (dscale is the same formula whether or not scale is NULL.) dgu may be gu itself (in place).
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
@@ -405,6 +413,11 @@ static inline void be_host_free(Backend* be, void* p) {
     else free(p);
 }
 
+// gemm_grouped_ffn as the two ops it is defined by (above): the CPU backend's, and the CUDA one's
+// without FP8; and the op's checks.
+void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2);
+void gemm_grouped_ffn_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* gu,
+                          void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2, void* Y);
 // gemm_grouped_swiglu_bwd as the three ops it is defined by (above): the CPU backend's, and the
 // CUDA one's for what its own path does not take; and the op's checks.
 void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g);

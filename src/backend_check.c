@@ -1,5 +1,5 @@
 // backend_check.c — the descriptor checks every backend runs (backend.h), written once, and the
-// composed op gemm_grouped_swiglu_bwd as the ops that define it.
+// composed ops gemm_grouped_ffn and gemm_grouped_swiglu_bwd as the ops that define them.
 #include "backend.h"
 #include "util.h"
 
@@ -38,6 +38,23 @@ void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g) {
 void gemm_grouped_wgrad_check(const GroupDesc* g, float beta) {
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
     offsets_check("gemm_grouped_wgrad", g);
+}
+
+void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2) {
+    CHECK(d->N % 2 == 0 && d2->K == d->N / 2, "gemm_grouped_ffn: wants d->N = 2F and d2->K = F (N %d, K %d)", d->N,
+          d2->K);
+    CHECK(g2->groups == g->groups, "gemm_grouped_ffn: %d groups, then %d", g->groups, g2->groups);
+    for (int i = 0; i <= g->groups; i++)
+        CHECK(g2->host_off[i] == g->host_off[i], "gemm_grouped_ffn: the second product's rows differ at group %d", i);
+    gemm_grouped_check("gemm_grouped_ffn", d, g);
+    gemm_grouped_check("gemm_grouped_ffn", d2, g2);
+}
+
+void gemm_grouped_ffn_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* gu,
+                          void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2, void* Y) {
+    gemm_grouped_ffn_check(d, g, d2, g2);
+    be->gemm_grouped_swiglu(be, d, g, A, B, gu, h, scale);
+    be->gemm_grouped(be, d2, g2, h, B2, Y);
 }
 
 void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g) {

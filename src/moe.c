@@ -273,14 +273,16 @@ static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
         be->fp8_wcodes_make(be, at(m, m->w[1], o->w2), H, F, m->e_local, (size_t)H * F, m->wq[2 * l + 1].codes);
         prof_mark("fwd.fp8_wcodes");
     }
-    // gu and h in one op (one kernel where the backend fuses them)
+    // gu, h and y in one op (with FP8 the CUDA backend takes a group at a time: cuda_fp8.cu)
     GemmDesc d = {.N = 2 * F, .K = H, .trans_b = 1, .alpha = 1, .beta = 0, .fp8 = ws ? FP8_WEIGHT : FP8_OFF,
                   .ws = ws, .ws_bytes = wsb, .wq = ws ? wcodes(m, l, 0) : NULL};
+    GemmDesc d2 = d;
+    d2.N = H, d2.K = F, d2.wq = ws ? wcodes(m, l, 1) : NULL;
     GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
-    be->gemm_grouped_swiglu(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e);
-    prof_mark("fwd.w13_swiglu");
-    grouped(m, off, y, h, at(m, m->w[1], o->w2), H, F, 1, (size_t)H * F, ws, wsb, wcodes(m, l, 1));
-    prof_mark("fwd.w2");
+    GroupDesc g2 = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)H * F};
+    be->gemm_grouped_ffn(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e, &d2, &g2,
+                         at(m, m->w[1], o->w2), y);
+    prof_mark("fwd.experts");
     return y;
 }
 

@@ -6,7 +6,8 @@
 // too, under AddressSanitizer), the rows' chunks and their scale maps, the split between cuBLASLt
 // and the fallback kernel (counted), a group's product running on into the next group's rows,
 // the weight gradient whole or in row chunks (counted) with its fp32 sums, the epilogue, the
-// SwiGLU backward with w13's products (gemm_grouped_swiglu_bwd), and every
+// experts' forward as one op (gemm_grouped_ffn), the SwiGLU backward with w13's products
+// (gemm_grouped_swiglu_bwd), and every
 // cuBLASLt call against the documented rules (the stand-in aborts on a broken one). The GPU's
 // numerics inside a tile are tests/gpu/test_cuda_fp8.c's to bound.
 #include <memory>
@@ -367,6 +368,89 @@ static void test_wgrad() {
     wgrad_case(136, 72, 1.f, 1, 1, LT, 0, 24);  // dB's epilogue in passes of 24 rows
 }
 
+// ---- gemm_grouped_ffn ------------------------------------------------------------------------------
+
+// The experts' forward as one op, against the spec on the same h: the stand-in's gemm_grouped_swiglu
+// gives gu and h (w13's product is gemm_grouped's, checked above; the SwiGLU is cuda_moe.cu's kernel
+// with the arithmetic the op's runs), then the CPU's w2 product of that h. ws: room for w2 products
+// of up to `fit` rows on the op's own path (0: every group); the others take the two ops' steps
+// (counted). Only bf16 with F % 128 = 0 takes the own path.
+static void ffn_case(int F, int K, int H, int bf, Path path, int fit, int scaled = 1, int chunk = 4096, int codes = 0,
+                     const int* off = OFF, int ng = G) {
+    Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
+    cuda_fp8_set_row_chunk(be, chunk);
+    const int F2 = 2 * F, R = off[ng];
+    Mat X = data(R, K, K, bf), W13 = data(ng * F2, K, K, bf), W2 = data(ng * H, F, F, bf);
+    Mat gu = data(R, F2, F2, bf), h = data(R, F, F, bf), Y = data(R, H, H, bf);  // junk the op overwrites
+    std::vector<float> scale(R);
+    for (float& v : scale) v = 0.25f + 0.5f * (float)(rng_u64(&g_rng) % 1000) / 1000.f;
+    const float* sc = scaled ? scale.data() : nullptr;
+    GemmDesc d = {};
+    d.N = F2, d.K = K, d.trans_b = 1, d.alpha = 1, d.beta = 0, d.fp8 = FP8_WEIGHT;
+    GemmDesc d2 = d;
+    d2.N = H, d2.K = F;
+    GroupDesc g = {};
+    g.groups = ng, g.host_off = off, g.b_stride = (size_t)F2 * K;
+    GroupDesc g2 = g;
+    g2.b_stride = (size_t)H * F;
+    const size_t need = std::max(cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, F2, K, ng),
+                                 cuda_fp8_ws_bytes(be, FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, ng));
+
+    // the spec: gu and h from the stand-in's two steps, then the CPU's w2 product of that h
+    Mat want_gu = gu, want_h = h;
+    {
+        Ws ws(need);
+        d.ws = ws.p, d.ws_bytes = ws.bytes;
+        cuda_gemm_grouped_swiglu(be, &d, &g, X.dev(), W13.dev(), want_gu.dev(), want_h.dev(), sc);
+    }
+    for (Mat* w : {&want_gu, &want_h})
+        if (bf)
+            for (size_t i = 0; i < w->f.size(); i++) w->f[i] = bf16_to_f32(w->h[i]);
+    std::vector<float> want_y = Y.f;
+    std::vector<char> keep;
+    d2.ws = cpu_ws(FP8_OP_GROUPED, FP8_WEIGHT, R, H, F, ng, keep, &d2.ws_bytes);
+    g_cpu->gemm_grouped(g_cpu, &d2, &g2, want_h.f.data(), W2.f.data(), want_y.data());
+
+    // the op: ws for the two ops, and for its own path's groups of up to `fit` rows
+    Ws ws(std::max(need, cuda_fp8_ffn_ws(be, fit ? fit : R, F, H)));
+    d.ws = d2.ws = ws.p, d.ws_bytes = d2.ws_bytes = ws.bytes;
+    std::unique_ptr<WCodes> c13, c2;
+    if (codes) c13.reset(new WCodes(be, W13, F2, K, ng)), c2.reset(new WCodes(be, W2, H, F, ng));
+    d.wq = codes ? &c13->wq : nullptr, d2.wq = codes ? &c2->wq : nullptr;
+    set_path(be, path);
+    const size_t f0 = cuda_fp8_ffn_groups(be);
+    cuda_gemm_grouped_ffn(be, &d, &g, X.dev(), W13.dev(), gu.dev(), h.dev(), sc, &d2, &g2, W2.dev(), Y.dev());
+    const size_t fused = cuda_fp8_ffn_groups(be) - f0;
+    set_path(be, LT);
+    char what[200];
+    snprintf(what, sizeof what, "gemm_grouped_ffn %d rows F %d K %d H %d %s, %s, fit %d%s, chunk %d%s", R, F, K, H,
+             bf ? "bf16" : "fp32", PATH_NAME[path], fit, scaled ? "" : ", no scale", chunk,
+             codes ? ", kept weight codes" : "");
+    const size_t bg = diff(gu, bf, want_gu.f, R, F2, F2), bh = diff(h, bf, want_h.f, R, F, F);
+    const size_t by = diff(Y, bf, want_y, R, H, H);
+    EXPECT(bg == 0 && bh == 0, "%s: %zu gu, %zu h elements differ from the two ops'", what, bg, bh);
+    EXPECT(by == 0, "%s: %zu of %d Y elements differ from the spec", what, by, R * H);
+    size_t want_fused = 0;
+    if (bf && F % 128 == 0)
+        for (int i = 0; i < ng; i++) want_fused += off[i + 1] > off[i] && (fit == 0 || off[i + 1] - off[i] <= fit);
+    EXPECT(fused == want_fused, "%s: %zu groups on the op's own path, want %zu", what, fused, want_fused);
+    host_cuda_backend_free(be);
+}
+
+static void test_ffn() {
+    ffn_case(256, 136, 72, 1, LT, 0);                    // every group on the op's own path
+    ffn_case(128, 16, 256, 1, LT, 200, 1, 128);          // the group of 300 rows through the two ops' steps
+                                                         // (ws held for w13 and w2 in 128-row chunks is less)
+    ffn_case(128, 72, 64, 1, FORCED, 0);                 // the fallback kernel
+    ffn_case(128, 72, 64, 1, REFUSED, 0, 0);             // cuBLASLt refusing; no scale
+    ffn_case(128, 136, 72, 1, LT, 0, 1, 4096, 0, OFF_SHORT, 3);  // the last group's rows end the buffers
+    ffn_case(100, 136, 72, 1, LT, 0);                    // F % 128 != 0: the two ops
+    ffn_case(128, 136, 72, 0, LT, 0);                    // fp32: the two ops
+    // kept weight codes, W13 and W2 poisoned
+    ffn_case(256, 136, 72, 1, LT, 0, 1, 4096, 1);
+    ffn_case(128, 16, 256, 1, LT, 200, 1, 128, 1);
+}
+
 // ---- gemm_grouped_swiglu_bwd -----------------------------------------------------------------------
 
 // The experts' SwiGLU backward and w13's two products as one op, against the spec on the same
@@ -464,6 +548,7 @@ int main() {
     RUN(test_gemm);
     RUN(test_grouped);
     RUN(test_wgrad);
+    RUN(test_ffn);
     RUN(test_swiglu_bwd);
     TEST_END();
 }

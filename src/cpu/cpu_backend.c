@@ -176,6 +176,7 @@ Backend* cpu_backend_create(void) {
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->gemm_grouped_swiglu = cpu_gemm_grouped_swiglu;
     be->gemm_grouped_swiglu_bwd = gemm_grouped_swiglu_bwd_seq;
+    be->gemm_grouped_ffn = gemm_grouped_ffn_seq;
     be->swiglu_bwd = cpu_swiglu_bwd;
     be->router_fwd = cpu_router_fwd;
     be->router_bwd = cpu_router_bwd;

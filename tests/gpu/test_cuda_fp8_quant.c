@@ -4,8 +4,9 @@
 // tiles, padded strides, codes with row strides of only 4 bytes, an input one element off 16 bytes,
 // NaN and ±inf, saturation at the tile maximum, all-zero tiles, fp32 subnormals, values near FLT_MAX
 // and scaled values x·fl(1/s) at and beside e4m3 rounding boundaries. The FP8 GEMMs that use them:
-// test_cuda_fp8.c. Also the SwiGLU backward that writes d(gate|up)'s row-wise codes: its d(gate|up)
-// and dscale the plain SwiGLU backward's bits, its codes and scales the spec's of those values.
+// test_cuda_fp8.c. Also the SwiGLU forward and backward that write their outputs' row-wise codes:
+// h, or d(gate|up) and dscale, the plain SwiGLU kernels' bits, the codes and scales the spec's of
+// those values.
 // `make test` also runs this test on the CPU (tests/host_cuda).
 #include <float.h>
 #include <math.h>
@@ -24,6 +25,8 @@ void cuda_fp8_quant_blocks_both(Backend* be, const void* w, int R, int C, int ld
                                 uint8_t* qt, int ldqt, float* st);
 int cuda_fp8_swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale,
                              int n, int F, uint8_t* q, int ldq, float* s);
+int cuda_fp8_swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* q, int ldq,
+                             float* s);
 int cuda_compute_capability(Backend* be);
 
 static size_t pad(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -252,70 +255,80 @@ static void test_quant(void) {
     }
 }
 
-// ---- the SwiGLU backward with d(gate|up)'s row-wise codes ------------------------------------------
-// bf16 (the only dtype it takes; fp32 and F % 128 ≠ 0 must decline). Gates and ups of a few units,
-// incoming gradients over 40 binades, non-finite elements in gu and in dh (whole tiles of d(gate|up)
-// then code SAFE), with and without the routing scales.
+// ---- the SwiGLU forward and backward with their outputs' row-wise codes ---------------------------
+// bf16 (the only dtype they take; fp32 and F % 128 ≠ 0 must decline). Gates and ups of a few units,
+// incoming gradients over 40 binades, non-finite elements in gu and in dh (whole tiles of the output
+// then code SAFE), with and without the routing scales. The output (h, or d(gate|up) and dscale)
+// must be the plain kernel's bits, its codes and scales the spec's of those values.
+static void swiglu_rows_case(const Mode* m, int n, int F, int scaled, int fwd) {
+    Backend* be = m->gpu;
+    const int F2 = 2 * F, C = fwd ? F : F2, Kt = tiles(C), ldq = (int)pad((size_t)C, 16);
+    const char* dir = fwd ? "fwd" : "bwd";
+    float* gu = randn(n * (size_t)F2, 2.f);
+    float* dh = randn(n * (size_t)F, 1.f);
+    for (size_t i = 0; i < (size_t)n * F; i++) dh[i] *= exp2f((float)(int)(rng_u64(&g_rng) % 41) - 20);
+    for (int k = 0; k < n / 8 + 2; k++) {
+        const int r = (int)(rng_u64(&g_rng) % n);
+        const float bad = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
+        if (k % 2 || fwd) gu[(size_t)r * F2 + rng_u64(&g_rng) % F2] = bad;
+        else dh[(size_t)r * F + rng_u64(&g_rng) % F] = bad;
+    }
+    round_act(m, gu, n * (size_t)F2), round_act(m, dh, n * (size_t)F);
+    float* sc = randu(n, 0.25f, 0.75f);
+    const float* dsc = scaled ? up_f32(be, sc, n) : NULL;
+    // the kernel's output in out_a, the plain kernel's in out_b (the backward: in place of gu)
+    void *out_a = fwd ? poison(be, 2 * (size_t)n * F) : up_act(be, gu, n * (size_t)F2);
+    void *out_b = fwd ? poison(be, 2 * (size_t)n * F) : up_act(be, gu, n * (size_t)F2);
+    void *dgu = fwd ? up_act(be, gu, n * (size_t)F2) : NULL, *ddh = up_act(be, dh, n * (size_t)F);
+    float *ds_a = poison(be, 4 * (size_t)n), *ds_b = poison(be, 4 * (size_t)n);
+    uint8_t* dq = poison(be, (size_t)n * ldq);
+    float* dsq = poison(be, 4 * (size_t)n * Kt);
+    char lab[64];
+    const int ran = fwd ? cuda_fp8_swiglu_fwd_rows(be, out_a, dgu, dsc, n, F, dq, ldq, dsq)
+                        : cuda_fp8_swiglu_bwd_rows(be, out_a, dsc ? ds_a : NULL, ddh, out_a, dsc, n, F, dq, ldq, dsq);
+    snprintf(lab, sizeof lab, "swiglu %s rows %dx%d ran", dir, n, F);
+    record(lab, m->bf16, ran != m->bf16, 0);
+    EXPECT(ran == m->bf16, "%s [%s]: returned %d", lab, m->name, ran);
+    if (m->bf16) {
+        const int off = fwd ? cuda_fp8_swiglu_fwd_rows(be, out_b, dgu, NULL, n, F - 8, dq, ldq, dsq)
+                            : cuda_fp8_swiglu_bwd_rows(be, out_b, NULL, ddh, out_b, NULL, n, F - 8, dq, ldq, dsq);
+        EXPECT(!off, "swiglu %s rows F %d: ran where F %% 128 != 0", dir, F - 8);
+        if (fwd) be->swiglu_fwd(be, out_b, dgu, dsc, n, F);  // the plain kernels: the reference
+        else be->swiglu_bwd(be, out_b, dsc ? ds_b : NULL, ddh, out_b, dsc, n, F);
+        uint16_t *ga = xmalloc(2 * (size_t)n * C), *gb = xmalloc(2 * (size_t)n * C);
+        be->to_host(be, ga, out_a, 2 * (size_t)n * C);
+        be->to_host(be, gb, out_b, 2 * (size_t)n * C);
+        snprintf(lab, sizeof lab, "swiglu %s rows %dx%d %s", dir, n, F, fwd ? "h" : "dgu");
+        const int same = !memcmp(ga, gb, 2 * (size_t)n * C);
+        record(lab, 1, !same, 0);
+        EXPECT(same, "%s: differs from the plain SwiGLU kernel's", lab);
+        if (dsc && !fwd) {
+            snprintf(lab, sizeof lab, "swiglu %s rows %dx%d dscale", dir, n, F);
+            cmp_bits(m, lab, down_f32(be, ds_a, n), down_f32(be, ds_b, n), n);
+        }
+        float* want = down_act(be, out_b, n * (size_t)C);
+        uint8_t* q = xmalloc((size_t)n * C);
+        float* s = xmalloc(4 * (size_t)n * Kt);
+        fp8_quant_1x128(want, n, C, (size_t)C, q, s, NULL, NULL);
+        uint8_t* gq = down_u8(be, dq, (size_t)n * ldq);
+        float* gs = down_f32(be, dsq, (size_t)n * Kt);
+        snprintf(lab, sizeof lab, "swiglu %s rows %dx%d codes", dir, n, F);
+        check_codes(m, lab, gq, ldq, q, n, C);
+        const float** at = xmalloc(sizeof(float*) * (size_t)n * Kt);
+        for (int r = 0; r < n; r++)
+            for (int t = 0; t < Kt; t++) at[(size_t)r * Kt + t] = gs + (size_t)t * n + r;
+        snprintf(lab, sizeof lab, "swiglu %s rows %dx%d scales", dir, n, F);
+        check_scales(m, lab, at, s, (size_t)n * Kt);
+        free(at), free(gq), free(gs), free(q), free(s), free(want), free(ga), free(gb);
+    }
+    free(gu), free(dh), free(sc);
+    dev_free_all();
+}
+
 static void test_swiglu_rows(void) {
     const struct { int n, F, scaled; } sh[] = {{37, 256, 1}, {130, 384, 1}, {5, 128, 0}, {64, 1152, 1}};
-    FOR_MODES for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
-        Backend* be = m->gpu;
-        const int n = sh[si].n, F = sh[si].F, F2 = 2 * F, Kt = tiles(F2), ldq = (int)pad((size_t)F2, 16);
-        float* gu = randn(n * (size_t)F2, 2.f);
-        float* dh = randn(n * (size_t)F, 1.f);
-        for (size_t i = 0; i < (size_t)n * F; i++) dh[i] *= exp2f((float)(int)(rng_u64(&g_rng) % 41) - 20);
-        for (int k = 0; k < n / 8 + 2; k++) {
-            const int r = (int)(rng_u64(&g_rng) % n);
-            const float bad = k % 3 == 0 ? NAN : (k % 3 == 1 ? INFINITY : -INFINITY);
-            if (k % 2) gu[(size_t)r * F2 + rng_u64(&g_rng) % F2] = bad;
-            else dh[(size_t)r * F + rng_u64(&g_rng) % F] = bad;
-        }
-        round_act(m, gu, n * (size_t)F2), round_act(m, dh, n * (size_t)F);
-        float* sc = randu(n, 0.25f, 0.75f);
-        const float* dsc = sh[si].scaled ? up_f32(be, sc, n) : NULL;
-        void *dgu_a = up_act(be, gu, n * (size_t)F2), *dgu_b = up_act(be, gu, n * (size_t)F2);
-        void* ddh = up_act(be, dh, n * (size_t)F);
-        float *ds_a = poison(be, 4 * (size_t)n), *ds_b = poison(be, 4 * (size_t)n);
-        uint8_t* dq = poison(be, (size_t)n * ldq);
-        float* dsq = poison(be, 4 * (size_t)n * Kt);
-        char lab[64];
-        const int ran = cuda_fp8_swiglu_bwd_rows(be, dgu_a, dsc ? ds_a : NULL, ddh, dgu_a, dsc, n, F, dq, ldq, dsq);
-        snprintf(lab, sizeof lab, "swiglu rows %dx%d ran", n, F);
-        record(lab, m->bf16, ran != m->bf16, 0);
-        EXPECT(ran == m->bf16, "%s [%s]: returned %d", lab, m->name, ran);
-        if (m->bf16) {
-            EXPECT(!cuda_fp8_swiglu_bwd_rows(be, dgu_b, NULL, ddh, dgu_b, NULL, n, F - 8, dq, ldq, dsq),
-                   "swiglu rows F %d: ran where F %% 128 != 0", F - 8);
-            be->swiglu_bwd(be, dgu_b, dsc ? ds_b : NULL, ddh, dgu_b, dsc, n, F);  // the plain kernel: the reference
-            uint16_t *ga = xmalloc(2 * (size_t)n * F2), *gb = xmalloc(2 * (size_t)n * F2);
-            be->to_host(be, ga, dgu_a, 2 * (size_t)n * F2);
-            be->to_host(be, gb, dgu_b, 2 * (size_t)n * F2);
-            snprintf(lab, sizeof lab, "swiglu rows %dx%d dgu", n, F);
-            const int same = !memcmp(ga, gb, 2 * (size_t)n * F2);
-            record(lab, 1, !same, 0);
-            EXPECT(same, "%s: d(gate|up) differs from the plain SwiGLU backward's", lab);
-            if (dsc) {
-                snprintf(lab, sizeof lab, "swiglu rows %dx%d dscale", n, F);
-                cmp_bits(m, lab, down_f32(be, ds_a, n), down_f32(be, ds_b, n), n);
-            }
-            float* want = down_act(be, dgu_b, n * (size_t)F2);
-            uint8_t* q = xmalloc((size_t)n * F2);
-            float* s = xmalloc(4 * (size_t)n * Kt);
-            fp8_quant_1x128(want, n, F2, (size_t)F2, q, s, NULL, NULL);
-            uint8_t* gq = down_u8(be, dq, (size_t)n * ldq);
-            float* gs = down_f32(be, dsq, (size_t)n * Kt);
-            snprintf(lab, sizeof lab, "swiglu rows %dx%d codes", n, F);
-            check_codes(m, lab, gq, ldq, q, n, F2);
-            const float** at = xmalloc(sizeof(float*) * (size_t)n * Kt);
-            for (int r = 0; r < n; r++)
-                for (int t = 0; t < Kt; t++) at[(size_t)r * Kt + t] = gs + (size_t)t * n + r;
-            snprintf(lab, sizeof lab, "swiglu rows %dx%d scales", n, F);
-            check_scales(m, lab, at, s, (size_t)n * Kt);
-            free(at), free(gq), free(gs), free(q), free(s), free(want), free(ga), free(gb);
-        }
-        free(gu), free(dh), free(sc);
-        dev_free_all();
-    }
+    FOR_MODES for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++)
+        for (int fwd = 0; fwd < 2; fwd++) swiglu_rows_case(m, sh[si].n, sh[si].F, sh[si].scaled, fwd);
 }
 
 int main(void) {

@@ -101,6 +101,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int, const GpuConfig* g
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu, be->fp8_ws_bytes = cuda_fp8_ws_bytes;
     be->fp8_wcodes_bytes = cuda_fp8_wcodes_bytes, be->fp8_wcodes_make = cuda_fp8_wcodes_make;
     be->gemm_grouped_swiglu_bwd = cuda_gemm_grouped_swiglu_bwd;
+    be->gemm_grouped_ffn = cuda_gemm_grouped_ffn;
     be->swiglu_fwd = cuda_swiglu_fwd, be->swiglu_bwd = cuda_swiglu_bwd, be->moe_index = cuda_moe_index;
     be->permute_fwd = cuda_permute_fwd, be->permute_bwd = cuda_permute_bwd;
     be->unpermute_fwd = cuda_unpermute_fwd, be->unpermute_bwd = cuda_unpermute_bwd;

@@ -16,3 +16,5 @@ extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb);
 extern "C" size_t cuda_fp8_wgrad_splits(Backend* be);
 extern "C" size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K);
 extern "C" size_t cuda_fp8_w13_groups(Backend* be);
+extern "C" size_t cuda_fp8_ffn_groups(Backend* be);
+extern "C" size_t cuda_fp8_ffn_ws(Backend* be, int rows, int F, int H);
