@@ -9,8 +9,8 @@
 #   tests  every GPU test binary in $BUILD/tests/gpu (each CUDA op against the CPU op, the whole
 #          model against the CPU backend and the Hugging Face golden fixture, NCCL with 2+ GPUs),
 #          through scripts/run_tests.sh ("N passed, N failed")
-#   san    compute-sanitizer: memcheck over every GPU test (test_cuda_fp8 --small: without its
-#          Mixtral-sized shapes), racecheck over the attention tests
+#   san    compute-sanitizer: memcheck over every GPU test (test_cuda_fp8 and test_cuda_fp8_ffn
+#          --small: without their larger shapes), racecheck over the attention tests
 #          (RACECHECK=0 skips it), judged by scripts/racecheck_ours.sh: hazards in our kernels
 #          fail, those in cuBLASLt's own kernels are listed
 #   ckpt   scripts/ckpt_check.sh: save + resume exact on the GPU (bf16 and fp32), and the Hugging
@@ -139,7 +139,7 @@ step_san() {
     case $n in mpi_*) continue ;; esac  # multi-rank tests: sanitizing one rank under mpirun says little more
     local a=()
     local s=()
-    [ "$n" = test_cuda_fp8 ] && a=(--small)  # its Mixtral-sized GEMMs take too long under memcheck
+    case $n in test_cuda_fp8 | test_cuda_fp8_ffn) a=(--small) ;; esac  # their larger GEMMs take too long under memcheck
     # NCCL's communicator set-up asks cudaFuncGetAttributes about its kernels built for other GPUs
     # and handles the "no kernel image" it gets back (four API errors, all inside ncclCommInitAll):
     # for the test that creates a communicator, memory errors only
