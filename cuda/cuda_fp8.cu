@@ -444,6 +444,16 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
     }
 }
 
+// A group's product over n rows whose A codes (row stride ldq, Kt tiles) a kernel writes for its own
+// nc rows only: the rows it runs on into (n > nc) get zero codes and every scale zero first, so that
+// their rows of C (written again by their own group's product later on the stream) are finite.
+static void zero_run_on(Backend* be, const Fp8Bufs* b, int nc, int n, int ldq, int Kt) {
+    if (n <= nc) return;
+    be->zero(be, b->qa + (size_t)nc * ldq, (size_t)(n - nc) * ldq);
+    be->zero(be, b->sa0, 4 * (size_t)Kt * n);
+    be->zero(be, b->sa1, 4 * (size_t)Kt * 8);
+}
+
 // ---- gemm_grouped_ffn: the experts' forward, per group --------------------------------------------
 // Per group: w13's product into gu (as gemm_grouped takes the group), the SwiGLU of the group's
 // rows writing h and, from its registers, h's row-wise codes along F for w2's product
@@ -494,11 +504,7 @@ extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const Grou
         int ms, chunk;
         const int split = plan_split(be, n, H, 0, 0.f, &b, &ms, &chunk);
         const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, n, Kt);
-        if (n > nc) {  // the rows run on into: zero codes, zero scales (before this group's are written)
-            be->zero(be, b.qa + (size_t)nc * F, (size_t)(n - nc) * F);
-            be->zero(be, b.sa0, 4 * (size_t)Kt * n);
-            be->zero(be, b.sa1, 4 * (size_t)Kt * 8);
-        }
+        zero_run_on(be, &b, nc, n, F, Kt);
         CHECK(swiglu_fwd_rows(be, hg, gug, sg, nc, F, b.qa, (size_t)F, sam), "gemm_grouped_ffn: swiglu_fwd_rows declined");
         const SMap sbm = y.wq ? wcodes_b(y.wq, 0, 1, &b) : quant_b(be, FP8_WEIGHT, b2, H, F, 1, F, F, Kt, &b);
         fp8_product(be, n, H, F, F, &b, sam, sbm, 1, d2->alpha, 0.f, yg, yg, H, 0, split, 0);
@@ -546,11 +552,7 @@ static void w13_group(Backend* be, const GemmDesc* d, const GroupDesc* g, int i,
     const int split_d = plan_split(be, n, K, cx, 0.f, &f.dg, &ms_d, &ch_d);
     const SMap stm = smap_vec(f.wg.sa0, f.wg.sa1, ms_w, ch_w, F2, Ktk);  // d(gate|up)ᵀ, along the rows
     const SMap srm = smap_vec(f.dg.sa0, f.dg.sa1, ms_d, ch_d, n, Kt2);   // d(gate|up), along 2F
-    if (n > nc) {  // the rows run on into: zero codes, zero scales (before this group's are written)
-        be->zero(be, f.dg.qa + (size_t)nc * ldq, (size_t)(n - nc) * ldq);
-        be->zero(be, f.dg.sa0, 4 * (size_t)Kt2 * n);
-        be->zero(be, f.dg.sa1, 4 * (size_t)Kt2 * 8);
-    }
+    zero_run_on(be, &f.dg, nc, n, ldq, Kt2);
     char* dgu = (char*)gu + (size_t)r0 * F2 * ea;
     const char* dhg = (const char*)dh + (size_t)r0 * F * ea;
     float* dsg = dscale ? dscale + r0 : NULL;
