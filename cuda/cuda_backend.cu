@@ -488,6 +488,8 @@ static void set_ops(Backend* be) {
                            ? cuda_fp8_ws_bytes : NULL;
     be->fp8_wcodes_bytes = be->fp8_ws_bytes ? cuda_fp8_wcodes_bytes : NULL;
     be->fp8_wcodes_make = be->fp8_ws_bytes ? cuda_fp8_wcodes_make : NULL;
+    be->fp8_xcodes_bytes = be->fp8_ws_bytes ? cuda_fp8_xcodes_bytes : NULL;
+    be->fp8_xcodes_make = be->fp8_ws_bytes ? cuda_fp8_xcodes_make : NULL;
 
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu;

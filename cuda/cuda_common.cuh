@@ -207,14 +207,16 @@ extern "C" void cuda_gemm_grouped_fp8(Backend*, const GemmDesc*, const GroupDesc
 extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const void* dY, const void* X,
                                             void* dB, float beta);
 extern "C" void cuda_gemm_grouped_ffn(Backend*, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
-                                      void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
-                                      const void* B2, void* Y);
+                                      void* gu, void* h, void* hq, const float* scale, const GemmDesc* d2,
+                                      const GroupDesc* g2, const void* B2, void* Y);
 extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend*, const GemmDesc*, const GroupDesc*, const void* dh, void* gu,
                                               const float* scale, float* dscale, const void* X, const void* W, void* dW,
                                               float beta, void* dX);
 extern "C" size_t cuda_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
 extern "C" size_t cuda_fp8_wcodes_bytes(Backend*, int R, int C, int groups);
 extern "C" void cuda_fp8_wcodes_make(Backend*, const void* W, int R, int C, int groups, size_t b_stride, void* codes);
+extern "C" size_t cuda_fp8_xcodes_bytes(Backend*, int R, int groups, int K);
+extern "C" void cuda_fp8_xcodes_make(Backend*, const GroupDesc* g, const void* X, int K, void* xq);
 extern "C" int cuda_fp8_kernels_built(void);
 void fp8_cache_destroy(struct Fp8Cache*);
 // cuda_norm.cu: embedding and RMSNorm

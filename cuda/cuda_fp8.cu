@@ -247,6 +247,40 @@ extern "C" void cuda_fp8_wcodes_make(Backend* be, const void* W, int R, int C, i
     }
 }
 
+// ---- X's codes along its groups' rows (backend.h: fp8_xcodes_*) ---------------------------------
+// Per group of r rows, what wgrad_chunk quantises X_g into: Xᵀ's codes [K, ldk = r rounded up to 16]
+// and their scales [⌈r/128⌉, K], each on WS_ALIGN bytes; the groups one after another.
+typedef struct XCodes {
+    uint8_t* q;
+    float* s;
+} XCodes;
+static size_t xc_codes(int rows, int K) { return up((size_t)K * up((size_t)rows, 16), WS_ALIGN); }
+static size_t xc_part(int rows, int K) { return rows ? xc_codes(rows, K) + up(4 * (size_t)K * cdiv(rows, TILE), WS_ALIGN) : 0; }
+static XCodes xc_group(const GroupDesc* g, const void* xq, int K, int i) {
+    char* p = ws_base(xq);
+    for (int j = 0; j < i; j++) p += xc_part(g->host_off[j + 1] - g->host_off[j], K);
+    return {(uint8_t*)p, (float*)(p + xc_codes(g->host_off[i + 1] - g->host_off[i], K))};
+}
+static SMap xc_smap(XCodes x, int rows, int K) { return smap_vec(x.s, x.s, K, K, K, cdiv(rows, TILE)); }
+
+extern "C" size_t cuda_fp8_xcodes_bytes(Backend* be, int R, int groups, int K) {
+    CHECK(R >= 0 && groups >= 0 && K >= 0, "fp8_xcodes_bytes: negative size R=%d groups=%d K=%d", R, groups, K);
+    // Σ ⌈r_g/128⌉ ≤ R/128 + groups; each part rounds up by less than WS_ALIGN twice; one more for the base
+    const size_t k = (size_t)K, G = (size_t)groups;
+    return k * ((size_t)R + 15 * G) + 4 * k * ((size_t)R / TILE + G) + (2 * G + 1) * WS_ALIGN;
+}
+
+extern "C" void cuda_fp8_xcodes_make(Backend* be, const GroupDesc* g, const void* X, int K, void* xq) {
+    fp8_xcodes_check(g, K);
+    const size_t ea = dtype_size(be->act_dtype);
+    for (int i = 0; i < g->groups; i++) {
+        const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
+        if (rows == 0) continue;
+        const XCodes x = xc_group(g, xq, K, i);
+        quant_cols_t(be, (const char*)X + (size_t)r0 * K * ea, rows, K, K, x.q, up((size_t)rows, 16), xc_smap(x, rows, K));
+    }
+}
+
 // Group i of an op's B from its codes (trans_b: W_g's blocks as stored, else transposed) in place
 // of quant_b: b->qb, b->sb point there. Returns the scale map.
 static SMap wcodes_b(const Fp8WCodes* wq, int i, int trans_b, Fp8Bufs* b) {
@@ -374,8 +408,10 @@ extern "C" void cuda_gemm_grouped_fp8(Backend* be, const GemmDesc* d, const Grou
 
 // One product of the weight gradient: C[nr, K] (row stride ldc; fp32 when c_f32) = dY[k0 .. k0+kr,
 // n0 .. n0+nr)ᵀ · X[k0 .. k0+kr, :] + beta · C, both quantised along those kr rows (dY [·, N], X [·, K]).
-static void wgrad_chunk(Backend* be, const void* dY, const void* X, int N, int K, int n0, int nr, int k0, int kr,
-                        void* C, int ldc, float beta, int c_f32, char* base) {
+// xg: X's group codes (its rows from r0, xrows of them), read instead of X: the whole group's in
+// place, a chunk's copied into ws (its tiles start on one of the group's: k0 − r0 is a multiple of 128).
+static void wgrad_chunk(Backend* be, const void* dY, const void* X, const XCodes* xg, int r0, int xrows, int N, int K,
+                        int n0, int nr, int k0, int kr, void* C, int ldc, float beta, int c_f32, char* base) {
     const size_t ea = dtype_size(be->act_dtype);
     const int ldk = (int)up((size_t)kr, 16), Kt = cdiv(kr, TILE);
     Fp8Bufs b;
@@ -383,10 +419,17 @@ static void wgrad_chunk(Backend* be, const void* dY, const void* X, int N, int K
     int ms, chunk;
     const int split = plan_split(be, nr, K, c_f32, beta, &b, &ms, &chunk);
     const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, nr, Kt);
-    const SMap sbm = smap_vec(b.sb, b.sb, K, K, K, Kt);
     quant_cols_t(be, (const char*)dY + ((size_t)k0 * N + n0) * ea, kr, nr, N, b.qa, ldk, sam);
-    quant_cols_t(be, (const char*)X + (size_t)k0 * K * ea, kr, K, K, b.qb, ldk, sbm);
-    fp8_product(be, nr, K, kr, ldk, &b, sam, sbm, 0, 1.f, beta, C, C, ldc, c_f32, split, 1);
+    if (!xg) {
+        quant_cols_t(be, (const char*)X + (size_t)k0 * K * ea, kr, K, K, b.qb, ldk, smap_vec(b.sb, b.sb, K, K, K, Kt));
+    } else if (kr == xrows) {
+        b.qb = xg->q, b.sb = xg->s;
+    } else {
+        const size_t xld = up((size_t)xrows, 16);
+        CUDA_CK(cudaMemcpy2DAsync(b.qb, ldk, xg->q + (k0 - r0), xld, ldk, K, cudaMemcpyDeviceToDevice, ST(be)));
+        be->copy(be, b.sb, xg->s + (size_t)(k0 - r0) / TILE * K, 4 * (size_t)Kt * K);
+    }
+    fp8_product(be, nr, K, kr, ldk, &b, sam, smap_vec(b.sb, b.sb, K, K, K, Kt), 0, 1.f, beta, C, C, ldc, c_f32, split, 1);
 }
 
 // dB_g [N, K] = dY_gᵀ X_g + beta · dB_g: both operands quantised along the group's rows (the
@@ -411,8 +454,11 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
             if (beta == 0.f) be->zero(be, dbg, eb * N * K);
             continue;
         }
+        XCodes xc;
+        if (g->xq) xc = xc_group(g, g->xq, K, i);
+        const XCodes* xg = g->xq ? &xc : NULL;
         if (rows <= fit) {  // the whole group in one product: each operand quantised once
-            wgrad_chunk(be, dY, X, N, K, 0, N, r0, rows, dbg, K, beta, c_f32, ws_base(g->ws));
+            wgrad_chunk(be, dY, X, xg, r0, rows, N, K, 0, N, r0, rows, dbg, K, beta, c_f32, ws_base(g->ws));
             continue;
         }
         // the group's rows in chunks of CH (a multiple of 128: the 1×128 tiles still start at the
@@ -422,7 +468,8 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
         if (c_f32 || nch == 1) {
             for (int c = 0; c < nch; c++) {
                 const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
-                wgrad_chunk(be, dY, X, N, K, 0, N, k0, kr, dbg, K, c == 0 ? beta : 1.f, c_f32, ws_base(g->ws));
+                wgrad_chunk(be, dY, X, xg, r0, rows, N, K, 0, N, k0, kr, dbg, K, c == 0 ? beta : 1.f, c_f32,
+                            ws_base(g->ws));
             }
             continue;
         }
@@ -436,7 +483,8 @@ extern "C" void cuda_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int
             const int nr = N - n0 < er ? N - n0 : er;
             for (int c = 0; c < nch; c++) {
                 const int k0 = r0 + c * CH, kr = rows - c * CH < CH ? rows - c * CH : CH;
-                wgrad_chunk(be, dY, X, N, K, n0, nr, k0, kr, acc, K, c == 0 ? 0.f : 1.f, 1, ws_base(g->ws));
+                wgrad_chunk(be, dY, X, xg, r0, rows, N, K, n0, nr, k0, kr, acc, K, c == 0 ? 0.f : 1.f, 1,
+                            ws_base(g->ws));
             }
             bf16* dbr = (bf16*)dbg + (size_t)n0 * K;
             fp8_epilogue_bf16(be, acc, nr, K, 1.f, beta, dbr, dbr, (size_t)K);
@@ -458,19 +506,21 @@ static void zero_run_on(Backend* be, const Fp8Bufs* b, int nc, int n, int ldq, i
 // Per group: w13's product into gu (as gemm_grouped takes the group), the SwiGLU of the group's
 // rows writing h and, from its registers, h's row-wise codes along F for w2's product
 // (swiglu_fwd_rows: the two ops read h back to quantise it), then W2_g's blocks (or its kept codes)
-// and w2's product into Y: the two ops' bits. A group whose w2 operands do not fit in ws takes the
-// two ops' steps (the plain SwiGLU, then gemm_grouped's product).
+// and w2's product into Y: the two ops' bits. With hq the SwiGLU writes h's codes along the rows
+// into hq as well, 128 × 128 tiles of h a block, and not h (swiglu_fwd_tiles). A group whose w2
+// operands do not fit in ws takes the two ops' steps (the plain SwiGLU, then gemm_grouped's product;
+// then h's codes into hq).
 extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
-                                      void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
-                                      const void* B2, void* Y) {
-    gemm_grouped_ffn_check(d, g, d2, g2);
+                                      void* gu, void* h, void* hq, const float* scale, const GemmDesc* d2,
+                                      const GroupDesc* g2, const void* B2, void* Y) {
+    gemm_grouped_ffn_check(d, g, d2, g2, hq);
     const int F = d->N / 2, H = d2->N, K = d->K;
     const int own = d->fp8 == FP8_WEIGHT && d2->fp8 == FP8_WEIGHT && d->ws == d2->ws && d->trans_b && d2->trans_b &&
                     d->beta == 0.f && d2->beta == 0.f && d->alpha != 0.f && d2->alpha != 0.f && K > 0 && F > 0 &&
                     H > 0 && !d->lda && !d->ldb && !d->ldc && !d2->lda && !d2->ldb && !d2->ldc && !d->c_f32 &&
                     !d2->c_f32 && is_bf16(be) && F % TILE == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)h % 16 == 0;
     if (!own) {
-        gemm_grouped_ffn_seq(be, d, g, A, B, gu, h, scale, d2, g2, B2, Y);
+        gemm_grouped_ffn_seq(be, d, g, A, B, gu, h, hq, scale, d2, g2, B2, Y);
         return;
     }
     const int R = g->host_off[g->groups], last = last_group(g), Kt = cdiv(F, TILE);
@@ -493,9 +543,13 @@ extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const Grou
         const float* sg = scale ? scale + r0 : NULL;
         gemm_fp8_one(be, &x, K, K, 2 * F, (const char*)A + (size_t)r0 * K * ea, (const char*)B + g->b_stride * i * ea,
                      gug, base);
+        XCodes xc;
+        if (hq) xc = xc_group(g, hq, F, i);
+        const size_t ldk = up((size_t)nc, 16);
         if (ws_layout(n, H, F, Kt, epi_bytes(be), NULL, NULL) > d->ws_bytes) {  // the two ops' steps
             cuda_swiglu_fwd(be, hg, gug, sg, nc, F);
             gemm_fp8_one(be, &y, F, F, H, hg, b2, yg, base);
+            if (hq) quant_cols_t(be, hg, nc, F, F, xc.q, ldk, xc_smap(xc, nc, F));
             continue;
         }
         CI(be)->fp8_ffn_groups++;
@@ -505,7 +559,9 @@ extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const Grou
         const int split = plan_split(be, n, H, 0, 0.f, &b, &ms, &chunk);
         const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, n, Kt);
         zero_run_on(be, &b, nc, n, F, Kt);
-        CHECK(swiglu_fwd_rows(be, hg, gug, sg, nc, F, b.qa, (size_t)F, sam), "gemm_grouped_ffn: swiglu_fwd_rows declined");
+        const int ok = hq ? swiglu_fwd_tiles(be, NULL, gug, sg, nc, F, xc.q, ldk, xc_smap(xc, nc, F), b.qa, (size_t)F, sam)
+                          : swiglu_fwd_rows(be, hg, gug, sg, nc, F, b.qa, (size_t)F, sam);
+        CHECK(ok, "gemm_grouped_ffn: the SwiGLU with h's codes declined");
         const SMap sbm = y.wq ? wcodes_b(y.wq, 0, 1, &b) : quant_b(be, FP8_WEIGHT, b2, H, F, 1, F, F, Kt, &b);
         fp8_product(be, n, H, F, F, &b, sam, sbm, 1, d2->alpha, 0.f, yg, yg, H, 0, split, 0);
     }
@@ -620,33 +676,6 @@ extern "C" void cuda_gemm_grouped_swiglu_bwd(Backend* be, const GemmDesc* d, con
     }
 }
 
-// Which path the FP8 GEMMs take: 0 = cuBLASLt where it can (the default), 2 = the fallback kernel
-// only. Counters: products issued through each (cuBLASLt calls; fallback launches).
-extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = path; }
-// The rows one FP8 product step takes (default FP8_ROW_CHUNK; a multiple of 128): tests set a small
-// one to cover the chunked paths. fp8_ws_bytes follows it: set it before sizing ws.
-extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows) {
-    CHECK(rows > 0 && rows % TILE == 0, "fp8 row chunk %d is not a positive multiple of 128", rows);
-    CI(be)->fp8_row_chunk = rows;
-}
-// The bytes of fp32 product rows the epilogue path stages at a time (default FP8_EPI_BYTES): tests
-// set a small one to cover several passes. fp8_ws_bytes follows it.
-extern "C" void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes) {
-    CHECK(bytes > 0, "fp8 epilogue rows of 0 bytes");
-    CI(be)->fp8_epi_bytes = bytes;
-}
-// The bytes of fp32 sums a chunked bf16 weight gradient keeps (default FP8_WGRAD_ACC_BYTES): tests
-// set a small one to cover several blocks of dB. fp8_ws_bytes follows it.
-extern "C" void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes) {
-    CHECK(bytes > 0, "fp8 weight-gradient accumulator of 0 bytes");
-    CI(be)->fp8_wgrad_acc = bytes;
-}
-extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
-    *lt = CI(be)->fp8_lt_calls;
-    *fb = CI(be)->fp8_fb_calls;
-}
-// Weight-gradient groups taken in row chunks so far (the rest were one product each).
-extern "C" size_t cuda_fp8_wgrad_splits(Backend* be) { return CI(be)->fp8_wgrad_split; }
 // The workspace gemm_grouped_swiglu_bwd needs to take a group of `rows` rows (its data gradient
 // running on to a multiple of 8) of F and K (the hidden size) on its own path.
 extern "C" size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K) {
@@ -657,7 +686,3 @@ extern "C" size_t cuda_fp8_swiglu_bwd_ws(Backend* be, int rows, int F, int K) {
 extern "C" size_t cuda_fp8_ffn_ws(Backend* be, int rows, int F, int H) {
     return ws_layout((rows + 7) / 8 * 8, H, F, cdiv(F, TILE), epi_bytes(be), NULL, NULL);
 }
-// Groups gemm_grouped_ffn took on its own path so far (the rest: the two ops' steps).
-extern "C" size_t cuda_fp8_ffn_groups(Backend* be) { return CI(be)->fp8_ffn_groups; }
-// Groups gemm_grouped_swiglu_bwd took on its own path so far (the rest: the three ops).
-extern "C" size_t cuda_fp8_w13_groups(Backend* be) { return CI(be)->fp8_w13_groups; }

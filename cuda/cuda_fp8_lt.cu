@@ -222,3 +222,36 @@ int fp8_lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb,
     }
     return 0;
 }
+
+// ---- the FP8 paths' settings and counters (tests/gpu, dev/gpu_bench) ----------------------------
+// Which path the FP8 GEMMs take: 0 = cuBLASLt where it can (the default), 2 = the fallback kernel
+// only. Counters: products issued through each (cuBLASLt calls; fallback launches).
+extern "C" void cuda_fp8_set_path(Backend* be, int path) { CI(be)->fp8_path = path; }
+// The rows one FP8 product step takes (default FP8_ROW_CHUNK; a multiple of 128): tests set a small
+// one to cover the chunked paths. fp8_ws_bytes follows it: set it before sizing ws.
+extern "C" void cuda_fp8_set_row_chunk(Backend* be, int rows) {
+    CHECK(rows > 0 && rows % TILE == 0, "fp8 row chunk %d is not a positive multiple of 128", rows);
+    CI(be)->fp8_row_chunk = rows;
+}
+// The bytes of fp32 product rows the epilogue path stages at a time (default FP8_EPI_BYTES): tests
+// set a small one to cover several passes. fp8_ws_bytes follows it.
+extern "C" void cuda_fp8_set_epi_bytes(Backend* be, size_t bytes) {
+    CHECK(bytes > 0, "fp8 epilogue rows of 0 bytes");
+    CI(be)->fp8_epi_bytes = bytes;
+}
+// The bytes of fp32 sums a chunked bf16 weight gradient keeps (default FP8_WGRAD_ACC_BYTES): tests
+// set a small one to cover several blocks of dB. fp8_ws_bytes follows it.
+extern "C" void cuda_fp8_set_wgrad_acc(Backend* be, size_t bytes) {
+    CHECK(bytes > 0, "fp8 weight-gradient accumulator of 0 bytes");
+    CI(be)->fp8_wgrad_acc = bytes;
+}
+extern "C" void cuda_fp8_counts(Backend* be, size_t* lt, size_t* fb) {
+    *lt = CI(be)->fp8_lt_calls;
+    *fb = CI(be)->fp8_fb_calls;
+}
+// Weight-gradient groups taken in row chunks so far (the rest were one product each).
+extern "C" size_t cuda_fp8_wgrad_splits(Backend* be) { return CI(be)->fp8_wgrad_split; }
+// Groups gemm_grouped_ffn took on its own path so far (the rest: the two ops' steps).
+extern "C" size_t cuda_fp8_ffn_groups(Backend* be) { return CI(be)->fp8_ffn_groups; }
+// Groups gemm_grouped_swiglu_bwd took on its own path so far (the rest: the three ops).
+extern "C" size_t cuda_fp8_w13_groups(Backend* be) { return CI(be)->fp8_w13_groups; }

@@ -293,21 +293,15 @@ __device__ __forceinline__ void store_cols(uint8_t* __restrict__ qt, size_t ldk,
 }
 
 // ---- k_quant_cols: the cast-transpose ------------------------------------------------------------
-// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block: qt [C, ldk] (ldk % 4 = 0,
-// ≥ n; zero codes in [n, ldk)) with column c's tile t scaled from X[128t .. 128t+128, c] (stm: row
-// c, tile t); optionally q [n, ldq] / srm: the row-wise codes of the same read.
+// What the cast-transpose makes of a 128×128 tile held in v: rows [i0, i0 + 128) ∩ [0, n) of X,
+// columns [c0, c0 + 128) ∩ [0, C). qt [C, ldk] (ldk % 4 = 0, ≥ n; zero codes in [n, ldk)) with
+// column c's tile i0 / 128 scaled from X[i0 .. i0+128, c] (stm: row c); optionally q [n, ldq] /
+// srm: the row-wise codes of the same values. Shared memory from the kernel: tq, cmax, csc.
 template <typename T>
-__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
-                                                             uint8_t* __restrict__ qt, size_t ldk, SMap stm,
-                                                             uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
-                                                             int w16, int w8) {
-    __shared__ uint2 tq[TILE * 16];
-    __shared__ float cmax[Q_THREADS / 32][TILE];
-    __shared__ __align__(16) float csc[TILE];
-    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, tid = threadIdx.x;
-    const int ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
-    Tile<T, 8> v;
-    load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
+__device__ __forceinline__ void cols_tile(const Tile<T, 8>& v, int n, int C, int i0, int c0, uint8_t* __restrict__ qt,
+                                          size_t ldk, const SMap& stm, uint8_t* __restrict__ q, size_t ldq,
+                                          const SMap& srm, int w16, int w8, uint2* tq, float (*cmax)[TILE], float* csc) {
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15, warp = tid >> 5;
     // column maxima: the thread's 8 rows, the other half-warp's, then the 8 warps through smem;
     // safe: the tile holds a non-finite element (then every column and row of it is coded SAFE)
     bool safe;
@@ -331,7 +325,7 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const 
 #pragma unroll
         for (int w = 0; w < Q_THREADS / 32; w++) m = fmaxf(m, cmax[w][tid]);
         csc[tid] = scale_of_amax(m);
-        if (i0 < n && c0 + tid < C) smap_put(stm, c0 + tid, blockIdx.y, csc[tid]);
+        if (i0 < n && c0 + tid < C) smap_put(stm, c0 + tid, i0 / TILE, csc[tid]);
     }
     __syncthreads();
     {
@@ -350,12 +344,27 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const 
             const float s = scale_of_amax(m);
             const int r = i0 + ty * 8 + i, cc = c0 + tx * 8;
             if (r >= n || c0 >= C) continue;
-            if (tx == 0) smap_put(srm, r, blockIdx.x, s);
+            if (tx == 0) smap_put(srm, r, c0 / TILE, s);
             if ((size_t)cc < ldq) store8(q + (size_t)r * ldq + cc, row_codes(v, i, __frcp_rn(s), safe), (int)(ldq - cc), w8);
         }
     }
     __syncthreads();
     store_cols(qt, ldk, tq, c0, C, i0, w16);
+}
+
+// X rows [0, n) (row stride ldx), C columns, one 128×128 tile a block: cols_tile of what it loads.
+template <typename T>
+__global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(T)) k_quant_cols(const T* __restrict__ x, int n, int C, size_t ldx,
+                                                             uint8_t* __restrict__ qt, size_t ldk, SMap stm,
+                                                             uint8_t* __restrict__ q, size_t ldq, SMap srm, int vec,
+                                                             int w16, int w8) {
+    __shared__ uint2 tq[TILE * 16];
+    __shared__ float cmax[Q_THREADS / 32][TILE];
+    __shared__ __align__(16) float csc[TILE];
+    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE;
+    Tile<T, 8> v;
+    load_tile8x8(v, x, n, C, ldx, i0, c0, vec);
+    cols_tile(v, n, C, i0, c0, qt, ldk, stm, q, ldq, srm, w16, w8, tq, cmax, csc);
 }
 
 // ---- k_quant_blocks: 128×128 blocks --------------------------------------------------------------
@@ -452,6 +461,36 @@ __global__ void __launch_bounds__(Q_THREADS) k_swiglu_fwd_rows(bf16* h, const bf
     }
 }
 
+// The SwiGLU forward (swiglu_fwd8's bits) of one 128×128 tile of h [n, F] a block, h kept in
+// registers as k_quant_cols keeps a loaded bf16 tile, and cols_tile of it: h's codes along the
+// rows (qt [F, ldk], stm) for w2's weight gradient and along F (q [n, ldq], srm) for w2's product,
+// what k_quant_cols makes of the written h. h itself is stored only where hp is given. F % 128 = 0,
+// gu's rows on 16 bytes.
+__global__ void __launch_bounds__(Q_THREADS, 3) k_swiglu_fwd_tiles(bf16* hp, const bf16* __restrict__ gu,
+                                                                   const float* __restrict__ scale, int n, int F,
+                                                                   uint8_t* __restrict__ qt, size_t ldk, SMap stm,
+                                                                   uint8_t* __restrict__ q, size_t ldq, SMap srm, int w16,
+                                                                   int w8) {
+    __shared__ uint2 tq[TILE * 16];
+    __shared__ float cmax[Q_THREADS / 32][TILE];
+    __shared__ __align__(16) float csc[TILE];
+    const int c0 = blockIdx.x * TILE, i0 = blockIdx.y * TILE, cc = c0 + (threadIdx.x & 15) * 8;
+    Tile<bf16, 8> v;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = i0 + (threadIdx.x >> 4) * 8 + i;
+        uint4 hw = make_uint4(0, 0, 0, 0);
+        if (r < n) {
+            const bf16* g = gu + (size_t)r * 2 * F + cc;
+            hw = swiglu_fwd8(__ldg((const uint4*)g), __ldg((const uint4*)(g + F)), scale ? scale[r] : 1.0f,
+                             scale != nullptr);
+            if (hp) *(uint4*)(hp + (size_t)r * F + cc) = hw;
+        }
+        v.w[i][0] = hw.x, v.w[i][1] = hw.y, v.w[i][2] = hw.z, v.w[i][3] = hw.w;
+    }
+    cols_tile(v, n, F, i0, c0, qt, ldk, stm, q, ldq, srm, w16, w8, tq, cmax, csc);
+}
+
 // k_swiglu_bwd_v8's arithmetic (cuda_moe.cu; both through swiglu_bwd8), so d(gate|up) and dscale are
 // its bits, and from the bf16 words it writes, d(gate|up)'s 1×128 codes along 2F: q [n, ldq], scales
 // through srm, what k_quant_rows makes of the written rows. One block a row. F % 128 = 0: a tile is
@@ -530,6 +569,18 @@ int swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, in
     if (!is_bf16(be) || F % TILE != 0 || !aligned || ldq < (size_t)F) return 0;
     if (n == 0) return 1;
     QLAUNCH(n, k_swiglu_fwd_rows, (bf16*)h, (const bf16*)gu, scale, F, q, ldq, srm, store_ok(q, ldq, 8));
+    LAUNCH_CK(CI(be));
+    return 1;
+}
+
+int swiglu_fwd_tiles(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* qt, size_t ldk,
+                     SMap stm, uint8_t* q, size_t ldq, SMap srm) {
+    const int aligned = (uintptr_t)h % 16 == 0 && (uintptr_t)gu % 16 == 0;
+    if (!is_bf16(be) || F % TILE != 0 || !aligned || ldq < (size_t)F || ldk < (size_t)n || ldk % 4 != 0) return 0;
+    if (n == 0) return 1;
+    const dim3 grid((unsigned)(F / TILE), (unsigned)cdiv((int)ldk, TILE));
+    QLAUNCH(grid, k_swiglu_fwd_tiles, (bf16*)h, (const bf16*)gu, scale, n, F, qt, ldk, stm, q, ldq, srm,
+            store_ok(qt, ldk, 16), store_ok(q, ldq, 8));
     LAUNCH_CK(CI(be));
     return 1;
 }

@@ -83,6 +83,8 @@ typedef struct GroupDesc {
     Fp8Gemm fp8;           // gemm_grouped_wgrad: FP8_OFF or FP8_ACT (the other grouped ops read GemmDesc.fp8)
     void* ws;              // gemm_grouped_wgrad with fp8: as GemmDesc.ws
     size_t ws_bytes;
+    const void* xq;        // gemm_grouped_wgrad with FP8_ACT: NULL, or X's codes for these groups and
+                           // K (Backend.fp8_xcodes_make), read instead of X (which may be NULL)
 } GroupDesc;
 
 // The contract checks on those descriptors, the same for every backend (src/backend_check.c);
@@ -92,8 +94,10 @@ typedef struct GroupDesc {
 void gemm_desc_check(const GemmDesc* d, int* lda, int* ldb, int* ldc);
 // gemm_grouped (op names the caller): trans_a 0, no c_in, offsets from 0 and non-decreasing.
 void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g);
-// gemm_grouped_wgrad: beta 0 or 1, offsets from 0 and non-decreasing.
+// gemm_grouped_wgrad: beta 0 or 1, offsets from 0 and non-decreasing, xq only with FP8_ACT.
 void gemm_grouped_wgrad_check(const GroupDesc* g, float beta);
+// fp8_xcodes_make: K ≥ 0, offsets from 0 and non-decreasing.
+void fp8_xcodes_check(const GroupDesc* g, int K);
 
 // One AdamW update's settings (the adamw and adamw_split ops below).
 typedef struct AdamWDesc {
@@ -236,6 +240,12 @@ struct Backend {
     // into codes from W (b_stride elements between the groups, rows packed). NULL with fp8_ws_bytes.
     size_t (*fp8_wcodes_bytes)(Backend*, int R, int C, int groups);
     void (*fp8_wcodes_make)(Backend*, const void* W, int R, int C, int groups, size_t b_stride, void* codes);
+    // An act operand's codes along its groups' rows, made once and read by gemm_grouped_wgrad as
+    // its X (GroupDesc.xq): X [rows, K] in 1×128 tiles along each group's rows of g, what the
+    // weight gradient would make of X itself, in the backend's own format. The bytes, at most, for
+    // any `groups` groups of R rows in all; and making them. NULL with fp8_ws_bytes.
+    size_t (*fp8_xcodes_bytes)(Backend*, int R, int groups, int K);
+    void (*fp8_xcodes_make)(Backend*, const GroupDesc* g, const void* X, int K, void* xq);
 
     // ---- SwiGLU with routing scale -----------------------------------------------------------
     // gu [n, 2F] = [gate | up] per row; h[n,F] = silu(gate) · up · (scale ? scale[r] : 1)
@@ -249,12 +259,14 @@ struct Backend {
                                 const void* B, void* gu, void* h, const float* scale);
     // The experts' forward in one op: gemm_grouped_swiglu(d, g, A, B, gu, h, scale), then
     // gemm_grouped(d2, g2, h, B2, Y): Y = h · op(W2_g) with d2->K = F and g2 the same rows as g (its
-    // own b_stride). The CPU backend does exactly that (gemm_grouped_ffn_seq); the CUDA one with FP8
-    // takes a group at a time and makes h's row-wise codes for the second product from the SwiGLU's
-    // registers, instead of reading h back (the same bits: docs/fp8.md).
+    // own b_stride). hq (FP8 only; else NULL): NULL, or fp8_xcodes_bytes(rows, groups, F) bytes for
+    // fp8_xcodes_make(g, h, F, hq), h's codes for w2's weight gradient; h's contents are then
+    // undefined (h is scratch). The CPU backend does exactly that (gemm_grouped_ffn_seq); the CUDA
+    // one with FP8 takes a group at a time and makes h's codes for the second product (and hq) from
+    // the SwiGLU's registers, instead of reading h back (the same bits: docs/fp8.md).
     void (*gemm_grouped_ffn)(Backend*, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B,
-                             void* gu, void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2,
-                             const void* B2, void* Y);
+                             void* gu, void* h, void* hq, const float* scale, const GemmDesc* d2,
+                             const GroupDesc* g2, const void* B2, void* Y);
     // dgu[n,2F] overwritten; dscale[r] = Σ_f dh · silu(gate) · up  (if dscale != NULL)
     // (dscale is the same formula whether or not scale is NULL.) dgu may be gu itself (in place).
     void (*swiglu_bwd)(Backend*, void* dgu, float* dscale, const void* dh, const void* gu,
@@ -415,9 +427,11 @@ static inline void be_host_free(Backend* be, void* p) {
 
 // gemm_grouped_ffn as the two ops it is defined by (above): the CPU backend's, and the CUDA one's
 // without FP8; and the op's checks.
-void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2);
+void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2,
+                            const void* hq);
 void gemm_grouped_ffn_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* gu,
-                          void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2, void* Y);
+                          void* h, void* hq, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2,
+                          void* Y);
 // gemm_grouped_swiglu_bwd as the three ops it is defined by (above): the CPU backend's, and the
 // CUDA one's for what its own path does not take; and the op's checks.
 void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g);

@@ -37,10 +37,18 @@ void gemm_grouped_check(const char* op, const GemmDesc* d, const GroupDesc* g) {
 
 void gemm_grouped_wgrad_check(const GroupDesc* g, float beta) {
     CHECK(beta == 0.f || beta == 1.f, "gemm_grouped_wgrad: beta must be 0 or 1 (got %g)", beta);
+    CHECK(!g->xq || g->fp8 == FP8_ACT, "gemm_grouped_wgrad: xq (X's codes) wants fp8 FP8_ACT (got %d)", (int)g->fp8);
     offsets_check("gemm_grouped_wgrad", g);
 }
 
-void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2) {
+void fp8_xcodes_check(const GroupDesc* g, int K) {
+    CHECK(K >= 0, "fp8_xcodes_make: negative K=%d", K);
+    offsets_check("fp8_xcodes_make", g);
+}
+
+void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDesc* d2, const GroupDesc* g2,
+                            const void* hq) {
+    CHECK(!hq || (d->fp8 != FP8_OFF && d2->fp8 != FP8_OFF), "gemm_grouped_ffn: hq (h's codes) wants FP8 products");
     CHECK(d->N % 2 == 0 && d2->K == d->N / 2, "gemm_grouped_ffn: wants d->N = 2F and d2->K = F (N %d, K %d)", d->N,
           d2->K);
     CHECK(g2->groups == g->groups, "gemm_grouped_ffn: %d groups, then %d", g->groups, g2->groups);
@@ -51,15 +59,18 @@ void gemm_grouped_ffn_check(const GemmDesc* d, const GroupDesc* g, const GemmDes
 }
 
 void gemm_grouped_ffn_seq(Backend* be, const GemmDesc* d, const GroupDesc* g, const void* A, const void* B, void* gu,
-                          void* h, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2, void* Y) {
-    gemm_grouped_ffn_check(d, g, d2, g2);
+                          void* h, void* hq, const float* scale, const GemmDesc* d2, const GroupDesc* g2, const void* B2,
+                          void* Y) {
+    gemm_grouped_ffn_check(d, g, d2, g2, hq);
     be->gemm_grouped_swiglu(be, d, g, A, B, gu, h, scale);
     be->gemm_grouped(be, d2, g2, h, B2, Y);
+    if (hq) be->fp8_xcodes_make(be, g, h, d2->K, hq);
 }
 
 void gemm_grouped_swiglu_bwd_check(const GemmDesc* d, const GroupDesc* g) {
     CHECK(!d->trans_b && d->K % 2 == 0, "gemm_grouped_swiglu_bwd: wants trans_b 0 and K = 2F (trans_b %d, K %d)",
           d->trans_b, d->K);
+    CHECK(!g->xq, "gemm_grouped_swiglu_bwd: xq is not supported (its weight gradient quantises X itself)");
     gemm_grouped_check("gemm_grouped_swiglu_bwd", d, g);
 }
 

@@ -96,6 +96,7 @@ void gen_forward(Gen* g, const int32_t* tok, int n, const int* adv, const int* l
     be->zero(be, m->zsum, sizeof(float));
     bump_reset(&m->bump);
     m->keep_h = 0;
+    m->keep_hq = 0;
     const int planned = m->N;
     m->N = N;  // moe_forward routes the first N rows; its buffers are planned for `planned` rows
     be->embed_fwd(be, m->ls[0].x_in, W(m, 0, m->pl.embed), m->tok, N, H);

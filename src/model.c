@@ -401,6 +401,8 @@ static void step_begin(Model* m, const MicroArgs* a, StepLoss* out) {
     CHECK(!a->backward || a->fresh || !m->grad_act[ARENA_EXPERT],
           "act-dtype expert gradients (precision.expert_grad=bf16) cannot accumulate over micro-batches");
     m->keep_h = a->backward && m->keep_swiglu;  // a forward-only pass (eval) keeps nothing extra
+    m->keep_hq = m->keep_h && moe_keeps_hq(m);  // with FP8, h's codes for w2's weight gradient instead
+    if (m->keep_hq) m->keep_h = 0;
     // the kept weight codes: made at a step's first micro-batch, read by its others; a forward-only
     // pass (eval between steps, after the update) quantises the weights in its GEMMs instead
     m->wq_use = m->wq && a->backward;

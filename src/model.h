@@ -29,6 +29,8 @@ typedef struct MoeSaved {
     void* gu;          // [R, 2F] act: gate|up (bump)
     void* h;           // [R, F] act: SwiGLU output (bump), kept for the backward with
                        // train.keep_swiglu in a step with a backward; NULL otherwise (recomputed)
+    void* hq;          // instead of h with precision.fp8: h's codes for w2's weight gradient
+                       // (Backend.fp8_xcodes_make, bump), made by the forward; else NULL
     int R;             // rows received
     int* send_rows;    // host [ep] rows sent to each EP rank
     int* recv_rows;    // host [ep] rows received from each EP rank
@@ -106,6 +108,7 @@ typedef struct Model {
     int fresh;          // the running backward overwrites the gradients (MicroArgs.fresh)
     int keep_swiglu;    // ModelOpts.keep_swiglu: the MoE arenas are planned to keep h per layer
     int keep_h;         // this micro-batch keeps h (keep_swiglu and a backward follows)
+    int keep_hq;        // ... as its FP8 codes instead (keep_h's case with precision.fp8: moe.c)
     int force_exchange; // failpoint moe.force_exchange: the dispatcher's exchange path (all_to_all_v,
                         // block reorders) runs even at EP = 1 (tests: the NCCL calls on one GPU)
     float* h_stats;     // host [2E] router stats of the last forward, summed over the world

@@ -67,11 +67,22 @@ static size_t expert_fp8_ws(const Model* m, int R, int fwd) {
     return fwd ? model_fp8_ws_max(m->be, f, 2) : model_fp8_ws_max(m->be, b, 4);
 }
 
+int moe_keeps_hq(const Model* m) { return m->keep_swiglu && m->fp8 != FP8_NONE && m->be->fp8_xcodes_bytes; }
+
+// The bytes of the h a layer keeps for its backward with train.keep_swiglu, for R rows: h [R,F], or
+// with precision.fp8 its codes for w2's weight gradient (half of bf16 h's, and the scales).
+static size_t kept_h_bytes(const Model* m, size_t R) {
+    if (!m->keep_swiglu) return 0;
+    const size_t F = m->c.ffn;
+    return moe_keeps_hq(m) ? m->be->fp8_xcodes_bytes(m->be, (int)R, m->e_local, (int)F) : R * F * esz(m);
+}
+
 void moe_plan_bumps(Model* m, size_t proj_fp8_ws) {
     const size_t R = (size_t)m->N * m->c.top_k;  // rows received with perfect balance
     const size_t H = m->c.hidden, F = m->c.ffn;
-    // saved per layer: xe [R,H], gu [R,2F], scale_e [R]; with train.keep_swiglu also h [R,F]
-    const size_t saved = R * ((H + (m->keep_swiglu ? 3 : 2) * F) * esz(m) + sizeof(float)) +
+    // saved per layer: xe [R,H], gu [R,2F], scale_e [R]; with train.keep_swiglu also h [R,F] (with
+    // precision.fp8, h's codes instead)
+    const size_t saved = R * ((H + 2 * F) * esz(m) + sizeof(float)) + kept_h_bytes(m, R) +
                          (m->keep_swiglu ? 4 : 3) * 256;
     // per-layer scratch, the larger of forward and backward: h [R,F] (dh reuses it; d(gate|up)
     // overwrites the saved gu), expert out / dxe [R,H]; with EP > 1 also the received, reordered
@@ -232,6 +243,7 @@ static void exchange_counts(Model* m, MoeSaved* s) {
     s->scale_e = bump_alloc(&m->bump, (size_t)R * sizeof(float));
     s->gu = bump_alloc(&m->bump, (size_t)R * 2 * F * esz(m));
     s->h = m->keep_h ? bump_alloc(&m->bump, (size_t)R * F * esz(m)) : NULL;  // train.keep_swiglu
+    s->hq = m->keep_hq ? bump_alloc(&m->bump, kept_h_bytes(m, (size_t)R)) : NULL;  // ... with FP8
     prof_mark("fwd.exchange_counts");
 }
 
@@ -280,7 +292,8 @@ static void* experts_fwd(Model* m, int l, const MoeSaved* s, const int* off) {
     d2.N = H, d2.K = F, d2.wq = ws ? wcodes(m, l, 1) : NULL;
     GroupDesc g = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)2 * F * H};
     GroupDesc g2 = {.groups = m->e_local, .host_off = off, .b_stride = (size_t)H * F};
-    be->gemm_grouped_ffn(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->scale_e, &d2, &g2,
+    CHECK(ws || !s->hq, "moe: h's FP8 codes kept without FP8 expert GEMMs");
+    be->gemm_grouped_ffn(be, &d, &g, s->xe, at(m, m->w[1], o->w13), s->gu, h, s->hq, s->scale_e, &d2, &g2,
                          at(m, m->w[1], o->w2), y);
     prof_mark("fwd.experts");
     return y;
@@ -332,10 +345,11 @@ static void* dy_to_experts(Model* m, const MoeSaved* s, const void* dout, int xc
     return dye;
 }
 
-// Experts backward: h (saved by the forward with train.keep_swiglu, else recomputed), then w2,
-// swiglu, w13 backward, into the weight gradients and *dxe, *dsc: the gradients of the received
-// rows and of their routing weights. Memory: dh overwrites h once w2's weight gradient has read
-// it (the saved h too: it is dead after that), and d(gate|up) overwrites the saved gu in place
+// Experts backward: h (saved by the forward with train.keep_swiglu, or its codes with FP8, else
+// recomputed), then w2, swiglu, w13 backward, into the weight gradients and *dxe, *dsc: the
+// gradients of the received rows and of their routing weights. Memory: dh overwrites h once w2's
+// weight gradient has read it (the saved h too: it is dead after that; with h's codes dh takes the
+// scratch h would), and d(gate|up) overwrites the saved gu in place
 // (swiglu_bwd allows it; gu is dead after this layer's backward). With FP8 the SwiGLU backward and
 // w13's products are one op (gemm_grouped_swiglu_bwd: the CUDA backend quantises d(gate|up) for
 // both products from one read).
@@ -356,12 +370,14 @@ static void experts_bwd(Model* m, int l, const MoeSaved* s, const int* off, cons
     void* ws = wsb ? bump_rest(&m->tmp, wsb, &wsb) : NULL;
     GroupDesc g = {.groups = m->e_local, .host_off = off, .db_act = m->grad_act[ARENA_EXPERT],
                    .fp8 = ws ? FP8_ACT : FP8_OFF, .ws = ws, .ws_bytes = wsb};
-    if (!s->h) {
+    if (!s->h && !s->hq) {
         be->swiglu_fwd(be, h, s->gu, s->scale_e, R, F);
         prof_mark("bwd.swiglu_recompute");
     }
     g.b_stride = (size_t)H * F;
-    be->gemm_grouped_wgrad(be, &g, H, F, dye, h, grad_at(m, ARENA_EXPERT, o->w2), beta);
+    g.xq = s->hq;  // w2's X: h, or its codes
+    be->gemm_grouped_wgrad(be, &g, H, F, dye, s->hq ? NULL : h, grad_at(m, ARENA_EXPERT, o->w2), beta);
+    g.xq = NULL;
     prof_mark("bwd.w2_wgrad");
     grouped(m, off, dh, dye, at(m, m->w[1], o->w2), F, H, 0, (size_t)H * F, ws, wsb, wcodes(m, l, 1));
     prof_mark("bwd.w2_dgrad");

@@ -10,6 +10,9 @@ void moe_saved_free(Model* m, MoeSaved* s);
 // proj_fp8_ws, the attention projections', model.c): the expert GEMMs' beside the layer's rows, the
 // projections' alone, growing the arena only past what it holds already.
 void moe_plan_bumps(Model* m, size_t proj_fp8_ws);
+// With train.keep_swiglu and precision.fp8 a layer keeps h's FP8 codes for w2's weight gradient
+// instead of h (MoeSaved.hq): half the bytes, and no pass of the backward reads h.
+int moe_keeps_hq(const Model* m);
 // out[N,H] = res[N,H] + moe(x[N,H]) for layer l (res may be out: +=); saves what the backward
 // needs in m->ls[l].moe.
 void moe_forward(Model* m, int l, const void* x, const void* res, void* out);

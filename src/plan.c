@@ -55,7 +55,11 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     //                                       (s = 1.25 with EP > 1, else 1)
     //    s·R·F·a with train.keep_swiglu     the experts' SwiGLU output h [R,F], kept for the
     //                                       backward instead of recomputed (the scratch below
-    //                                       keeps its h: eval and the attention backward use it)
+    //                                       keeps its h: eval and the attention backward use it);
+    //                                       with precision.fp8 h's codes for w2's weight gradient
+    //                                       instead: F·(sR + 15·El) codes (each of the El local
+    //                                       experts' rows padded to 16), 4F·(sR/128 + El) scales,
+    //                                       512·(El + 1) of alignment (the backends' bound)
     //  once: a·N·2H + 4·3N                  final x, final norm out, rstd, tokens, targets
     //  scratch (reused by every layer):
     //    a·N·(2·max(H, Hq·D) + H + Hq·D + 2·Hkv·D + E + k·H) + 4·N·(E + 2k)
@@ -70,11 +74,14 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     const double N = (double)m->tokens, H = mc->hidden, F = mc->ffn, E = mc->experts, k = mc->top_k;
     const double Hq = mc->heads, Hkv = mc->kv_heads, D = H / Hq, V = mc->vocab_size, R = N * k;
     const double slack = m->ep > 1 ? 1.25 : 1.0;  // moe.c: rows beyond N·k arrive only with EP > 1
-    const double kept_h = c->train.keep_swiglu ? F : 0;
+    const double sR = slack * R, El = m->e_local;
+    const double kept_h = !c->train.keep_swiglu         ? 0
+                          : c->precision.fp8 == FP8_NONE ? sR * F * a
+                                                         : F * (sR + 15 * El) + 4 * F * (floor(sR / 128) + El) + 512 * (El + 1);
     const double per_layer = a * N * (4 * H + 2 * Hq * D + 2 * Hkv * D) + f4 * N * (2 + Hq + 2 * E + 3 * k) +
-                             slack * R * ((H + 2 * F + kept_h) * a + 4);
+                             sR * ((H + 2 * F) * a + 4) + kept_h;
     m->act_saved = per_layer * mc->layers + a * N * 2 * H + f4 * 3 * N;
-    m->kept_swiglu = slack * R * kept_h * a * mc->layers;
+    m->kept_swiglu = kept_h * mc->layers;
     const double wide = H > Hq * D ? H : Hq * D;
     const double moe_scratch = slack * (R * (F + (c->parallel.ep > 1 ? 4 : 1) * H) * a + 8 * R);
     const double nt = (double)((c->train.seq_len + 63) / 64);
@@ -84,7 +91,7 @@ static void plan_activations(const Config* c, double a, PlanMemory* m) {
     m->act_scratch = a * N * (2 * wide + H + Hq * D + 2 * Hkv * D + E + k * H) + f4 * N * (E + 2 * k) + m->moe_arena;
     // inference: one layer's saved set (no h kept), the final x / norm / tokens, the fused q|k|v
     // projection, the send buffer and its weights, the MoE per-layer scratch (no dS)
-    m->infer_act = per_layer - slack * R * kept_h * a + a * N * 2 * H + f4 * 3 * N +
+    m->infer_act = per_layer - kept_h + a * N * 2 * H + f4 * 3 * N +
                    a * N * (Hq * D + 2 * Hkv * D + k * H) + f4 * N * k + moe_scratch;
     double chunk = (double)(int64_t)(MODEL_HEAD_CHUNK_BYTES / (size_t)(V * a));
     if (chunk < 1) chunk = 1;
@@ -306,8 +313,9 @@ static void report_memory_total(const Config* c, const PlanMemory* m, int world,
             "gradients or Adam state; generate adds its KV cache)\n", "inference (eval/generate)",
             gib(m->infer_total) * scale, unit);
     if (m->kept_swiglu > 0)
-        fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output, %.2f %s per "
-                "layer)\n", gib(m->kept_swiglu) * scale, unit, gib(m->kept_swiglu / mc->layers) * scale, unit);
+        fprintf(f, "  (train.keep_swiglu: %.2f %s of the saved activations are the experts' SwiGLU output%s, %.2f %s per "
+                "layer)\n", gib(m->kept_swiglu) * scale, unit, c->precision.fp8 != FP8_NONE ? " as FP8 codes" : "",
+                gib(m->kept_swiglu / mc->layers) * scale, unit);
     if (!on_gpu)
         fprintf(f, "host memory (train.device=cpu): %.2f %s per rank, %.2f %s for the %d ranks together\n",
                 gib(m->total) * scale, unit, gib(m->total) * scale * world, unit, world);

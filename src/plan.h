@@ -20,7 +20,8 @@ typedef struct PlanMemory {
     double grads;             // fp32 gradients (full, not sharded)
     double adam;              // fp32 Adam m + v (ZeRO-1 shard)
     double act_saved;         // activations saved for backward, all layers
-    double kept_swiglu;       // of act_saved: the SwiGLU output h kept by train.keep_swiglu (0 when off)
+    double kept_swiglu;       // of act_saved: the SwiGLU output h kept by train.keep_swiglu (with
+                              // precision.fp8 its codes; 0 when off)
     double act_scratch;       // per-layer scratch (reused by every layer)
     double logits;            // lm_head logits chunk
     double moe_room;          // of act_scratch: the MoE's per-layer rows (with EP > 1 the 25% slack)

@@ -318,7 +318,8 @@ static void want_wgrad(const Mat& dY, const Mat& X, int N, int K, std::vector<fl
 // rows), the epilogue's rows 24 at a time (fewer than the sums, as at Mixtral's sizes: ws is then
 // the sums' size), ws exactly fp8_ws_bytes: the group of 300 rows does not fit whole (those of 128
 // or fewer do).
-static void wgrad_case(int N, int K, float beta, int db_act, int bf, Path path, int chunked, int epi = 0) {
+// xq: X's codes made first (cuda_fp8_xcodes_make) and read instead of X (NULL): the same bits.
+static void wgrad_case(int N, int K, float beta, int db_act, int bf, Path path, int chunked, int epi = 0, int xq = 0) {
     Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
     if (chunked) epi = 24;
     if (epi) cuda_fp8_set_epi_bytes(be, (size_t)4 * epi * K);
@@ -336,15 +337,17 @@ static void wgrad_case(int N, int K, float beta, int db_act, int bf, Path path, 
     const size_t need = cuda_fp8_ws_bytes(be, FP8_OP_WGRAD, FP8_ACT, ROWS, N, K, G);
     Ws ws(chunked ? need : need + (size_t)ROWS * (N + K) * 2);  // room for the largest group whole
     g.ws = ws.p, g.ws_bytes = ws.bytes;
+    std::vector<char> xc(xq ? cuda_fp8_xcodes_bytes(be, ROWS, G, K) : 0);
+    if (xq) cuda_fp8_xcodes_make(be, &g, X.dev(), K, xc.data()), g.xq = xc.data();
     set_path(be, path);
     const Counts c0 = Counts::now(be);
-    cuda_gemm_grouped_wgrad_fp8(be, &g, N, K, dY.dev(), X.dev(), dB.dev(), beta);
+    cuda_gemm_grouped_wgrad_fp8(be, &g, N, K, dY.dev(), xq ? nullptr : X.dev(), dB.dev(), beta);
     const Counts c1 = Counts::now(be);
     set_path(be, LT);
     char what[200];
-    snprintf(what, sizeof what, "gemm_grouped_wgrad N %d K %d beta %g %s dB, %s, %s, %s, epilogue %d rows", N, K, beta,
-             db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], chunked ? "row chunks" : "whole groups",
-             epi);
+    snprintf(what, sizeof what, "gemm_grouped_wgrad N %d K %d beta %g %s dB, %s, %s, %s, epilogue %d rows%s", N, K,
+             beta, db_bf ? "bf16" : "fp32", bf ? "bf16" : "fp32", PATH_NAME[path], chunked ? "row chunks" : "whole groups",
+             epi, xq ? ", X's codes made first" : "");
     const size_t bad = diff(dB, db_bf, want, G * N, K, K);
     EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, G * N * K);
     const size_t split = c1.split - c0.split;
@@ -366,6 +369,9 @@ static void test_wgrad() {
     wgrad_case(100, 72, 1.f, 1, 1, LT, 0);  // N % 8 ≠ 0: the fallback
     wgrad_case(136, 72, 1.f, 1, 1, REFUSED, 0);
     wgrad_case(136, 72, 1.f, 1, 1, LT, 0, 24);  // dB's epilogue in passes of 24 rows
+    for (int bf = 0; bf < 2; bf++)  // X's codes made first: whole groups; chunks copied out of them
+        for (int chunked = 0; chunked < 2; chunked++) wgrad_case(136, 72, 1.f, 1, bf, LT, chunked, 0, 1);
+    wgrad_case(136, 72, 0.f, 1, 1, FORCED, 1, 0, 1);
 }
 
 // ---- gemm_grouped_ffn ------------------------------------------------------------------------------
@@ -375,8 +381,10 @@ static void test_wgrad() {
 // with the arithmetic the op's runs), then the CPU's w2 product of that h. ws: room for w2 products
 // of up to `fit` rows on the op's own path (0: every group); the others take the two ops' steps
 // (counted). Only bf16 with F % 128 = 0 takes the own path.
+// hq: h's codes for w2's weight gradient too, byte for byte what cuda_fp8_xcodes_make makes of the
+// spec's h (h is then scratch: not compared).
 static void ffn_case(int F, int K, int H, int bf, Path path, int fit, int scaled = 1, int chunk = 4096, int codes = 0,
-                     const int* off = OFF, int ng = G) {
+                     const int* off = OFF, int ng = G, int hq = 0) {
     Backend* be = host_cuda_backend(bf ? DTYPE_BF16 : DTYPE_F32);
     cuda_fp8_set_row_chunk(be, chunk);
     const int F2 = 2 * F, R = off[ng];
@@ -419,14 +427,22 @@ static void ffn_case(int F, int K, int H, int bf, Path path, int fit, int scaled
     d.wq = codes ? &c13->wq : nullptr, d2.wq = codes ? &c2->wq : nullptr;
     set_path(be, path);
     const size_t f0 = cuda_fp8_ffn_groups(be);
-    cuda_gemm_grouped_ffn(be, &d, &g, X.dev(), W13.dev(), gu.dev(), h.dev(), sc, &d2, &g2, W2.dev(), Y.dev());
+    std::vector<char> hc(hq ? cuda_fp8_xcodes_bytes(be, R, ng, F) : 0), want_hc(hc.size());
+    cuda_gemm_grouped_ffn(be, &d, &g, X.dev(), W13.dev(), gu.dev(), h.dev(), hq ? hc.data() : nullptr, sc, &d2, &g2,
+                          W2.dev(), Y.dev());
     const size_t fused = cuda_fp8_ffn_groups(be) - f0;
     set_path(be, LT);
     char what[200];
-    snprintf(what, sizeof what, "gemm_grouped_ffn %d rows F %d K %d H %d %s, %s, fit %d%s, chunk %d%s", R, F, K, H,
+    snprintf(what, sizeof what, "gemm_grouped_ffn %d rows F %d K %d H %d %s, %s, fit %d%s, chunk %d%s%s", R, F, K, H,
              bf ? "bf16" : "fp32", PATH_NAME[path], fit, scaled ? "" : ", no scale", chunk,
-             codes ? ", kept weight codes" : "");
-    const size_t bg = diff(gu, bf, want_gu.f, R, F2, F2), bh = diff(h, bf, want_h.f, R, F, F);
+             codes ? ", kept weight codes" : "", hq ? ", h's codes" : "");
+    const size_t bg = diff(gu, bf, want_gu.f, R, F2, F2), bh = hq ? 0 : diff(h, bf, want_h.f, R, F, F);
+    if (hq) {  // the alignment gaps are zero in both
+        cuda_fp8_xcodes_make(be, &g, want_h.dev(), F, want_hc.data());
+        size_t bq = 0;
+        for (size_t i = 0; i < hc.size(); i++) bq += hc[i] != want_hc[i];
+        EXPECT(bq == 0, "%s: %zu of %zu bytes of h's codes differ from fp8_xcodes_make's", what, bq, hc.size());
+    }
     const size_t by = diff(Y, bf, want_y, R, H, H);
     EXPECT(bg == 0 && bh == 0, "%s: %zu gu, %zu h elements differ from the two ops'", what, bg, bh);
     EXPECT(by == 0, "%s: %zu of %d Y elements differ from the spec", what, by, R * H);
@@ -449,6 +465,13 @@ static void test_ffn() {
     // kept weight codes, W13 and W2 poisoned
     ffn_case(256, 136, 72, 1, LT, 0, 1, 4096, 1);
     ffn_case(128, 16, 256, 1, LT, 200, 1, 128, 1);
+    // h's codes for w2's weight gradient: from the own path's kernel; from the two ops' steps (a
+    // group that does not fit, F % 128 != 0, fp32); through the fallback kernel
+    ffn_case(256, 136, 72, 1, LT, 0, 1, 4096, 0, OFF, G, 1);
+    ffn_case(128, 16, 256, 1, LT, 200, 1, 128, 0, OFF, G, 1);
+    ffn_case(100, 136, 72, 1, LT, 0, 1, 4096, 0, OFF, G, 1);
+    ffn_case(128, 136, 72, 0, LT, 0, 1, 4096, 0, OFF, G, 1);
+    ffn_case(128, 72, 64, 1, FORCED, 0, 0, 4096, 0, OFF_SHORT, 3, 1);
 }
 
 // ---- gemm_grouped_swiglu_bwd -----------------------------------------------------------------------

@@ -236,6 +236,62 @@ static void test_fp8_arena(void) {
     }
 }
 
+// train.keep_swiglu with FP8: the forward keeps h's codes for w2's weight gradient (MoeSaved.hq,
+// Backend.fp8_xcodes_make) instead of h, and the backward reads them instead of recomputing h and
+// quantising it: the same codes, so the loss and every gradient are the bits of keep_swiglu off. The
+// arenas hold them as planned, and `plan` counts at least their bytes, fewer than h's.
+static void test_fp8_keep_swiglu(void) {
+    ModelConfig c = {.vocab_size = 32, .hidden = 160, .ffn = 136, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
+                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.02f,
+                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    enum { B = 2, T = 40, N = B * T };
+    int32_t tok[N], tgt[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
+    for (int mode = FP8_EXPERTS; mode <= FP8_LINEAR; mode++) {
+        float* g[2][2];
+        StepLoss l[2];
+        for (int keep = 0; keep < 2; keep++) {
+            Model m;
+            const ModelOpts o = {.fp8 = (Fp8Mode)mode, .keep_swiglu = keep};
+            model_create_opts(&m, &c, B, T, &o, be, g_comm);
+            for (int i = 0; i < m.pl.n; i++) {
+                const ParamInfo* p = &m.pl.p[i];
+                model_init_tensor(&c, p, 21, (float*)m.w[p->arena] + p->offset);
+            }
+            MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = 1.0f / N, .aux_scale = c.aux_coef,
+                           .z_scale = c.z_coef, .fresh = 1};
+            l[keep] = model_step(&m, &a);
+            const MoeSaved* s = &m.ls[1].moe;
+            EXPECT(keep ? s->hq && !s->h : !s->hq && !s->h, "fp8=%s keep_swiglu=%d: the layer kept h %p, its codes %p",
+                   fp8_mode_name(mode), keep, s->h, s->hq);
+            EXPECT(m.bump.grown == 0 && m.tmp.grown == 0, "fp8=%s keep_swiglu=%d: arenas grew (%zu, %zu)",
+                   fp8_mode_name(mode), keep, m.bump.grown, m.tmp.grown);
+            for (int ar = 0; ar < 2; ar++) g[keep][ar] = dup_f(m.grad[ar], m.numel[ar]);
+            if (keep) {
+                Config cfg;
+                config_defaults(&cfg);
+                cfg.model = c;
+                cfg.train.micro_batch = B, cfg.train.global_batch = B, cfg.train.seq_len = T;
+                cfg.train.device = DEVICE_CPU, cfg.train.keep_swiglu = 1, cfg.precision.fp8 = (Fp8Mode)mode;
+                PlanMemory pm;
+                Err e = {{0}};
+                const double codes = (double)c.layers * be->fp8_xcodes_bytes(be, N * c.top_k, c.experts, c.ffn);
+                const double h = (double)c.layers * N * c.top_k * c.ffn * sizeof(float);
+                EXPECT(plan_memory(&cfg, 1, &pm, &e) == 0 && pm.kept_swiglu >= codes && pm.kept_swiglu < h,
+                       "fp8=%s: plan counts %.0f bytes of kept h, the codes take %.0f, h %.0f", fp8_mode_name(mode),
+                       pm.kept_swiglu, codes, h);
+            }
+            for (int ar = 0; ar < 2; ar++)
+                EXPECT(!memcmp(g[keep][ar], g[0][ar], sizeof(float) * m.numel[ar]),
+                       "fp8=%s: arena %d's gradients differ with h's codes kept", fp8_mode_name(mode), ar);
+            model_free(&m);
+        }
+        EXPECT(l[1].ce_sum == l[0].ce_sum && l[1].aux == l[0].aux, "fp8=%s: loss %.9g with h's codes kept, %.9g without",
+               fp8_mode_name(mode), l[1].ce_sum, l[0].ce_sum);
+        for (int k = 0; k < 2; k++) free(g[k][0]), free(g[k][1]);
+    }
+}
+
 // A backend without FP8 GEMMs (fp8_ws_bytes NULL: CUDA below compute capability 9.0) is refused
 // for fp8 experts and linear with a message naming the key, the backend and the way out.
 static void test_fp8_refused(void) {
@@ -320,6 +376,7 @@ int main(int argc, char** argv) {
     RUN(test_fp8_modes);
     RUN(test_fp8_wiring);
     RUN(test_fp8_arena);
+    RUN(test_fp8_keep_swiglu);
     RUN(test_fp8_refused);
     g_comm->destroy(g_comm);
     be->destroy(be);

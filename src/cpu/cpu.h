@@ -35,6 +35,8 @@ void cpu_gemm_grouped_wgrad_fp8(Backend*, const GroupDesc*, int N, int K, const 
 size_t cpu_fp8_ws_bytes(Backend*, Fp8Op op, Fp8Gemm fp8, int M, int N, int K, int groups);
 size_t cpu_fp8_wcodes_bytes(Backend*, int R, int C, int groups);
 void cpu_fp8_wcodes_make(Backend*, const void* W, int R, int C, int groups, size_t b_stride, void* codes);
+size_t cpu_fp8_xcodes_bytes(Backend*, int R, int groups, int K);
+void cpu_fp8_xcodes_make(Backend*, const GroupDesc* g, const void* X, int K, void* xq);
 
 // ---- cpu_norm.c: embedding and RMSNorm ----------------------------------------------------
 void cpu_embed_fwd(Backend*, void* out, const void* table, const int32_t* tok, int N, int H);

@@ -172,6 +172,8 @@ Backend* cpu_backend_create(void) {
     be->fp8_ws_bytes = cpu_fp8_ws_bytes;
     be->fp8_wcodes_bytes = cpu_fp8_wcodes_bytes;
     be->fp8_wcodes_make = cpu_fp8_wcodes_make;
+    be->fp8_xcodes_bytes = cpu_fp8_xcodes_bytes;
+    be->fp8_xcodes_make = cpu_fp8_xcodes_make;
 
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->gemm_grouped_swiglu = cpu_gemm_grouped_swiglu;

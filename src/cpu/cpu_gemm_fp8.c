@@ -99,6 +99,32 @@ void cpu_fp8_wcodes_make(Backend* be, const void* W_, int R, int C, int groups, 
     }
 }
 
+// ---- X's codes along its groups' rows (backend.h: fp8_xcodes_*): per group of r rows, Xᵀ's codes
+// [K, r] and scales [K, tiles(r)], fp8_quant_1x128's column-wise outputs, the groups one after another
+static size_t xc_group(size_t rows, size_t K) { return rows ? al256(K * rows) + al256(sizeof(float) * K * fp8_tiles(rows)) : 0; }
+
+size_t cpu_fp8_xcodes_bytes(Backend* be, int R, int groups, int K) {
+    (void)be;
+    CHECK(R >= 0 && groups >= 0 && K >= 0, "fp8_xcodes_bytes: negative size R=%d groups=%d K=%d", R, groups, K);
+    // Σ tiles(r_g) ≤ R/128 + groups, and each part rounds up by less than 256 bytes
+    const size_t k = (size_t)K, g = (size_t)groups;
+    return k * R + sizeof(float) * k * ((size_t)R / 128 + g) + 2 * 256 * g;
+}
+
+void cpu_fp8_xcodes_make(Backend* be, const GroupDesc* g, const void* X_, int K, void* xq) {
+    (void)be;
+    fp8_xcodes_check(g, K);
+    const float* X = X_;
+    char* p = xq;
+    for (int i = 0; i < g->groups; i++) {
+        const size_t r0 = (size_t)g->host_off[i], rows = (size_t)g->host_off[i + 1] - r0;
+        if (!rows) continue;
+        fp8_quant_1x128(X + r0 * K, rows, (size_t)K, (size_t)K, NULL, NULL, (uint8_t*)p,
+                        (float*)(p + al256((size_t)K * rows)));
+        p += xc_group(rows, (size_t)K);
+    }
+}
+
 // Group i of an op's B from its Fp8WCodes into qb, sb (op(B)ᵀ [N, K]: q for trans_b, qt without).
 static void wcodes_b(const Fp8WCodes* wq, int i, int trans_b, uint8_t* qb, float* sb) {
     const int R = wq->R, C = wq->C;
@@ -197,6 +223,7 @@ void cpu_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int N, int K, c
     uint8_t* qb = carve(&w, (size_t)K * M);
     float* sb = carve(&w, sizeof(float) * K * tm);
     float* r = carve(&w, sizeof(float) * (size_t)N * K);
+    const char* xq = g->xq;
     for (int i = 0; i < g->groups; i++) {
         const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0;
         float* dBg = dB + (size_t)i * g->b_stride;
@@ -205,9 +232,17 @@ void cpu_gemm_grouped_wgrad_fp8(Backend* be, const GroupDesc* g, int N, int K, c
             continue;
         }
         // the group's tiles along tokens start at its first row: dY_gᵀ [N, rows] and X_gᵀ [K, rows]
+        // (X_g's from xq when given: the same codes)
         fp8_quant_1x128(dY + (size_t)r0 * N, rows, N, (size_t)N, NULL, NULL, qa, sa);
-        fp8_quant_1x128(X + (size_t)r0 * K, rows, K, (size_t)K, NULL, NULL, qb, sb);
-        fp8_gemm_tn(N, K, rows, qa, sa, qb, sb, 0, r, (size_t)K, 0);
+        const uint8_t* qx = qb;
+        const float* sx = sb;
+        if (xq) {
+            qx = (const uint8_t*)xq, sx = (const float*)(xq + al256((size_t)K * rows));
+            xq += xc_group((size_t)rows, (size_t)K);
+        } else {
+            fp8_quant_1x128(X + (size_t)r0 * K, rows, K, (size_t)K, NULL, NULL, qb, sb);
+        }
+        fp8_gemm_tn(N, K, rows, qa, sa, qx, sx, 0, r, (size_t)K, 0);
         combine(dBg, K, r, N, K, 1.0f, beta, dBg);
     }
 }

@@ -100,6 +100,7 @@ extern "C" Backend* cuda_backend_create(DType act_dtype, int, const GpuConfig* g
     be->gemm = cuda_gemm, be->gemm_grouped = cuda_gemm_grouped, be->gemm_grouped_wgrad = cuda_gemm_grouped_wgrad;
     be->gemm_grouped_swiglu = cuda_gemm_grouped_swiglu, be->fp8_ws_bytes = cuda_fp8_ws_bytes;
     be->fp8_wcodes_bytes = cuda_fp8_wcodes_bytes, be->fp8_wcodes_make = cuda_fp8_wcodes_make;
+    be->fp8_xcodes_bytes = cuda_fp8_xcodes_bytes, be->fp8_xcodes_make = cuda_fp8_xcodes_make;
     be->gemm_grouped_swiglu_bwd = cuda_gemm_grouped_swiglu_bwd;
     be->gemm_grouped_ffn = cuda_gemm_grouped_ffn;
     be->swiglu_fwd = cuda_swiglu_fwd, be->swiglu_bwd = cuda_swiglu_bwd, be->moe_index = cuda_moe_index;
