@@ -58,7 +58,7 @@ static const ConfigKey KEYS[] = {
     KEY(train, sample_len, K_INT, "64", 1, 4096, NULL, "tokens per train.sample_every sample (fewer when EOS comes first)"),
     STR(train, sample_prompt, "", "text the train.sample_every samples continue (bytes for a vocabulary of 256, else the run's SentencePiece tokenizer: data.tokenizer or the shards' manifest); empty = a newline for bytes, BOS otherwise"),
     KEY(train, early_stop, K_INT, "0", 0, IMAX, NULL, "stop the run (exit 0, a checkpoint saved) after this many validations in a row without a new lowest validation loss (0 = off)"),
-    BOOL(train, keep_swiglu, "false", "keep the experts' SwiGLU output h from the forward for the backward instead of recomputing it: one SwiGLU pass less per layer for micro_batch × seq_len × top_k × model.ffn × dtype bytes more saved activations per layer (1.25× that with parallel.ep > 1; `plan` counts it)"),
+    BOOL(train, keep_swiglu, "false", "keep the experts' SwiGLU output h from the forward for the backward instead of recomputing it: one SwiGLU pass less per layer for micro_batch × seq_len × top_k × model.ffn × dtype bytes more saved activations per layer (1.25× that with parallel.ep > 1; with precision.fp8, h's FP8 codes for w2's weight gradient instead: about half the bytes of bf16 h, and no pass of the backward reads h; `plan` counts it)"),
     KEY(optim, lr, K_FLOAT, "3e-4", 0, 10, NULL, "peak learning rate (AdamW)"),
     KEY(optim, min_lr_ratio, K_FLOAT, "0.1", 0, 1, NULL, "final learning rate as a fraction of optim.lr"),
     KEY(optim, warmup, K_INT, "100", 0, IMAX, NULL, "linear warmup steps"),

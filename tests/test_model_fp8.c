@@ -26,6 +26,23 @@ static float* dup_f(const float* x, size_t n) {
     return p;
 }
 
+// The model of test_fp8_modes and test_fp8_keep_swiglu, and one fresh step of it (forward and
+// backward) from the same initial weights.
+static ModelConfig small_model(void) {
+    return (ModelConfig){.vocab_size = 32, .hidden = 160, .ffn = 136, .layers = 2, .heads = 4, .kv_heads = 2,
+                         .experts = 4, .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f,
+                         .init_std = 0.02f, .aux_coef = 0.02f, .z_coef = 1e-3f};
+}
+static StepLoss small_step(Model* m, const ModelConfig* c, const int32_t* tok, const int32_t* tgt, int N) {
+    for (int i = 0; i < m->pl.n; i++) {
+        const ParamInfo* p = &m->pl.p[i];
+        model_init_tensor(c, p, 21, (float*)m->w[p->arena] + p->offset);
+    }
+    MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = 1.0f / N, .aux_scale = c->aux_coef,
+                   .z_scale = c->z_coef, .fresh = 1};
+    return model_step(m, &a);
+}
+
 // precision.fp8 (ModelOpts.fp8): forward and backward with the expert GEMMs (experts) and the
 // attention projections too (linear) in block-scaled FP8, against fp8 none on the same weights and
 // tokens (HF's init_std 0.02). Dimensions cross the 128-tiles (hidden 160, ffn 136, 160 expert rows,
@@ -43,9 +60,7 @@ static float* dup_f(const float* x, size_t n) {
 static const double TOL_FP8_GRAD[3] = {0, 0.25, 0.40};
 #define TOL_FP8_LOSS 2e-3
 static void test_fp8_modes(void) {
-    ModelConfig c = {.vocab_size = 32, .hidden = 160, .ffn = 136, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
-                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.02f,
-                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    const ModelConfig c = small_model();
     enum { B = 2, T = 40, N = B * T };
     int32_t tok[N], tgt[N];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
@@ -59,13 +74,7 @@ static void test_fp8_modes(void) {
         Model m;
         const ModelOpts o = {.fp8 = (Fp8Mode)mode};
         model_create_opts(&m, &c, B, T, &o, be, g_comm);
-        for (int i = 0; i < m.pl.n; i++) {
-            const ParamInfo* p = &m.pl.p[i];
-            model_init_tensor(&c, p, 21, (float*)m.w[p->arena] + p->offset);
-        }
-        MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = 1.0f / N, .aux_scale = c.aux_coef,
-                       .z_scale = c.z_coef, .fresh = 1};
-        StepLoss l = model_step(&m, &a);
+        StepLoss l = small_step(&m, &c, tok, tgt, N);
         loss[mode] = l.ce_sum / N + c.aux_coef * l.aux + c.z_coef * l.z;
         EXPECT(m.bump.grown == 0 && m.tmp.grown == 0, "fp8=%s: the arenas are planned large enough (grew %zu, %zu)",
                fp8_mode_name(mode), m.bump.grown, m.tmp.grown);
@@ -241,9 +250,7 @@ static void test_fp8_arena(void) {
 // quantising it: the same codes, so the loss and every gradient are the bits of keep_swiglu off. The
 // arenas hold them as planned, and `plan` counts at least their bytes, fewer than h's.
 static void test_fp8_keep_swiglu(void) {
-    ModelConfig c = {.vocab_size = 32, .hidden = 160, .ffn = 136, .layers = 2, .heads = 4, .kv_heads = 2, .experts = 4,
-                     .top_k = 2, .max_seq = 64, .rope_theta = 10000, .rms_eps = 1e-5f, .init_std = 0.02f,
-                     .aux_coef = 0.02f, .z_coef = 1e-3f};
+    const ModelConfig c = small_model();
     enum { B = 2, T = 40, N = B * T };
     int32_t tok[N], tgt[N];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
@@ -254,13 +261,7 @@ static void test_fp8_keep_swiglu(void) {
             Model m;
             const ModelOpts o = {.fp8 = (Fp8Mode)mode, .keep_swiglu = keep};
             model_create_opts(&m, &c, B, T, &o, be, g_comm);
-            for (int i = 0; i < m.pl.n; i++) {
-                const ParamInfo* p = &m.pl.p[i];
-                model_init_tensor(&c, p, 21, (float*)m.w[p->arena] + p->offset);
-            }
-            MicroArgs a = {.tokens = tok, .targets = tgt, .backward = 1, .ce_scale = 1.0f / N, .aux_scale = c.aux_coef,
-                           .z_scale = c.z_coef, .fresh = 1};
-            l[keep] = model_step(&m, &a);
+            l[keep] = small_step(&m, &c, tok, tgt, N);
             const MoeSaved* s = &m.ls[1].moe;
             EXPECT(keep ? s->hq && !s->h : !s->hq && !s->h, "fp8=%s keep_swiglu=%d: the layer kept h %p, its codes %p",
                    fp8_mode_name(mode), keep, s->h, s->hq);
