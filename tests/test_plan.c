@@ -313,8 +313,9 @@ static void test_memory_attn_ds(void) {
 
 // precision.fp8's workspace placed as moe.c places it: the expert GEMMs' beside the layer's rows,
 // where bench_8x7B_L2 at micro-batch 8 has the attention backward's dS room (2.42 GB of rows in a
-// 4.36 GB arena): no memory added, the total equal to bf16's; at seq 32768 (no dS room) and in fp32
-// the arena grows by the whole workspace.
+// 4.36 GB arena): no memory added; at seq 32768 (no dS room) and in fp32 the arena grows by the
+// whole workspace. With its train.keep_swiglu the layers keep h's codes instead of bf16 h: the
+// total is bf16's less the difference.
 static void test_memory_fp8(void) {
     const double GiB = (double)(1ull << 30);
     Err e = {{0}};
@@ -332,11 +333,18 @@ static void test_memory_fp8(void) {
            "plan: %s", e.msg);
     EXPECT(b.fp8_ws == 0 && b.fp8_extra == 0, "fp8 none: no workspace");
     EXPECT(x.fp8_ws > 0.1 * GiB && x.fp8_ws < 0.5 * GiB, "experts: workspace %.3f GiB", x.fp8_ws / GiB);
-    EXPECT(x.moe_room + x.fp8_ws <= x.moe_arena && x.fp8_extra == 0 && x.total == b.total,
-           "experts at micro-batch 8: rows %.3f + workspace %.3f GiB within the %.3f GiB arena, total %.3f = %.3f GiB",
-           x.moe_room / GiB, x.fp8_ws / GiB, x.moe_arena / GiB, x.total / GiB, b.total / GiB);
-    EXPECT(l.fp8_ws >= x.fp8_ws && l.fp8_extra == 0 && l.total == b.total, "linear: total %.3f GiB", l.total / GiB);
-    EXPECT(g.moe_arena == g.moe_room && g.fp8_extra == g.fp8_ws && g.total == gn.total + g.fp8_ws,
+    // h's codes: 2 layers of F·(R + 15·8) codes, 4F·(R/128 + 8) bytes of scales, 512·9 of alignment
+    const double R = 65536, F = 14336, codes = 2 * (F * (R + 15 * 8) + 4 * F * (R / 128 + 8) + 512 * 9);
+    EXPECT(b.kept_swiglu == 2 * R * F * 2 && x.kept_swiglu == codes && l.kept_swiglu == codes,
+           "kept h: bf16 %.0f, experts %.0f, linear %.0f bytes, want %.0f", b.kept_swiglu, x.kept_swiglu, l.kept_swiglu,
+           codes);
+    const double less = b.kept_swiglu - codes;  // 1.70 GiB
+    EXPECT(x.moe_room + x.fp8_ws <= x.moe_arena && x.fp8_extra == 0 && x.total == b.total - less,
+           "experts at micro-batch 8: rows %.3f + workspace %.3f GiB within the %.3f GiB arena, total %.3f = %.3f - %.3f GiB",
+           x.moe_room / GiB, x.fp8_ws / GiB, x.moe_arena / GiB, x.total / GiB, b.total / GiB, less / GiB);
+    EXPECT(l.fp8_ws >= x.fp8_ws && l.fp8_extra == 0 && l.total == b.total - less, "linear: total %.3f GiB", l.total / GiB);
+    EXPECT(g.moe_arena == g.moe_room && g.fp8_extra == g.fp8_ws &&
+               g.total == gn.total + g.fp8_ws - (gn.kept_swiglu - g.kept_swiglu),
            "seq 32768: the arena grows by the workspace (%.3f of %.3f GiB)", g.fp8_extra / GiB, g.fp8_ws / GiB);
     EXPECT(f.fp8_extra == f.fp8_ws && f.fp8_ws > 0, "fp32: no dS room, the workspace added (%.3f GiB)", f.fp8_extra / GiB);
     EXPECT(x.fp8_infer_extra > 0 && x.fp8_infer_extra <= x.fp8_ws && x.infer_total == b.infer_total + x.fp8_infer_extra,
