@@ -559,7 +559,7 @@ extern "C" void cuda_gemm_grouped_ffn(Backend* be, const GemmDesc* d, const Grou
         const int split = plan_split(be, n, H, 0, 0.f, &b, &ms, &chunk);
         const SMap sam = smap_vec(b.sa0, b.sa1, ms, chunk, n, Kt);
         zero_run_on(be, &b, nc, n, F, Kt);
-        const int ok = hq ? swiglu_fwd_tiles(be, NULL, gug, sg, nc, F, xc.q, ldk, xc_smap(xc, nc, F), b.qa, (size_t)F, sam)
+        const int ok = hq ? swiglu_fwd_tiles(be, gug, sg, nc, F, xc.q, ldk, xc_smap(xc, nc, F), b.qa, (size_t)F, sam)
                           : swiglu_fwd_rows(be, hg, gug, sg, nc, F, b.qa, (size_t)F, sam);
         CHECK(ok, "gemm_grouped_ffn: the SwiGLU with h's codes declined");
         const SMap sbm = y.wq ? wcodes_b(y.wq, 0, 1, &b) : quant_b(be, FP8_WEIGHT, b2, H, F, 1, F, F, Kt, &b);

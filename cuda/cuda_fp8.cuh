@@ -31,9 +31,10 @@ int swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, in
 // The SwiGLU forward of h [n, F] (the same bits) writing h's codes in both layouts instead: along
 // the rows, qt [F, ldk] (ldk ≥ n, a multiple of 4; zero codes past n) with scales through stm, what
 // quant_cols_t makes of h; along F, q [n, ldq] (ldq ≥ F) with srm, what quant_rows makes of it. h
-// is written only when non-NULL. Returns 0, running nothing, where swiglu_fwd_rows would.
-int swiglu_fwd_tiles(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* qt, size_t ldk,
-                     SMap stm, uint8_t* q, size_t ldq, SMap srm);
+// itself is not stored. Returns 0, running nothing, unless the act dtype is bf16, F % 128 = 0, gu
+// starts on 16 bytes, ldq ≥ F and ldk is as above.
+int swiglu_fwd_tiles(Backend* be, const void* gu, const float* scale, int n, int F, uint8_t* qt, size_t ldk, SMap stm,
+                     uint8_t* q, size_t ldq, SMap srm);
 // The SwiGLU backward (cuda_swiglu_bwd's bits: dgu [n, 2F] may be gu) that also writes d(gate|up)'s
 // row-wise codes q [n, ldq] (ldq ≥ 2F) and their scales through srm, as quant_rows would from the
 // written rows. Returns 0, running nothing, unless the act dtype is bf16, F % 128 = 0 and the rows

@@ -465,11 +465,11 @@ __global__ void __launch_bounds__(Q_THREADS) k_swiglu_fwd_rows(bf16* h, const bf
 // The SwiGLU forward (swiglu_fwd8's bits) of one 128×128 tile of h [n, F] a block, h kept in
 // registers as k_quant_cols keeps a loaded bf16 tile, and cols_tile of it: h's codes along the
 // rows (qt [F, ldk], stm) for w2's weight gradient and along F (q [n, ldq], srm) for w2's product,
-// what k_quant_cols makes of the written h. h itself is stored only where hp is given. F % 128 = 0,
+// what k_quant_cols makes of the written h. h itself is not stored. F % 128 = 0,
 // gu's rows on 16 bytes. Four blocks an SM measured faster than three (more warps to hide the
 // SwiGLU's latency) and than two with every load issued first.
 __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(bf16))
-    k_swiglu_fwd_tiles(bf16* hp, const bf16* __restrict__ gu, const float* __restrict__ scale, int n, int F,
+    k_swiglu_fwd_tiles(const bf16* __restrict__ gu, const float* __restrict__ scale, int n, int F,
                        uint8_t* __restrict__ qt, size_t ldk, SMap stm, uint8_t* __restrict__ q, size_t ldq, SMap srm,
                        int w16, int w8) {
     __shared__ uint2 tq[TILE * 16];
@@ -485,7 +485,6 @@ __global__ void __launch_bounds__(Q_THREADS, Q_BLOCKS_SM(bf16))
             const bf16* g = gu + (size_t)r * 2 * F + cc;
             hw = swiglu_fwd8(__ldg((const uint4*)g), __ldg((const uint4*)(g + F)), scale ? scale[r] : 1.0f,
                              scale != nullptr);
-            if (hp) *(uint4*)(hp + (size_t)r * F + cc) = hw;
         }
         v.w[i][0] = hw.x, v.w[i][1] = hw.y, v.w[i][2] = hw.z, v.w[i][3] = hw.w;
     }
@@ -574,13 +573,13 @@ int swiglu_fwd_rows(Backend* be, void* h, const void* gu, const float* scale, in
     return 1;
 }
 
-int swiglu_fwd_tiles(Backend* be, void* h, const void* gu, const float* scale, int n, int F, uint8_t* qt, size_t ldk,
-                     SMap stm, uint8_t* q, size_t ldq, SMap srm) {
-    const int aligned = (uintptr_t)h % 16 == 0 && (uintptr_t)gu % 16 == 0;
+int swiglu_fwd_tiles(Backend* be, const void* gu, const float* scale, int n, int F, uint8_t* qt, size_t ldk, SMap stm,
+                     uint8_t* q, size_t ldq, SMap srm) {
+    const int aligned = (uintptr_t)gu % 16 == 0;
     if (!is_bf16(be) || F % TILE != 0 || !aligned || ldq < (size_t)F || ldk < (size_t)n || ldk % 4 != 0) return 0;
     if (n == 0) return 1;
     const dim3 grid((unsigned)(F / TILE), (unsigned)cdiv((int)ldk, TILE));
-    QLAUNCH(grid, k_swiglu_fwd_tiles, (bf16*)h, (const bf16*)gu, scale, n, F, qt, ldk, stm, q, ldq, srm,
+    QLAUNCH(grid, k_swiglu_fwd_tiles, (const bf16*)gu, scale, n, F, qt, ldk, stm, q, ldq, srm,
             store_ok(qt, ldk, 16), store_ok(q, ldq, 8));
     LAUNCH_CK(CI(be));
     return 1;

@@ -43,7 +43,7 @@ static const ConfigKey KEYS[] = {
     ENUM(precision, expert_grad, "auto", "auto|fp32|bf16", "storage of the expert weight gradients in bf16 runs: bf16 = each backward GEMM's fp32 sum rounded once to bf16 (the values PyTorch autocast gives its fp32 .grad), 2 B/param less AdamW and grad-norm traffic; needs one micro-batch per step (train.global_batch = micro_batch × world) and world = parallel.ep (no gradient reduction over expert replicas). fp32 = fp32 sums (Megatron's main_grad). auto = bf16 where allowed, else fp32"),
     ENUM(precision, master, "split", "split|fp32", "how bf16 runs keep the fp32 master weights: split = the bf16 weight plus a 16-bit remainder (exact, 2 B/param less memory and AdamW traffic; the bf16 weight is the master rounded to nearest with ties away from zero), fp32 = a separate fp32 copy (the bf16 weight rounded to nearest even). Ignored in fp32 mode and on the CPU"),
     ENUM(precision, fp8, "none", "none|experts|linear", "GEMMs in FP8 e4m3 with block scales (1x128 tiles for activations and gradients, 128x128 blocks for weights, fp32 scales from each call's operands, fp32 accumulation; DeepSeek-V3's recipe, docs/fp8.md): experts = the expert GEMMs (forward, data and weight gradients), linear = those and the attention projections (qkv, o). The router, norms, attention scores, lm_head and loss, the fp32 masters, gradient sums and AdamW stay as they are. Needs a backend with FP8 GEMMs (the CPU; CUDA on compute capability 8.9 or later); may change on resume (checkpoints hold fp32 masters either way)"),
-    ENUM(precision, fp8_weights, "per_gemm", "per_gemm|per_step", "with precision.fp8, when the expert weights are quantised (128x128 blocks). per_gemm = inside each FP8 GEMM that reads them: a micro-batch quantises each expert weight twice (forward, and transposed for the data gradient), nothing held. per_step = at each optimizer step's first micro-batch, into both layouts, kept for the step's other micro-batches: 2 bytes per local expert parameter held (plan counts them), and with gradient accumulation the later micro-batches skip the weights' quantisers. The same bits either way; may change on resume"),
+    ENUM(precision, fp8_weights, "auto", "auto|per_gemm|per_step", "with precision.fp8, when the expert weights are quantised (128x128 blocks). per_gemm = inside each FP8 GEMM that reads them: a micro-batch quantises each expert weight twice (forward, and transposed for the data gradient), nothing held. per_step = at each optimizer step's first micro-batch, into both layouts from one read, kept for the step: 2 bytes per local expert parameter, held in the unused half of the expert gradients' arena when those are bf16 (precision.expert_grad), else allocated (plan counts them); with gradient accumulation the later micro-batches skip the weights' quantisers. auto = per_step where the expert gradients are bf16 (the codes then cost no memory), else per_gemm. The same bits either way; may change on resume"),
     KEY(train, steps, K_INT, "300", 1, IMAX, NULL, "optimizer steps"),
     KEY(train, micro_batch, K_INT, "8", 1, 1 << 20, NULL, "sequences per rank per forward/backward"),
     KEY(train, global_batch, K_INT, "16", 1, 1 << 30, NULL, "sequences per optimizer step over all ranks; a multiple of micro_batch × world (the rest is gradient accumulation)"),
@@ -189,6 +189,12 @@ static const char* expert_grad_blocker(const Config* c, int world) {
 
 int config_expert_grad_bf16(const Config* c, int world) {
     return c->precision.expert_grad != EGRAD_FP32 && !expert_grad_blocker(c, world);
+}
+
+int config_fp8_wcodes(const Config* c, int world) {
+    if (c->precision.fp8 == FP8_NONE) return 0;
+    const Fp8Weights w = c->precision.fp8_weights;
+    return w == FP8W_PER_STEP || (w == FP8W_AUTO && config_expert_grad_bf16(c, world));
 }
 
 // ---- suggestions -----------------------------------------------------------------------------
@@ -485,7 +491,7 @@ int config_validate(const Config* c, int world, Err* e) {
     }
     if (c->precision.fp8_weights == FP8W_PER_STEP && c->precision.fp8 == FP8_NONE)
         return err_set(e, "%s: precision.fp8_weights=per_step keeps the expert weights' FP8 codes, but precision.fp8 is "
-                       "none: set precision.fp8=experts or linear, or leave precision.fp8_weights at per_gemm", src);
+                       "none: set precision.fp8=experts or linear, or precision.fp8_weights to auto or per_gemm", src);
     const char* why = expert_grad_blocker(c, world);
     if (c->precision.expert_grad == EGRAD_BF16 && why)
         return err_set(e, "%s: precision.expert_grad=bf16 is not possible here: %s (set precision.expert_grad=auto or "

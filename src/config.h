@@ -14,7 +14,7 @@ typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 typedef enum { MASTER_SPLIT = 0, MASTER_FP32 } MasterMode;
 typedef enum { EGRAD_AUTO = 0, EGRAD_FP32, EGRAD_BF16 } ExpertGrad;
 typedef enum { FP8_NONE = 0, FP8_EXPERTS, FP8_LINEAR } Fp8Mode;
-typedef enum { FP8W_PER_GEMM = 0, FP8W_PER_STEP } Fp8Weights;
+typedef enum { FP8W_AUTO = 0, FP8W_PER_GEMM, FP8W_PER_STEP } Fp8Weights;
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_CUDA } DeviceKind;
 typedef enum { COMM_AUTO = 0, COMM_NCCL, COMM_MPI } CommKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } Schedule;
@@ -56,7 +56,8 @@ typedef struct PrecisionConfig {
     Fp8Mode fp8;        // GEMMs in block-scaled FP8 e4m3 (docs/fp8.md): none, the experts', or
                         // the experts' and the attention projections' (linear)
     Fp8Weights fp8_weights;  // with fp8: the expert weights quantised in every GEMM (per_gemm) or
-                             // once per optimizer step, their codes kept (per_step)
+                             // once per optimizer step, their codes kept (per_step); auto:
+                             // config_fp8_wcodes
 } PrecisionConfig;
 
 typedef struct TrainConfig {
@@ -174,6 +175,11 @@ int config_validate(const Config* c, int world, Err* e);
 // (precision.expert_grad: bf16, or auto where allowed: bf16 compute, one micro-batch per step,
 // no expert-data-parallel reduction, world == parallel.ep). config_validate refuses bf16 elsewhere.
 int config_expert_grad_bf16(const Config* c, int world);
+// Whether a run of `world` ranks keeps the expert weights' FP8 codes across a step
+// (ModelOpts.fp8_wcodes): precision.fp8_weights=per_step, or auto with bf16 expert gradients
+// (config_expert_grad_bf16), whose fp32-sized arena then holds the codes in its unused half.
+// 0 with precision.fp8=none.
+int config_fp8_wcodes(const Config* c, int world);
 
 // Checks what only a training run needs (checkpoint.required → checkpoint.dir given).
 int config_validate_run(const Config* c, Err* e);

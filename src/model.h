@@ -135,7 +135,14 @@ typedef struct Model {
                         // layer's activations shared by every layer)
     size_t fp8_ws;      // bytes of tmp planned for the FP8 GEMMs' workspace (0 with fp8 none)
     Fp8WCodes* wq;      // [layers × 2] w13's and w2's FP8 codes of this rank's experts, kept across
-                        // a step's micro-batches (ModelOpts.fp8_wcodes), else NULL
+                        // a step's micro-batches (ModelOpts.fp8_wcodes), else NULL. They lie in
+                        // grad[ARENA_EXPERT] from byte wq_off (wq_bytes in all), past the gradients:
+                        // with act-dtype (bf16) gradients, in the fp32-sized arena's unused half.
+                        // Only a fresh backward makes them and only backward passes read them, so
+                        // what uses the arena's fp32 room between steps (the checkpoint's staging,
+                        // zeroing) may overwrite them there: act-dtype gradients make every
+                        // backward fresh (model_step)
+    size_t wq_off, wq_bytes;
     int wq_use;         // this micro-batch's expert GEMMs read wq (a backward pass); remade first
                         // when fresh, since the weights may have changed since the last step
     int wq_made;        // wq has been made (by a fresh backward) since the model was created
@@ -160,9 +167,9 @@ typedef struct ModelOpts {
     Fp8Mode fp8;      // precision.fp8: the expert GEMMs (experts), and the attention projections too
                       // (linear), in block-scaled FP8 (backend.h Fp8Gemm); the backend must have
                       // fp8_ws_bytes (model_fp8_check)
-    int fp8_wcodes;   // precision.fp8_weights=per_step (with fp8, not inference): the expert
-                      // weights' FP8 codes made at each step's first micro-batch and read by the
-                      // step's expert GEMMs (Model.wq; Backend.fp8_wcodes_bytes a layer's w13 and w2)
+    int fp8_wcodes;   // config_fp8_wcodes (with fp8, not inference): the expert weights' FP8
+                      // codes made at each step's first micro-batch and read by the step's expert
+                      // GEMMs (Model.wq; Backend.fp8_wcodes_bytes a layer's w13 and w2)
     int inference;    // forward only (eval, generate): no weight gradients (grad[] NULL), no
                       // backward-only scratch, and one layer's activations (and MoE rows) that
                       // every layer reuses, since nothing is kept for a backward. model_step

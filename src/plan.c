@@ -156,11 +156,15 @@ static void plan_fp8(const Config* c, PlanMemory* m) {
     m->fp8_ws = dmax(ew, pw);
     m->fp8_extra = grow(dmax(m->moe_room + ew, pw), m->moe_arena);
     m->fp8_infer_extra = grow(dmax(m->moe_room + fw, pw), m->moe_room);  // no backward, no dS room
-    // per_step: each local expert's w13 [2F, H] and w2 [H, F] as 1-byte codes in two layouts, and
-    // their fp32 scales (one per 128×128 block, each layout)
-    if (c->precision.fp8_weights == FP8W_PER_STEP) {
+    // kept weight codes (config_fp8_wcodes): each local expert's w13 [2F, H] and w2 [H, F] as 1-byte
+    // codes in two layouts, and their fp32 scales (one per 128×128 block, each layout). model.c puts
+    // them in the expert gradient arena past its gradients: with bf16 gradients that is the fp32-sized
+    // arena's unused half, so only what exceeds it is added.
+    if (config_fp8_wcodes(c, m->world)) {
         const double blocks = 2 * ceil(2 * F / 128) * ceil(H / 128) + ceil(H / 128) * ceil(F / 128);
-        m->fp8_wcodes = (double)mc->layers * m->e_local * 2 * (3 * H * F + 4 * blocks);
+        m->fp8_wcodes_kept = (double)mc->layers * m->e_local * 2 * (3 * H * F + 4 * blocks);
+        const double room = config_expert_grad_bf16(c, m->world) ? 2.0 * (double)m->expert : 0;
+        m->fp8_wcodes = m->fp8_wcodes_kept > room ? m->fp8_wcodes_kept - room : 0;
     }
 }
 
@@ -278,12 +282,16 @@ static void report_memory_rows(const Config* c, const PlanMemory* m, FILE* f) {
     const int on_gpu = c->train.device != DEVICE_CPU;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (i == 7 && m->fp8_ws == 0) continue;  // precision.fp8=none
-        if (i == 8 && m->fp8_wcodes == 0) continue;  // precision.fp8_weights=per_gemm
+        if (i == 8 && m->fp8_wcodes_kept == 0) continue;  // none kept (per_gemm)
         if (i >= 9 && !on_gpu) break;  // the CUDA rows: GPU runs only
         if (i == 11 && m->nccl == 0) continue;
         fprintf(f, "  %-34s %9.2f %s", rows[i].what, gib(rows[i].bytes) * scale, unit);
         if (i == 7) report_fp8_note(c, m, scale, unit, f);
-        if (i == 8) fprintf(f, "   (precision.fp8_weights=per_step: both layouts, kept across a step's micro-batches)");
+        if (i == 8 && m->fp8_wcodes < m->fp8_wcodes_kept)
+            fprintf(f, "   (both layouts, kept across a step: %.2f %s, in the bf16 expert gradients' unused half)",
+                    gib(m->fp8_wcodes_kept) * scale, unit);
+        else if (i == 8)
+            fprintf(f, "   (both layouts, kept across a step's micro-batches)");
         if (i == 11) fprintf(f, "   (%d communicator%s of > 1 rank)", m->nccl_comms, m->nccl_comms == 1 ? "" : "s");
         fprintf(f, "\n");
     }

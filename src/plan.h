@@ -31,7 +31,8 @@ typedef struct PlanMemory {
     double fp8_extra;         // what that workspace adds to the arena: 0 where moe_arena holds it
                               // beside the rows; counted in total (fp8_infer_extra: in infer_total)
     double fp8_infer_extra;
-    double fp8_wcodes;        // precision.fp8_weights=per_step: the local experts' kept weight codes (training)
+    double fp8_wcodes_kept;   // config_fp8_wcodes: the local experts' kept weight codes (training)
+    double fp8_wcodes;        // what they add: those past the expert gradients' unused half (bf16 gradients)
     // GPU runs only (0 on the CPU): what the CUDA runtime and libraries hold besides our buffers
     double cuda_context;      // CUDA context and loaded kernels: PLAN_CUDA_CONTEXT_BYTES (an estimate)
     double lib_workspace;     // cuBLASLt workspace + the backend's op scratch (exact: backend.h)

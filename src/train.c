@@ -178,16 +178,13 @@ static void run_start(Trainer* t, RunState* r) {
              tc->steps, t->step, tc->global_batch, T, t->n_micro, B, t->world, t->model.ep, t->model.edp,
              t->be->name, dtype_name(t->be->act_dtype), notes);
     if (t->model.fp8 != FP8_NONE) {
-        char codes[128] = "";
+        char codes[192] = "";
         if (t->model.wq) {
-            double b = 0;
-            for (int i = 0; i < 2 * mc->layers; i++) {
-                const Fp8WCodes* w = &t->model.wq[i];
-                b += (double)t->be->fp8_wcodes_bytes(t->be, w->R, w->C, w->groups);
-            }
+            const double b = (double)t->model.wq_bytes;
             const int gib = b >= 1073741824.0;
-            snprintf(codes, sizeof codes, "; expert weights quantised once per step, %.2f %s of codes kept",
-                     b / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB");
+            snprintf(codes, sizeof codes, "; expert weights quantised once per step, %.2f %s of codes kept%s",
+                     b / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
+                     bf16_egrad ? " in the bf16 expert gradients' unused half" : "");
         }
         log_info("precision: fp8=%s: %s GEMMs in block-scaled FP8 e4m3, %.1f MiB workspace%s\n", fp8_mode_name(t->model.fp8),
                  t->model.fp8 == FP8_LINEAR ? "expert and attention-projection" : "expert", t->model.fp8_ws / 1048576.0,

@@ -255,7 +255,7 @@ static void create_model(Trainer* t, const Config* cfg, int infer) {
     const ModelOpts mo = {.keep_swiglu = tc->keep_swiglu && !infer,
                           .expert_grad_act = !infer && config_expert_grad_bf16(cfg, t->world),
                           .fp8 = cfg->precision.fp8,
-                          .fp8_wcodes = !infer && cfg->precision.fp8_weights == FP8W_PER_STEP,
+                          .fp8_wcodes = !infer && config_fp8_wcodes(cfg, t->world),
                           .inference = infer};
     model_create_opts(&t->model, &cfg->model, tc->micro_batch, tc->seq_len, &mo, t->be, t->comm);
     if (!infer) {

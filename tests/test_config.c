@@ -108,7 +108,11 @@ static void test_shipped(void) {
            "kept FP8 weight codes without FP8 refused: %s", e.msg);
     EXPECT(config_override(&c, "precision.fp8=experts", &e) == 0 && config_validate(&c, 8, &e) == 0,
            "and taken with precision.fp8=experts: %s", e.msg);
-    c.precision.fp8 = FP8_NONE, c.precision.fp8_weights = FP8W_PER_GEMM;
+    EXPECT(config_fp8_wcodes(&c, 8), "per_step keeps the codes");
+    c.precision.fp8_weights = FP8W_AUTO;
+    EXPECT(!config_fp8_wcodes(&c, 8), "auto with fp32 expert gradients (accumulation): per_gemm");
+    c.precision.fp8 = FP8_NONE, c.precision.fp8_weights = FP8W_AUTO;
+    EXPECT(!config_fp8_wcodes(&c, 8), "auto without FP8: none");
     EXPECT(config_validate_run(&c, &e) == -1 && strstr(e.msg, "checkpoint.dir=/path"), "L1 needs checkpoint.dir: %s",
            e.msg);
     EXPECT(config_override(&c, "checkpoint.dir=/tmp/x", &e) == 0, "override dir");
@@ -125,6 +129,12 @@ static void test_shipped(void) {
            "bench inherits L1 and overrides it");
     EXPECT(config_validate(&c, 1, &e) == 0 && config_validate_run(&c, &e) == 0, "bench valid on 1 GPU: %s", e.msg);
     EXPECT(config_expert_grad_bf16(&c, 1), "bench on 1 GPU: auto gives bf16 expert gradients");
+    EXPECT(c.precision.fp8_weights == FP8W_AUTO && !config_fp8_wcodes(&c, 1), "bench without FP8: no codes kept");
+    c.precision.fp8 = FP8_EXPERTS;
+    EXPECT(config_fp8_wcodes(&c, 1), "bench with FP8 on 1 GPU: auto keeps the codes (bf16 expert gradients)");
+    c.precision.fp8_weights = FP8W_PER_GEMM;
+    EXPECT(!config_fp8_wcodes(&c, 1), "per_gemm keeps none");
+    c.precision.fp8 = FP8_NONE, c.precision.fp8_weights = FP8W_AUTO;
     c.train.global_batch = 8;  // one micro-batch per rank on 2 ranks
     EXPECT(!config_expert_grad_bf16(&c, 2) && config_validate(&c, 2, &e) == 0,
            "bench on 2 GPUs at ep 1 (expert replicas): auto keeps fp32: %s", e.msg);

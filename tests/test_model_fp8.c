@@ -1,7 +1,8 @@
 // test_model_fp8.c — src/model.c with precision.fp8 on the CPU backend (the executable spec): the
 // experts and linear modes close to fp8 none, each GEMM in its mode (test_fp8_wiring), the FP8
 // workspace planned as `plan` counts it, refused on a backend without FP8 GEMMs; kept FP8 weight
-// codes (precision.fp8_weights=per_step) refused before a fresh micro-batch made them.
+// codes (precision.fp8_weights=per_step) refused before a fresh micro-batch made them, and placed
+// in the gradient arena past its gradients.
 // (tests/test_model.c: the model without FP8; each op's own checks: tests/test_cpu_gemm_fp8.c.)
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -293,6 +294,52 @@ static void test_fp8_keep_swiglu(void) {
     }
 }
 
+// Kept weight codes (ModelOpts.fp8_wcodes) lie in the expert gradient arena past its gradients, one
+// layer's w13 and w2 after another on 256 bytes (fp32 gradients here, so past all of the arena's
+// fp32 room; with bf16 gradients in its unused half: the GPU's test_cuda_model), and a fresh
+// backward on them gives per_gemm's loss and gradients bit for bit. That the GEMMs read the codes,
+// not the weights, the op tests show with the weights poisoned (test_cpu_gemm_fp8).
+static void test_fp8_wcodes_place(void) {
+    Rng rng;
+    rng_seed(&rng, 33);
+    const ModelConfig c = small_model();
+    enum { B = 2, T = 40, N = B * T };
+    int32_t tok[N], tgt[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u64(&rng) % 32), tgt[i] = (int32_t)(rng_u64(&rng) % 32);
+    float* g[2][2];
+    StepLoss l[2];
+    for (int kept = 0; kept < 2; kept++) {
+        Model m;
+        const ModelOpts o = {.fp8 = FP8_EXPERTS, .fp8_wcodes = kept};
+        model_create_opts(&m, &c, B, T, &o, be, g_comm);
+        if (kept) {
+            const char* ga = (const char*)m.grad[ARENA_EXPERT];
+            const size_t past = sizeof(float) * m.padded[ARENA_EXPERT];
+            int ok = m.wq && m.wq_off >= past && m.wq_off % 256 == 0 && m.wq_bytes > 0;
+            size_t want = 0;
+            for (int i = 0; ok && i < 2 * c.layers; i++) {
+                const Fp8WCodes* w = &m.wq[i];
+                ok = (const char*)w->codes == ga + m.wq_off + want;
+                want += (be->fp8_wcodes_bytes(be, w->R, w->C, w->groups) + 255) / 256 * 256;
+            }
+            EXPECT(ok && want == m.wq_bytes, "the codes follow one another from byte %zu of the gradient arena (%zu)",
+                   m.wq_off, past);
+        } else {
+            EXPECT(!m.wq && m.wq_bytes == 0, "per_gemm keeps no codes");
+        }
+        l[kept] = small_step(&m, &c, tok, tgt, N);
+        for (int ar = 0; ar < 2; ar++) g[kept][ar] = dup_f(m.grad[ar], m.numel[ar]);
+        if (kept)
+            for (int ar = 0; ar < 2; ar++)
+                EXPECT(!memcmp(g[1][ar], g[0][ar], sizeof(float) * m.numel[ar]),
+                       "arena %d's gradients differ with the codes kept", ar);
+        model_free(&m);
+    }
+    EXPECT(l[1].ce_sum == l[0].ce_sum && l[1].aux == l[0].aux, "loss %.9g with the codes kept, %.9g without",
+           l[1].ce_sum, l[0].ce_sum);
+    for (int k = 0; k < 2; k++) free(g[k][0]), free(g[k][1]);
+}
+
 // A backend without FP8 GEMMs (fp8_ws_bytes NULL: CUDA below compute capability 9.0) is refused
 // for fp8 experts and linear with a message naming the key, the backend and the way out.
 static void test_fp8_refused(void) {
@@ -378,6 +425,7 @@ int main(int argc, char** argv) {
     RUN(test_fp8_wiring);
     RUN(test_fp8_arena);
     RUN(test_fp8_keep_swiglu);
+    RUN(test_fp8_wcodes_place);
     RUN(test_fp8_refused);
     g_comm->destroy(g_comm);
     be->destroy(be);

@@ -339,26 +339,49 @@ static void test_memory_fp8(void) {
            "kept h: bf16 %.0f, experts %.0f, linear %.0f bytes, want %.0f", b.kept_swiglu, x.kept_swiglu, l.kept_swiglu,
            codes);
     const double less = b.kept_swiglu - codes;  // 1.70 GiB
-    EXPECT(x.moe_room + x.fp8_ws <= x.moe_arena && x.fp8_extra == 0 && x.total == b.total - less,
+    // precision.fp8_weights=auto keeps the expert weight codes here (one micro-batch a step: bf16 expert
+    // gradients): 2 layers × 8 local experts × two layouts of w13 [28672, 4096] and w2 [4096, 14336] in
+    // bytes, and their fp32 block scales (224·32 + 32·112 a layout), in the training total only. They
+    // take the bf16 gradients' unused half of the fp32-sized arena (2 bytes an expert parameter): only
+    // the scales are added.
+    const double want = 2.0 * 8 * 2 * (3.0 * 4096 * 14336 + 4.0 * (224 * 32 * 2 + 32 * 112));
+    const double over = want - 2.0 * 2 * 8 * 3 * 4096 * 14336;
+    EXPECT(x.fp8_wcodes_kept == want && x.fp8_wcodes == over && l.fp8_wcodes == over,
+           "auto: %.0f bytes of codes (want %.0f), %.0f added (want %.0f)", x.fp8_wcodes_kept, want, x.fp8_wcodes, over);
+    EXPECT(x.moe_room + x.fp8_ws <= x.moe_arena && x.fp8_extra == 0 && x.total == b.total - less + over,
            "experts at micro-batch 8: rows %.3f + workspace %.3f GiB within the %.3f GiB arena, total %.3f = %.3f - %.3f GiB",
            x.moe_room / GiB, x.fp8_ws / GiB, x.moe_arena / GiB, x.total / GiB, b.total / GiB, less / GiB);
-    EXPECT(l.fp8_ws >= x.fp8_ws && l.fp8_extra == 0 && l.total == b.total - less, "linear: total %.3f GiB", l.total / GiB);
+    EXPECT(l.fp8_ws >= x.fp8_ws && l.fp8_extra == 0 && l.total == b.total - less + over, "linear: total %.3f GiB",
+           l.total / GiB);
     EXPECT(g.moe_arena == g.moe_room && g.fp8_extra == g.fp8_ws &&
-               g.total == gn.total + g.fp8_ws - (gn.kept_swiglu - g.kept_swiglu),
+               g.total == gn.total + g.fp8_ws - (gn.kept_swiglu - g.kept_swiglu) + g.fp8_wcodes,
            "seq 32768: the arena grows by the workspace (%.3f of %.3f GiB)", g.fp8_extra / GiB, g.fp8_ws / GiB);
     EXPECT(f.fp8_extra == f.fp8_ws && f.fp8_ws > 0, "fp32: no dS room, the workspace added (%.3f GiB)", f.fp8_extra / GiB);
+    EXPECT(f.fp8_wcodes_kept == 0, "fp32: fp32 expert gradients, so auto keeps no codes");
     EXPECT(x.fp8_infer_extra > 0 && x.fp8_infer_extra <= x.fp8_ws && x.infer_total == b.infer_total + x.fp8_infer_extra,
            "inference (no dS room): the forward's workspace added, %.3f GiB", x.fp8_infer_extra / GiB);
-    // precision.fp8_weights=per_step: 2 layers × 8 local experts × two layouts of w13 [28672, 4096] and
-    // w2 [4096, 14336] in bytes, and their fp32 block scales (224·32 + 32·112 a layout), held in training only
-    const char* ps[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=experts",
+    // per_gemm keeps none; per_step with fp32 expert gradients adds them all; per_step with four
+    // micro-batches a step (fp32 gradients under auto) too
+    const char* pg[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=experts",
+                        "precision.fp8_weights=per_gemm", NULL};
+    const char* pf[] = {"train.micro_batch=8", "train.global_batch=8", "precision.fp8=experts",
+                        "precision.fp8_weights=per_step", "precision.expert_grad=fp32", NULL};
+    const char* pa[] = {"train.micro_batch=2", "train.global_batch=8", "precision.fp8=experts",
                         "precision.fp8_weights=per_step", NULL};
-    Config cp = load("bench_8x7B_L2", ps);
-    PlanMemory p;
-    EXPECT(plan_memory(&cp, 1, &p, &e) == 0, "plan per_step: %s", e.msg);
-    const double want = 2.0 * 8 * 2 * (3.0 * 4096 * 14336 + 4.0 * (224 * 32 * 2 + 32 * 112));
-    EXPECT(x.fp8_wcodes == 0 && p.fp8_wcodes == want && p.total == x.total + want && p.infer_total == x.infer_total,
-           "per_step: %.3f GiB of codes (want %.3f), in the training total only", p.fp8_wcodes / GiB, want / GiB);
+    const char* aa[] = {"train.micro_batch=2", "train.global_batch=8", "precision.fp8=experts", NULL};
+    Config cpg = load("bench_8x7B_L2", pg), cpf = load("bench_8x7B_L2", pf), cpa = load("bench_8x7B_L2", pa);
+    Config caa = load("bench_8x7B_L2", aa);
+    PlanMemory p, q, r, t;
+    EXPECT(plan_memory(&cpg, 1, &p, &e) == 0 && plan_memory(&cpf, 1, &q, &e) == 0 && plan_memory(&cpa, 1, &r, &e) == 0 &&
+               plan_memory(&caa, 1, &t, &e) == 0,
+           "plan fp8_weights: %s", e.msg);
+    EXPECT(p.fp8_wcodes_kept == 0 && p.fp8_wcodes == 0 && p.total == x.total - over, "per_gemm: none kept");
+    EXPECT(q.fp8_wcodes_kept == want && q.fp8_wcodes == want && q.total == x.total - over + want &&
+               q.infer_total == x.infer_total,
+           "per_step, fp32 gradients: %.3f GiB of codes added (want %.3f), training only", q.fp8_wcodes / GiB,
+           want / GiB);
+    EXPECT(r.fp8_wcodes == want && t.fp8_wcodes_kept == 0 && r.total == t.total + want,
+           "per_step with accumulation: all added (%.3f GiB); auto keeps none there", r.fp8_wcodes / GiB);
 }
 
 int main(void) {

@@ -16,6 +16,7 @@
 //        boundary, ~25 of them between the input and the loss.
 //   bf16 gradients 5e-2 rel L2 over each arena (dense, experts), with the worst tensor printed:
 //        backward roundings compound through two layers; ~1-2e-2 is expected.
+// GPU against GPU where two settings must give the same values (kept FP8 weight codes): bit for bit.
 #define _DEFAULT_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +38,8 @@ typedef struct Side {
     Comm* comm;
     MasterMode master;  // precision.master (0 = split, the default; bf16 sides only)
     int egrad_act;      // ModelOpts.expert_grad_act: bf16 expert gradients
+    Fp8Mode fp8;        // ModelOpts.fp8
+    int wcodes;         // ModelOpts.fp8_wcodes: the expert weights' FP8 codes kept across a step
     Model m;
     Optim o;
 } Side;
@@ -46,7 +49,7 @@ static OptimConfig oc;
 static int32_t tok[B * T], tgt[B * T];
 
 static void side_init(Side* s) {
-    const ModelOpts mo = {.expert_grad_act = s->egrad_act};
+    const ModelOpts mo = {.expert_grad_act = s->egrad_act, .fp8 = s->fp8, .fp8_wcodes = s->wcodes};
     model_create_opts(&s->m, &mc, B, T, &mo, s->be, s->comm);
     optim_create(&s->o, &oc, 1, s->master, 10, &s->m);
     size_t max = 0;
@@ -327,6 +330,54 @@ static void test_bf16_expert_grad_act(void) {
     side_free(&G);
 }
 
+// Kept FP8 weight codes with bf16 expert gradients (precision.fp8_weights=auto's case): they lie in
+// the fp32-sized expert gradient arena's unused half and each step's fresh backward remakes them.
+// Against per_gemm (codes made in each GEMM), three steps give the same expert and dense gradients
+// and updated weights bit for bit, with that half overwritten by NaN codes after every step (as the
+// checkpoint's fp32 staging may); the losses within 1e-6 (float atomic sums). Clipping off and no
+// aux or z loss, whose float atomic sums could otherwise change the updates' last bits. F = 256: the
+// FP8 ops' own paths (F % 128 = 0).
+static void test_fp8_wcodes_in_grads(void) {
+    const ModelConfig keep_mc = mc;
+    const OptimConfig keep_oc = oc;
+    mc.ffn = 256, mc.aux_coef = 0, mc.z_coef = 0, oc.clip = 0;
+    Side P = {.be = g_gpu[1], .comm = g_nccl[1], .egrad_act = 1, .fp8 = FP8_EXPERTS}, K = P;
+    K.wcodes = 1;
+    side_init(&P);
+    side_init(&K);
+    P.o.zero_grads = K.o.zero_grads = 0;
+    const size_t n = K.m.numel[ARENA_EXPERT], nd = K.m.numel[ARENA_DENSE], half = 2 * K.m.padded[ARENA_EXPERT];
+    const char* g = (const char*)K.m.grad[ARENA_EXPERT];
+    int inside = K.m.wq && !P.m.wq && K.m.wq_off >= half && K.m.wq_off < 2 * half;
+    for (int i = 0; inside && i < 2 * mc.layers; i++)
+        inside = (const char*)K.m.wq[i].codes >= g + half && (const char*)K.m.wq[i].codes < g + 2 * half;
+    EXPECT(inside, "the codes lie in the bf16 gradients' unused half (from byte %zu of %zu)", K.m.wq_off, 2 * half);
+    uint8_t* nan_codes = xmalloc(half);
+    memset(nan_codes, 0x7f, half);
+    uint16_t *gp = xmalloc(2 * n), *gk = xmalloc(2 * n);
+    for (int s = 0; s < STEPS; s++) {
+        const double lp = step_loss(&P, 1, 1), lk = step_loss(&K, 1, 1);
+        P.be->to_host(P.be, gp, P.m.grad[ARENA_EXPERT], 2 * n);
+        K.be->to_host(K.be, gk, K.m.grad[ARENA_EXPERT], 2 * n);
+        float *dp = arena_host(&P, ARENA_DENSE), *dk = arena_host(&K, ARENA_DENSE);
+        EXPECT(isfinite(lk) && fabs(lk - lp) <= 1e-6 * fabs(lp), "step %d: loss with kept codes %.9g, per GEMM %.9g", s,
+               lk, lp);
+        EXPECT(!memcmp(gp, gk, 2 * n) && !memcmp(dp, dk, sizeof(float) * nd),
+               "step %d: expert and dense gradients the same bits", s);
+        free(dp), free(dk);
+        optim_step(&P.o, &P.m, s, s + 1);
+        optim_step(&K.o, &K.m, s, s + 1);
+        K.be->to_device(K.be, (char*)K.m.grad[ARENA_EXPERT] + half, nan_codes, half);
+    }
+    P.be->to_host(P.be, gp, P.m.w[ARENA_EXPERT], 2 * n);
+    K.be->to_host(K.be, gk, K.m.w[ARENA_EXPERT], 2 * n);
+    EXPECT(!memcmp(gp, gk, 2 * n), "the expert weights after %d steps the same bits", STEPS);
+    free(nan_codes), free(gp), free(gk);
+    side_free(&K);
+    side_free(&P);
+    mc = keep_mc, oc = keep_oc;
+}
+
 static void test_fp32_grads(void) { compare_grads(0, 0); }
 static void test_bf16_grads(void) { compare_grads(1, 0); }
 static void test_fp32_grads_nccl_exchange(void) { compare_grads(0, 1); }
@@ -367,6 +418,7 @@ int main(int argc, char** argv) {
     RUN(test_bf16_steps);
     RUN(test_bf16_split_master);
     RUN(test_bf16_expert_grad_act);
+    RUN(test_fp8_wcodes_in_grads);
     for (int d = 0; d < 2; d++) g_nccl[d]->destroy(g_nccl[d]), g_gpu[d]->destroy(g_gpu[d]);
     cpu.comm->destroy(cpu.comm);
     cpu.be->destroy(cpu.be);
