@@ -129,20 +129,30 @@ static void setup(Model* m, const ModelConfig* c, int B, int T, const ModelOpts*
     m->numel[ARENA_EXPERT] = m->pl.numel[ARENA_EXPERT];
     m->padded[ARENA_DENSE] = round_up(m->numel[ARENA_DENSE], 8 * (size_t)m->world);
     m->padded[ARENA_EXPERT] = round_up(m->numel[ARENA_EXPERT], 8 * (size_t)m->edp);
+    // precision.fp8_weights=per_step: each layer's w13 [2F, H] and w2 [H, F] codes for the local
+    // experts (Model.wq), in the expert gradient arena past its gradients, each on 256 bytes
     size_t gbytes[2] = {sizeof(float) * m->padded[0], sizeof(float) * m->padded[1]};
-    if (o && o->fp8_wcodes && m->fp8 != FP8_NONE && !m->inference) {  // the kept codes: wcodes_alloc
+    if (o && o->fp8_wcodes && m->fp8 != FP8_NONE && !m->inference) {
         CHECK(be->fp8_wcodes_bytes && be->fp8_wcodes_make, "precision.fp8_weights=per_step: the %s backend keeps "
               "no FP8 weight codes", be->name);
-        m->wq_off = round_up(grad_esize(m, ARENA_EXPERT) * m->padded[ARENA_EXPERT], 256);
         const int L = c->layers, H = c->hidden, F = c->ffn, E = m->e_local;
-        for (int l = 0; l < L; l++)
-            m->wq_bytes += round_up(be->fp8_wcodes_bytes(be, 2 * F, H, E), 256) +
-                           round_up(be->fp8_wcodes_bytes(be, H, F, E), 256);
+        m->wq = xcalloc(2 * (size_t)L, sizeof(Fp8WCodes));
+        m->wq_off = round_up(grad_esize(m, ARENA_EXPERT) * m->padded[ARENA_EXPERT], 256);
+        for (int l = 0; l < L; l++) {
+            m->wq[2 * l] = (Fp8WCodes){.R = 2 * F, .C = H, .groups = E};
+            m->wq[2 * l + 1] = (Fp8WCodes){.R = H, .C = F, .groups = E};
+        }
+        for (int i = 0; i < 2 * L; i++)
+            m->wq_bytes += round_up(be->fp8_wcodes_bytes(be, m->wq[i].R, m->wq[i].C, E), 256);
         if (m->wq_off + m->wq_bytes > gbytes[ARENA_EXPERT]) gbytes[ARENA_EXPERT] = m->wq_off + m->wq_bytes;
     }
     for (int a = 0; a < 2; a++) {
         m->w[a] = act_alloc(m, m->padded[a]);
         m->grad[a] = m->inference ? NULL : f32_alloc(m, (gbytes[a] + sizeof(float) - 1) / sizeof(float));
+    }
+    for (size_t i = 0, at = m->wq_off; m->wq && i < 2 * (size_t)c->layers; i++) {
+        m->wq[i].codes = (char*)m->grad[ARENA_EXPERT] + at;
+        at += round_up(be->fp8_wcodes_bytes(be, m->wq[i].R, m->wq[i].C, m->e_local), 256);
     }
 }
 
@@ -216,30 +226,10 @@ static void buffers_alloc(Model* m) {
     m->h_counts = xcalloc((size_t)E, sizeof(int32_t));
 }
 
-// precision.fp8_weights=per_step: each layer's w13 [2F, H] and w2 [H, F] codes for the local
-// experts, in the expert gradient arena past its gradients (setup sized it; Model.wq_off).
-static void wcodes_alloc(Model* m) {
-    Backend* be = m->be;
-    const int L = m->c.layers, H = m->c.hidden, F = m->c.ffn, E = m->e_local;
-    m->wq = xcalloc(2 * (size_t)L, sizeof(Fp8WCodes));
-    size_t at = m->wq_off;
-    for (int l = 0; l < L; l++) {
-        m->wq[2 * l] = (Fp8WCodes){.R = 2 * F, .C = H, .groups = E};
-        m->wq[2 * l + 1] = (Fp8WCodes){.R = H, .C = F, .groups = E};
-        for (int k = 0; k < 2; k++) {
-            Fp8WCodes* w = &m->wq[2 * l + k];
-            w->codes = (char*)m->grad[ARENA_EXPERT] + at;
-            at += round_up(be->fp8_wcodes_bytes(be, w->R, w->C, E), 256);
-        }
-    }
-    CHECK(at == m->wq_off + m->wq_bytes, "model: the kept weight codes' layout");
-}
-
 void model_create_opts(Model* m, const ModelConfig* c, int B, int T, const ModelOpts* o, Backend* be, Comm* comm) {
     setup(m, c, B, T, o, be, comm);
     layers_alloc(m);
     buffers_alloc(m);
-    if (m->wq_bytes) wcodes_alloc(m);
     moe_plan_bumps(m, proj_fp8_ws(m));
 }
 

@@ -300,7 +300,6 @@ static void test_fp8_keep_swiglu(void) {
 // backward on them gives per_gemm's loss and gradients bit for bit. That the GEMMs read the codes,
 // not the weights, the op tests show with the weights poisoned (test_cpu_gemm_fp8).
 static void test_fp8_wcodes_place(void) {
-    Rng rng;
     rng_seed(&rng, 33);
     const ModelConfig c = small_model();
     enum { B = 2, T = 40, N = B * T };
