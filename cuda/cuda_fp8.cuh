@@ -55,6 +55,11 @@ int fp8_lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb,
 // qa [M, ldq] and qb [N, ldq]; C (and addend) fp32 when c_f32, else bf16, row stride ldc.
 void fp8_fallback_gemm(Backend* be, int row0, int M, int N, int K, const uint8_t* qa, SMap sa, const uint8_t* qb, SMap sb,
                        size_t ldq, float alpha, float beta, const void* addend, void* C, size_t ldc, int c_f32);
-// C[rows, N] (bf16, row stride ldc) = alpha · r + beta · addend, r fp32 [rows, N] packed, rounded once.
-void fp8_epilogue_bf16(Backend* be, const float* r, int rows, int N, float alpha, float beta, const bf16* addend,
-                       bf16* C, size_t ldc);
+// C[rows, N] (row stride ldc; fp32 when c_f32, else bf16) = alpha · r + beta · addend (addend like
+// C, read only when beta ≠ 0), r fp32 [rows, N] packed: fl(fl(alpha · r) + fl(beta · addend)),
+// rounded once to bf16.
+void fp8_epilogue(Backend* be, const float* r, int rows, int N, float alpha, float beta, const void* addend, void* C,
+                  size_t ldc, int c_f32);
+// out [Kt, 8] = the scales of rows r0 .. r0 + 7 of a quantised operand (map sm, VEC128): what
+// cuBLASLt reads as the VEC128 scales of those 8 rows alone.
+void fp8_gather_scales(Backend* be, SMap sm, int r0, float* out);

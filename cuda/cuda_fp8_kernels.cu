@@ -127,10 +127,24 @@ __global__ void k_epilogue(const float* __restrict__ r, int rows, int N, float a
         }
     }
 }
-void fp8_epilogue_bf16(Backend* be, const float* r, int rows, int N, float alpha, float beta, const bf16* addend,
-                       bf16* C, size_t ldc) {
+void fp8_epilogue(Backend* be, const float* r, int rows, int N, float alpha, float beta, const void* addend, void* C,
+                  size_t ldc, int c_f32) {
+    if (rows == 0 || N == 0) return;
     const dim3 grid((unsigned)cdiv(N, 256 * 4), (unsigned)(rows < 65535 ? rows : 65535));  // four columns a thread
-    KLAUNCH(grid, 256, ST(be), k_epilogue<bf16>, r, rows, N, alpha, beta, addend, C, ldc);
+    if (c_f32)
+        KLAUNCH(grid, 256, ST(be), k_epilogue<float>, r, rows, N, alpha, beta, (const float*)addend, (float*)C, ldc);
+    else
+        KLAUNCH(grid, 256, ST(be), k_epilogue<bf16>, r, rows, N, alpha, beta, (const bf16*)addend, (bf16*)C, ldc);
+    LAUNCH_CK(CI(be));
+}
+
+// ---- the tail product's scales: rows r0 .. r0 + 7 of a VEC128 map as [Kt, 8] ---------------------
+__global__ void k_gather_scales(SMap sm, int r0, float* __restrict__ out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // t · 8 + row
+    if (i < sm.Kt * 8) out[i] = smap_get(sm, r0 + (i & 7), i >> 3);
+}
+void fp8_gather_scales(Backend* be, SMap sm, int r0, float* out) {
+    KLAUNCH(cdiv(sm.Kt * 8, 256), 256, ST(be), k_gather_scales, sm, r0, out);
     LAUNCH_CK(CI(be));
 }
 
