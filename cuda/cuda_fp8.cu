@@ -22,12 +22,12 @@
 // ---- The product: cuBLASLt's block-scaled FP8 GEMM (cuda_fp8_lt.cu: what it takes, its plans) ---
 // Our row-major C[M, N] = op(A) · op(B) is cuBLASLt's column-major Cᵀ: its A is our B operand
 // quantised [N, ldq] (BLK128x128 for FP8_WEIGHT, VEC128 for FP8_ACT), its B our A operand quantised
-// [M, ldq] (VEC128), D is our C.
+// [M, ldq] (VEC128), D is our C. cuBLASLt takes M rows rounded down to a multiple of 8, and the
+// last M % 8 rows in a second call on the last 8 rows (cuda_fp8_lt.cu: fp8_lt_tail).
 //
 // ---- Where cuBLASLt does not run: the fallback kernel (cuda_fp8_kernels.cu, with the epilogue) --
-// It runs where the shape is not cuBLASLt's (N % 8 ≠ 0), on GPUs other than sm_90, for the last
-// M % 8 rows of a GEMM (cuBLASLt takes the rest), where cuBLASLt has no algorithm, and whenever the
-// path is forced (tests: cuda_fp8_set_path).
+// It runs where the shape is not cuBLASLt's (N % 8 ≠ 0, or fewer than 8 rows), on GPUs other than
+// sm_90, where cuBLASLt has no algorithm, and whenever the path is forced (tests: cuda_fp8_set_path).
 #include <cuda_fp8.h>
 #include <stdio.h>
 
@@ -36,13 +36,6 @@
 enum { WS_ALIGN = 256 };
 
 // ---- the workspace --------------------------------------------------------------------------------
-
-typedef struct Fp8Bufs {
-    uint8_t *qa, *qb;
-    float *sa0, *sa1, *sb, *epi;
-    size_t epi_rows;
-    float *s8, *r8;  // the tail product (tail_product): the last 8 rows' scales [Kt, 8], their fp32 rows [8, N]
-} Fp8Bufs;
 
 // Rows of fp32 product the epilogue path stages at a time for an output N wide, in at most `bytes`
 // (the backend's fp8_epi_bytes): a multiple of 8.
@@ -136,27 +129,6 @@ extern "C" size_t cuda_fp8_ws_bytes(Backend* be, Fp8Op op, Fp8Gemm fp8, int M, i
 }
 
 // ---- one FP8 GEMM on quantised operands --------------------------------------------------------
-// The last M % 8 rows of a product whose first split = M − M % 8 rows cuBLASLt took (split ≥ 8):
-// cuBLASLt again on the last 8 rows, whose codes lie in place (qa's rows M − 8 .. M − 1) and whose
-// scales are gathered into [Kt, 8] (b->s8), into fp32 rows in ws (b->r8); then the epilogue writes
-// C = alpha · r + beta · addend for the tail's rows alone (the rows before them are C's already,
-// perhaps summed into an addend that is C). The fallback kernel would take those few rows instead,
-// but it reads all of B's codes at a few rows' parallelism: 0.13–0.92 ms a product at Mixtral's
-// shapes on an H100, against one cuBLASLt call's time for 8 rows. Returns 0 (the gather issued, no
-// product) when cuBLASLt has no algorithm for 8 rows.
-static int tail_product(Backend* be, int M, int N, int ldq, const Fp8Bufs* b, SMap sam, int blk, float alpha, float beta,
-                        const void* addend, void* C, int ldc, int c_f32, int split, int dyn_k) {
-    const int t = M - split, r0 = M - 8;
-    const size_t ec = c_f32 ? 4 : 2;
-    fp8_gather_scales(be, sam, r0, b->s8);
-    if (!fp8_lt_matmul(be, N, 8, ldq, blk, b->qb, b->sb, b->qa + (size_t)r0 * ldq, b->s8, 1.f, 0.f, b->r8, b->r8, N, 1,
-                       dyn_k))
-        return 0;
-    fp8_epilogue(be, b->r8 + (size_t)(8 - t) * N, t, N, alpha, beta, (const char*)addend + (size_t)split * ldc * ec,
-                 (char*)C + (size_t)split * ldc * ec, (size_t)ldc, c_f32);
-    return 1;
-}
-
 // Our A's codes (qa [M, ldq]) and scales (sa: rows [0, split) in chunks of `chunk`, the rest at
 // sa1), B's codes (qb [N, ldq]) and scales (sb) are in place. C[M, N] (ldc, fp32 when c_f32) =
 // alpha · r + beta · addend. split = the rows cuBLASLt takes (a multiple of 8, or 0), chunk = the
@@ -189,7 +161,7 @@ static void fp8_product(Backend* be, int M, int N, int K, int ldq, const Fp8Bufs
     }
     if (done == M) return;
     if (split >= 8 && done == split && M - split < 8 &&
-        tail_product(be, M, N, ldq, b, sam, blk, alpha, beta, addend, C, ldc, c_f32, split, dyn_k))
+        fp8_lt_tail(be, M, N, ldq, b, sam, blk, alpha, beta, addend, C, ldc, c_f32, split, dyn_k))
         return;
     // the fallback: rows [done, M)
     fp8_fallback_gemm(be, done, M, N, K, b->qa, sam, b->qb, sbm, (size_t)ldq, alpha, beta, addend, C, (size_t)ldc, c_f32);
@@ -394,7 +366,7 @@ static int last_group(const GroupDesc* g) {
 // The rows a data-direction product takes for group i: with beta = 0 a group's product may run on
 // past its rows into the next groups' (up to a multiple of 8, so cuBLASLt takes it whole); those
 // rows of C are written again, right, by their own group's product later on the stream. Only the
-// last group leaves a tail to the fallback kernel.
+// last group ends in a tail of rows (fp8_lt_tail's; the fallback's when the group has fewer than 8).
 static int product_rows(const GroupDesc* g, int i, int last, float beta) {
     const int r0 = g->host_off[i], rows = g->host_off[i + 1] - r0, R = g->host_off[g->groups];
     if (beta != 0.f || i == last) return rows;

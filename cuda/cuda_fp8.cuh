@@ -41,6 +41,14 @@ int swiglu_fwd_tiles(Backend* be, const void* gu, const float* scale, int n, int
 // start on 16 bytes.
 int swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const void* gu, const float* scale, int n,
                     int F, uint8_t* q, size_t ldq, SMap srm);
+// ---- the workspace of one FP8 product (cuda_fp8.cu: ws_layout) ----
+typedef struct Fp8Bufs {
+    uint8_t *qa, *qb;                // our A quantised [M, ldq], our B [N, ldq]
+    float *sa0, *sa1, *sb, *epi;     // A's scales (rows before the split; the last M % 8), B's; epilogue rows
+    size_t epi_rows;
+    float *s8, *r8;                  // the tail product: the last 8 rows' scales [Kt, 8], their fp32 rows [8, N]
+} Fp8Bufs;
+
 // ---- cuBLASLt's block-scaled FP8 product (cuda_fp8_lt.cu), on the backend's stream ----
 // D[n, m] (row-major: n rows of m, row stride ldc; fp32 when d_f32, else bf16) = alpha · qa·qbᵀ +
 // beta · Cin, qa [n, kq] with VEC128 scales sa, qb [m, kq] with scales sb (BLK128x128 when blk, else
@@ -49,6 +57,12 @@ int swiglu_bwd_rows(Backend* be, void* dgu, float* dscale, const void* dh, const
 // algorithm for it.
 int fp8_lt_matmul(Backend* be, int m, int n, int kq, int blk, const uint8_t* qb, const float* sb, const uint8_t* qa,
                   const float* sa, float alpha, float beta, const void* Cin, void* D, int ldc, int d_f32, int dyn_k);
+// The last M − split rows (1 to 7) of a product C[M, N] = alpha · op(A)·op(B) + beta · addend whose
+// first split rows (≥ 8) fp8_lt_matmul took from b's operands (A's scales through sam; B's blk or
+// VEC128): cuBLASLt on the last 8 rows into b->r8, then the epilogue for the tail's rows. Returns
+// 0, issuing no product, when cuBLASLt has no algorithm for 8 rows.
+int fp8_lt_tail(Backend* be, int M, int N, int ldq, const Fp8Bufs* b, SMap sam, int blk, float alpha, float beta,
+                const void* addend, void* C, int ldc, int c_f32, int split, int dyn_k);
 
 // ---- the GEMMs' own kernels (cuda_fp8_kernels.cu), on the backend's stream ----
 // The fallback GEMM for rows [row0, M): C = alpha · Σ_t fl(fl(sa·sb) · P_t) (+ beta · addend), from

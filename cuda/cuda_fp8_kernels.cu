@@ -1,12 +1,11 @@
 // cuda_fp8_kernels.cu — the FP8 GEMMs' own kernels (cuda_fp8.cu decides when they run): the
-// fallback GEMM where cuBLASLt's block-scaled FP8 does not run, and the fp32 epilogue that rounds
-// C = alpha · r + beta · addend once.
+// fallback GEMM where cuBLASLt's block-scaled FP8 does not run, the fp32 epilogue that rounds
+// C = alpha · r + beta · addend once, and the gather of 8 rows' scales for a product's tail.
 //
 // k_fp8_gemm (mma.sync m16n8k32 e4m3 → fp32, sm_89+): per K tile the tensor-core partial P_t, then
 // acc = fl(acc + fl(fl(sa · sb) · P_t)) in the spec's order, then the epilogue. It runs where the
-// shape is not cuBLASLt's (N % 8 ≠ 0), on GPUs other than sm_90, for the last M % 8 rows of a
-// GEMM (cuBLASLt takes the rest), where cuBLASLt has no algorithm, and whenever the path is
-// forced (tests: cuda_fp8_set_path).
+// shape is not cuBLASLt's (N % 8 ≠ 0, or fewer than 8 rows), on GPUs other than sm_90, where
+// cuBLASLt has no algorithm, and whenever the path is forced (tests: cuda_fp8_set_path).
 #include <cuda_fp8.h>
 
 #include "cuda_fp8.cuh"
