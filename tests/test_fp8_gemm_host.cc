@@ -172,7 +172,7 @@ static void gemm_case(const GCase& g, int bf, Path path, int chunk, int epi = 0)
              g.c_f32 ? " fp32 C" : "", bf ? "bf16" : "fp32", PATH_NAME[path], chunk, epi);
     const size_t bad = diff(C, c_bf, want, M, N, ldc);
     EXPECT(bad == 0, "%s: %zu of %d elements differ from the spec", what, bad, M * N);
-    // rows past the last multiple of 8 go through cuBLASLt again, on the last 8 (fp8_product's tail):
+    // rows past the last multiple of 8 go through cuBLASLt again, on the last 8 (fp8_lt_tail):
     // the fallback takes only columns cuBLASLt cannot and fewer than 8 rows
     if (K > 0) expect_counts(what, path, c0, c1, M >= 8 && N % 8 == 0, N % 8 != 0 || few_rows(M));
     host_cuda_backend_free(be);
