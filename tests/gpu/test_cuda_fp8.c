@@ -295,9 +295,8 @@ static void run_gemm_case(const Mode* m, const GCase* g, int path) {
             for (int j = N; j < ldc; j++) touched += !isnan(got[(size_t)i * ldc + j]);
         EXPECT(touched == 0, "%s [%s]: %zu elements past N written", label, m->name, touched);
     }
-    // the path: forced fallback never calls cuBLASLt; on Hopper the auto path runs cuBLASLt when
-    // N % 8 = 0 and M ≥ 8 (the last M % 8 rows again on the last 8: fp8_lt_tail), and the
-    // fallback exactly when N % 8 ≠ 0 or 0 < M < 8
+    // the path: forced fallback never calls cuBLASLt; on Hopper the auto path runs cuBLASLt when N % 8 = 0
+    // and M ≥ 8 (M % 8 rows again on the last 8: fp8_lt_tail), the fallback exactly when N % 8 ≠ 0 or M < 8
     if (path == 2) {
         EXPECT(lt1 == lt0 && fb1 > fb0, "%s [%s]: the forced fallback ran cuBLASLt %zu times", label, m->name, lt1 - lt0);
     } else if (g_hopper) {
