@@ -223,7 +223,8 @@ void cuda_scatter_rows_f32(Backend* be, float* out, const float* inp, const int3
 
 // ---- SwiGLU ----------------------------------------------------------------------------------
 
-// silu(g) = g / (1 + e^−g), as torch (and the CPU backend) write it
+// silu(g) = g / (1 + e^−g), as torch (and the CPU backend) write it, through silu_f (cuda_common.cuh:
+// e^−g and the reciprocal one MUFU each)
 template <typename T>
 __global__ void k_swiglu_fwd(T* h, const T* gu, const float* scale, int n, int F) {
     const size_t n_all = (size_t)n * F;

@@ -84,6 +84,13 @@ static inline float fast_exp2(float x) {
     const float y = std::exp2(x);
     return y < 0x1p-126f ? 0.f : y;
 }
+// and its rcp.approx.ftz: 1/x with denormal inputs and results flushed to signed zero (the
+// device's is within 1 ulp)
+static inline float fast_rcp(float x) {
+    if (std::fabs(x) < 0x1p-126f) return std::copysign(INFINITY, x);
+    const float y = 1.0f / x;
+    return std::fabs(y) < 0x1p-126f ? std::copysign(0.f, y) : y;
+}
 using std::isfinite;
 // CUDA's min and max over two values of one type
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
