@@ -136,20 +136,17 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// 2^x in one MUFU.EX2 (ex2.approx.ftz: exp2f's ex2.approx without ftz adds a denormal fix-up of
-// three instructions around it). Flushing results below 2^-126 to 0 changes no softmax weight
-// that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before. (The host stand-in,
-// tests/host_cuda, brings its own.)
+// fast_exp2: 2^x in one MUFU.EX2 (ex2.approx.ftz: exp2f's ex2.approx without ftz adds a denormal
+// fix-up of three instructions around it). Flushing results below 2^-126 to 0 changes no softmax
+// weight that bf16 or the fp32 row sums can hold; 2^-inf = 0 as before.
+// fast_rcp: 1/x in one MUFU.RCP (rcp.approx.ftz: within 1 ulp; 1/±inf = ±0, results below 2^-126
+// flushed). (The host stand-in, tests/host_cuda, brings its own of both.)
 #ifndef CUDA_HOST_RUN
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-#endif
-
-// 1/x in one MUFU.RCP (rcp.approx.ftz: within 1 ulp; 1/±inf = ±0, results below 2^-126 flushed).
-#ifndef CUDA_HOST_RUN
 __device__ __forceinline__ float fast_rcp(float x) {
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
