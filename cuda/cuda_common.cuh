@@ -157,10 +157,10 @@ __device__ __forceinline__ float fast_rcp(float x) {
 // σ(g) = 1 / (1 + e^−g) and silu(g) = g·σ(g), as the SwiGLU kernels (forward, backward, the FP8
 // forward's and backward's fused kernels) compute them: e^−g as 2^(−g·log2 e) and the reciprocal,
 // one MUFU each, in place of expf's range reduction and an IEEE division with its slow-path check
-// (k_swiglu_fwd_tiles, whose instructions limit it as much as its bytes do, compiles to a third
-// fewer instructions, k_swiglu_bwd_rows to 29% fewer). σ is within a few fp32 ulp
-// of the correctly rounded value (relative error ~2^-22 + |g|·2^-24), far below the bf16 rounding
-// of h and of the gradients; σ(g) = 0 once 1 + e^−g passes 2^126 (g < −87.3, where σ < 2^-126).
+// (k_swiglu_fwd_tiles compiles to a third fewer instructions, k_swiglu_bwd_rows to 29% fewer).
+// σ is within a few fp32 ulp of the correctly rounded value (relative error ~2^-22 + |g|·2^-24),
+// far below the bf16 rounding of h and of the gradients; σ(g) = 0 once 1 + e^−g passes 2^126
+// (g < −87.3, where σ < 2^-126).
 __device__ __forceinline__ float sigmoid_f(float g) { return fast_rcp(1.0f + fast_exp2(-g * LOG2E)); }
 __device__ __forceinline__ float silu_f(float g) { return g * sigmoid_f(g); }
 
