@@ -31,6 +31,7 @@ Output: a header line, then one JSON line per run, {"impl", "mbs", "seq", "step_
 "error"}. A failed run (out of memory, a compile error) does not stop the others.
 """
 import argparse
+import gc
 import json
 import os
 import re
@@ -227,6 +228,9 @@ def main(argv=None):
             r = dict(impl=variant, mbs=mbs, seq=seq, error=repr(e)[:300])
             failed += 1
         print(json.dumps(r), flush=True)
+        # a failed run's model and optimizer stay reachable from its traceback's frames (a
+        # cycle) until a collection: without one, an OOM at one size leaves the next too little
+        gc.collect()
         torch.cuda.empty_cache()
         if hasattr(torch, "_dynamo"):
             torch._dynamo.reset()  # each compiled run starts from a clean cache
