@@ -230,15 +230,6 @@ __global__ void __launch_bounds__(WK_THREADS, 1)
 enum { WQ_NS = 4, WQ_THREADS = 160 };  // one consumer warpgroup + the producer warp
 #define WQ_ST (WK_SD + WK_QT)          // bytes of a stage: the dSᵀ image, then the K tile
 
-// One contiguous global → shared copy (size a multiple of 16) completing on bar.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if WG_DEVICE
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
 template <bool DOCS>
 __global__ void __launch_bounds__(WQ_THREADS) k_attn_dq_ws(bf16* dq, const bf16* ds, const __grid_constant__ CUtensorMap mk,
                                                           int T, int Hq, int Hkv, int p0, float scale,

@@ -81,6 +81,15 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
         : "memory");
 #endif
 }
+// One contiguous global → shared copy of `bytes` (a multiple of 16; src and dst on 16 bytes)
+// completing on bar.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if WG_DEVICE
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
 // Named barriers (0 is __syncthreads): NT threads take part, NT a multiple of 32.
 template <int NT>
 __device__ __forceinline__ void nbar_sync(int id) {

@@ -11,6 +11,7 @@
 
 #include "dev_bench.h"
 #include "fp8.h"
+#include "fp8_bound.h"
 
 int cuda_fp8_wg_available(Backend* be);
 int cuda_fp8_wg_stalled(void);
@@ -55,32 +56,10 @@ static Op op_make(Backend* be, int R, int K, float scale) {
 }
 static void op_free(Op* o) { free(o->q), free(o->s); }
 
-// The bound on |r_gpu − r_spec| for output (i, j) (tests/gpu/test_cuda_fp8.c, where it is derived):
-// 2·γ_{Kt+2}·S + Σ_t |w_t|·E_t, S = Σ_k |w_t(k)·p_k|, E_t = Σ_steps 36 · 2^-12 · M_s.
-static double g_dec[256];
+// The bound on |r_gpu − r_spec| for output (i, j): fp8_bound.h's.
 static double bound_at(const Op* a, const Op* b, int i, int j) {
     const int K = a->K, Kt = tiles(K);
-    const double u = ldexp(1, -24), g = (Kt + 2) * u / (1 - (Kt + 2) * u), utc = ldexp(1, -12);
-    const uint8_t *qa = a->q + (size_t)i * K, *qb = b->q + (size_t)j * K;
-    double S = 0, B = 0;
-    for (int t = 0; t < Kt; t++) {
-        const double w = fabs((double)a->s[(size_t)i * Kt + t] * (double)b->s[(size_t)j * Kt + t]);
-        double prefix = 0, e = 0, st = 0;
-        for (int k0 = t * FP8_TILE; k0 < K && k0 < (t + 1) * FP8_TILE; k0 += 32) {
-            double mp = 0, mx = fabs(prefix);
-            for (int k = k0; k < k0 + 32 && k < K; k++) {
-                const double p = g_dec[qa[k]] * g_dec[qb[k]];
-                mp = fmax(mp, fabs(p));
-                prefix += p;
-                st += fabs(p);
-                if ((k - k0) % 8 == 7 || k + 1 == K) mx = fmax(mx, fabs(prefix));
-            }
-            e += 36 * utc * fmax(mx + e, mp);
-        }
-        S += w * st;
-        B += w * e;
-    }
-    return 2 * g * S + B;
+    return fp8_bound_elem(a->q + (size_t)i * K, a->s + (size_t)i * Kt, b->q + (size_t)j * K, b->s + (size_t)j * Kt, K);
 }
 
 // One product C[M, N] (+ beta · C0) through the kernel, checked on `nr` rows spread over M (all when
@@ -104,7 +83,7 @@ static void run_case(int M, int N, int K, float beta, int c_f32, int nr) {
             free(h);
         }
     }
-    char lab[96];
+    char lab[64];
     snprintf(lab, sizeof lab, "wg %dx%d K=%d %s beta %g", M, N, K, c_f32 ? "fp32" : "bf16", beta);
     EXPECT(cuda_fp8_wg_wgrad(be, M, N, K, a.ldk, a.dq, a.ds, b.dq, b.ds, beta, dC, N, c_f32), "%s: shape refused", lab);
     float* got;
@@ -212,7 +191,7 @@ static void bench_wg(int rows) {
 
 int main(int argc, char** argv) {
     if (gpu_setup("test_fp8_wg")) return 1;
-    for (int v = 0; v < 256; v++) g_dec[v] = (double)fp8_e4m3_to_f32((uint8_t)v);
+    fp8_bound_init();
     if (argc > 1 && !strcmp(argv[1], "bench")) {  // the timings alone (no tests)
         bench_wg(argc > 2 ? atoi(argv[2]) : 8192);
         gpu_teardown();

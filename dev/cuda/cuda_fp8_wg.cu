@@ -58,15 +58,6 @@ __device__ __forceinline__ void wf_tile(const WFArgs& p, int t, int& row0, int& 
     col0 = (band * WF_BAND + j % w) * WF_BN;
 }
 
-// One bulk copy of `bytes` (a multiple of 16; src and dst on 16 bytes) completing on bar.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if WG_DEVICE
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
 // d[0..64) = (scale_d ? d : 0) + A·B for one k32 step: A 64 rows and B 128 rows by descriptor (K-major).
 __device__ __forceinline__ void wgmma_e4m3_n128(float* d, uint64_t da, uint64_t db, int scale_d) {
 #if WG_DEVICE

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "fp8.h"
+#include "fp8_bound.h"
 #include "gpu_check.h"
 
 void cuda_fp8_set_path(Backend* be, int path);
@@ -87,37 +88,14 @@ static QTN qtn_make(const float* opA, const float* opBt, int M, int N, int K, in
     return q;
 }
 
-static double g_dec[256];  // e4m3 → double, exact
-
 // For output row i (of q) and every column j: the bound on |r_gpu − r_spec| (header) into bnd[N].
 static void bound_row(const QTN* q, int i, double* bnd) {
     const int N = q->N, K = q->K, Kt = tiles(K);
-    const double u = ldexp(1, -24), g = (Kt + 2) * u / (1 - (Kt + 2) * u), utc = ldexp(1, -12);
     const uint8_t* a = q->qa + (size_t)i * K;
 #pragma omp parallel for schedule(static)
-    for (int j = 0; j < N; j++) {
-        const uint8_t* b = q->qb + (size_t)j * K;
-        const float* sbr = q->sb + (size_t)(q->blk ? j / FP8_TILE : j) * Kt;
-        double S = 0, B = 0;
-        for (int t = 0; t < Kt; t++) {
-            const double w = fabs((double)q->sa[(size_t)i * Kt + t] * (double)sbr[t]);
-            double prefix = 0, e = 0, st = 0;
-            for (int k0 = t * FP8_TILE; k0 < K && k0 < (t + 1) * FP8_TILE; k0 += 32) {
-                double mp = 0, mx = fabs(prefix);  // the largest |product| and |running sum| of the step
-                for (int k = k0; k < k0 + 32 && k < K; k++) {
-                    const double p = g_dec[a[k]] * g_dec[b[k]];
-                    mp = fmax(mp, fabs(p));
-                    prefix += p;
-                    st += fabs(p);
-                    if ((k - k0) % 8 == 7 || k + 1 == K) mx = fmax(mx, fabs(prefix));
-                }
-                e += 36 * utc * fmax(mx + e, mp);
-            }
-            S += w * st;
-            B += w * e;
-        }
-        bnd[j] = 2 * g * S + B;
-    }
+    for (int j = 0; j < N; j++)
+        bnd[j] = fp8_bound_elem(a, q->sa + (size_t)i * Kt, q->qb + (size_t)j * K,
+                                q->sb + (size_t)(q->blk ? j / FP8_TILE : j) * Kt, K);
 }
 
 // Checks the GPU's C rows against the spec: C_ref = alpha·r + beta·addend (fp32), |C − C_ref| ≤
@@ -685,7 +663,7 @@ int main(int argc, char** argv) {
         TEST_END();
     }
     g_hopper = cuda_compute_capability(g_modes[0].gpu) == 9;
-    for (int v = 0; v < 256; v++) g_dec[v] = (double)fp8_e4m3_to_f32((uint8_t)v);
+    fp8_bound_init();
     RUN(test_bound_control);
     RUN(test_ws_bytes);
     RUN(test_gemm_fp8);
